@@ -1,0 +1,31 @@
+"""Exceptions raised by multigpu.
+
+Every message says what was given, what was expected and how to fix it, on one line, so the
+command line can print it as is.
+"""
+
+from __future__ import annotations
+
+
+class MultiGPUError(Exception):
+    """Base class of every error multigpu raises on purpose."""
+
+
+class UsageError(MultiGPUError, ValueError):
+    """Bad input from the user (an option, an argument, a batch size); the CLI exits with 2."""
+
+
+class EnvError(MultiGPUError):
+    """The process environment (torchrun, SLURM, MPI variables) is contradictory or incomplete."""
+
+
+class DeviceError(MultiGPUError):
+    """A requested device or backend does not exist on this machine."""
+
+
+class LaunchError(MultiGPUError):
+    """The launcher could not start or finish the workers."""
+
+
+class CheckpointError(MultiGPUError):
+    """A checkpoint is missing, incomplete, corrupt or does not match what is being restored."""

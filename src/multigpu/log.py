@@ -1,0 +1,80 @@
+"""Logging helpers: rank-prefixed loggers, rank-zero-only calls, warn-once.
+
+Handlers are configured only by the command line (``configure``); the library never touches the
+root logger.
+
+Environment variables read: ``RANK`` (for the prefix, when no rank is passed), ``MULTIGPU_LOG_LEVEL``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_warned: set[str] = set()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """Return the logger for a multigpu module (``logging.getLogger(name)``)."""
+    return logging.getLogger(name)
+
+
+def _env_rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
+    """Decorate ``fn`` so that it runs on global rank 0 only (read from ``RANK``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
+        if _env_rank() == 0:
+            return fn(*args, **kwargs)
+        return None
+
+    return wrapper
+
+
+def warn_once(logger: logging.Logger, message: str, *args: object) -> None:
+    """Log ``message`` as a warning the first time it is seen in this process only."""
+    key = message % args if args else message
+    if key in _warned:
+        return
+    _warned.add(key)
+    logger.warning(message, *args)
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int | None) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rank = self.rank if self.rank is not None else _env_rank()
+        record.rank_prefix = f"[rank{rank}] "
+        return True
+
+
+def configure(level: str | int | None = None, rank: int | None = None) -> None:
+    """Send multigpu's log records to stderr as whole lines with a rank prefix (CLI only)."""
+    chosen = level or os.environ.get("MULTIGPU_LOG_LEVEL", "INFO")
+    logger = logging.getLogger("multigpu")
+    logger.setLevel(chosen if isinstance(chosen, int) else chosen.upper())
+    if any(getattr(h, "_multigpu", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(rank_prefix)s%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RankFilter(rank))
+    handler._multigpu = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.propagate = False
