@@ -1,0 +1,65 @@
+"""Shared fixtures: a ``requires`` marker for skips, and guards against leaked state."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _condition(name: str) -> tuple[bool, str]:
+    if name == "root":
+        return os.geteuid() == 0, "needs root (network namespaces)"
+    if name.startswith("gpus>="):
+        import torch
+
+        need = int(name.split(">=", 1)[1])
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return have >= need, f"needs {need} CUDA GPUs, found {have}"
+    if name.startswith("module:"):
+        import importlib.util
+
+        mod = name.split(":", 1)[1]
+        return importlib.util.find_spec(mod) is not None, f"needs the Python module {mod}"
+    if name.startswith("command:"):
+        cmd = name.split(":", 1)[1]
+        return shutil.which(cmd) is not None, f"needs the command {cmd}"
+    raise ValueError(f"unknown requires() condition {name!r}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in item.iter_markers("requires"):
+            for name in marker.args:
+                ok, why = _condition(name)
+                if not ok:
+                    item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_state():
+    """Fail a test that leaves environment variables changed or a process group alive."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    os.environ.clear()
+    os.environ.update(before)
+    import torch.distributed as dist
+
+    leaked_pg = dist.is_available() and dist.is_initialized()
+    if leaked_pg:
+        dist.destroy_process_group()
+    assert not changed, f"test leaked environment variables: {changed}"
+    assert not leaked_pg, "test leaked an initialised process group"
+
+
+@pytest.fixture
+def python() -> str:
+    """The interpreter running the tests (workers and CLI subprocesses use the same)."""
+    return sys.executable
