@@ -1,0 +1,50 @@
+"""multigpu: run a one-device PyTorch training script on every GPU, many CPU processes or many machines.
+
+Example:
+    >>> import multigpu
+    >>> ctx = multigpu.init()            # doctest: +SKIP
+"""
+
+from multigpu.context import Context
+from multigpu.device import move_to_device
+from multigpu.env import ClusterEnv, detect
+from multigpu.errors import (
+    CheckpointError,
+    DeviceError,
+    EnvError,
+    LaunchError,
+    MultiGPUError,
+    UsageError,
+)
+from multigpu.initialize import init
+from multigpu.seed import seed_everything
+from multigpu.strategies import (
+    DataParallelStrategy,
+    DDPStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+    unwrap_module,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "ClusterEnv",
+    "Context",
+    "DDPStrategy",
+    "DataParallelStrategy",
+    "DeviceError",
+    "EnvError",
+    "LaunchError",
+    "MultiGPUError",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "UsageError",
+    "__version__",
+    "detect",
+    "init",
+    "move_to_device",
+    "seed_everything",
+    "unwrap_module",
+]

@@ -1,0 +1,252 @@
+"""Context: the one object a training script holds — ranks, device, wrapping, data, collectives.
+
+Made by ``multigpu.init()``; passed explicitly, never a global singleton.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+import torch
+from torch import nn
+
+from multigpu import dist
+from multigpu.data import DistributedLoader, make_loader
+from multigpu.device import move_to_device
+from multigpu.env.types import ClusterEnv
+from multigpu.errors import UsageError
+from multigpu.strategies import Strategy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=nn.Module)
+
+
+class Context:
+    """Where this process runs and how to train in it.
+
+    Use it as a context manager (or rely on the exit hook) so the process group is torn down
+    cleanly, also when the script raises.
+
+    Example:
+        >>> with multigpu.init() as ctx:                      # doctest: +SKIP
+        ...     model, opt = ctx.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        ...     for x, y in ctx.loader(dataset, batch_size=256):
+        ...         loss = F.cross_entropy(model(x), y)
+        ...         opt.zero_grad(); ctx.backward(loss); opt.step()
+    """
+
+    def __init__(
+        self,
+        *,
+        env: ClusterEnv,
+        device: torch.device,
+        strategy: Strategy,
+        backend: str | None,
+        timeout: timedelta,
+        seed: int | None,
+        owns_process_group: bool,
+    ) -> None:
+        self.env = env
+        self.device = device
+        self.strategy = strategy
+        self.backend = backend
+        self.timeout = timeout
+        self.seed = seed
+        self._owns_process_group = owns_process_group
+        self._closed = False
+        atexit.register(self.teardown)
+
+    # ---- where we are -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node (its GPU index when on CUDA)."""
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.env.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this node."""
+        return self.env.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this node."""
+        return self.env.node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes in the job."""
+        return self.env.num_nodes
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the one that prints and writes files)."""
+        return self.env.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.env.world_size > 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
+            f"strategy={self.strategy.name}, backend={self.backend}, source={self.env.source})"
+        )
+
+    # ---- model and optimizer ------------------------------------------------------------------
+    @overload
+    def setup(self, model: M) -> nn.Module: ...
+
+    @overload
+    def setup(
+        self, model: M, optimizer: torch.optim.Optimizer, *optimizers: torch.optim.Optimizer
+    ) -> tuple[Any, ...]: ...
+
+    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
+        """Move ``model`` to this rank's device and wrap it (DDP, DP or nothing).
+
+        Create optimizers on the plain model's parameters before calling this: moving a module
+        keeps its Parameter objects, so the optimizer stays attached.
+
+        Returns:
+            The wrapped model alone, or ``(model, optimizer, ...)`` when optimizers are given.
+        """
+        if not isinstance(model, nn.Module):
+            raise UsageError(
+                f"setup() got {type(model).__name__} as the model; expected a torch.nn.Module"
+            )
+        wrapped = self.strategy.wrap(model)
+        if not optimizers:
+            return wrapped
+        return (wrapped, *(self.strategy.setup_optimizer(o) for o in optimizers))
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The plain module behind a wrapped one: its ``state_dict()`` has no ``module.`` prefix."""
+        return self.strategy.unwrap(model)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Skip DDP's gradient all-reduce inside the block (for gradient accumulation)."""
+        return self.strategy.no_sync(model)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Run ``loss.backward()`` (gradients are averaged across ranks by the wrapper)."""
+        loss.backward(**kwargs)
+
+    # ---- data ---------------------------------------------------------------------------------
+    def loader(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        *,
+        seed: int | None = None,
+        drop_last: bool | None = None,
+        accumulation_steps: int = 1,
+        move_to_device: bool = True,
+        **dataloader_kwargs: Any,
+    ) -> DistributedLoader:
+        """A loader over this rank's shard; ``batch_size`` is the GLOBAL batch per optimizer step.
+
+        Each rank gets ``batch_size / (world_size * accumulation_steps)`` samples per batch; the
+        global order depends on (seed, epoch) only, and the epoch advances by itself at each pass
+        (no ``set_epoch``). Batches arrive on ``ctx.device`` unless ``move_to_device=False``.
+        """
+        return make_loader(
+            dataset,
+            batch_size=batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            shuffle=shuffle,
+            seed=seed if seed is not None else (self.seed or 0),
+            drop_last=drop_last,
+            accumulation_steps=accumulation_steps,
+            device=self.device if move_to_device else None,
+            **dataloader_kwargs,
+        )
+
+    def to_device(self, obj: T) -> T:
+        """Move tensors (also inside dicts, lists, tuples, dataclasses) or a module to the device."""
+        return move_to_device(obj, self.device)
+
+    # ---- communication ------------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank arrives (bounded by the timeout)."""
+        dist.barrier()
+
+    def all_reduce(self, value: T, op: dist.ReduceOp = "mean") -> T:
+        """Reduce a tensor or number over all ranks (``mean``, ``sum``, ``max``, ``min``, ``prod``)."""
+        return dist.all_reduce(value, op=op, device=self._comm_device())
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank (tensors may differ in length)."""
+        return dist.gather(value, device=self._comm_device())
+
+    def broadcast(self, value: T, src: int = 0) -> T:
+        """Rank ``src``'s ``value`` on every rank."""
+        return dist.broadcast(value, src=src)
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    # ---- output -------------------------------------------------------------------------------
+    def print(self, *args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
+        """``print`` on rank 0 only (``all_ranks=True``: every rank, prefixed with its rank).
+
+        The line is written in one call and flushed, so lines of different ranks never
+        interleave mid-line.
+        """
+        if not (all_ranks or self.is_main):
+            return
+        sep = kwargs.pop("sep", " ")
+        end = kwargs.pop("end", "\n")
+        file = kwargs.pop("file", None) or sys.stdout
+        text = sep.join(str(a) for a in args)
+        if all_ranks and self.is_distributed:
+            text = f"[rank{self.rank}] {text}"
+        builtins.print(text, end=end, file=file, flush=True, **kwargs)
+
+    # ---- lifetime -----------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Release wrappers and destroy the process group (idempotent; also runs at exit)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.teardown)
+        self.strategy.teardown()
+        if self._owns_process_group:
+            dist.destroy_process_group()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    @contextlib.contextmanager
+    def rank_zero_first(self) -> Iterator[None]:
+        """Let rank 0 run the block first (e.g. a download), then the others."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()

@@ -1,0 +1,81 @@
+"""``multigpu.init()``: detect the job, pick the device, start the process group, seed, return a Context.
+
+Environment variables read: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
+``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+
+from multigpu import dist
+from multigpu.context import Context
+from multigpu.device import backend_for, choose_device
+from multigpu.env import detect
+from multigpu.seed import seed_everything
+from multigpu.strategies import Strategy, resolve_strategy
+
+log = logging.getLogger(__name__)
+
+
+def init(
+    strategy: str | Strategy | None = None,
+    *,
+    accelerator: str = "auto",
+    backend: str | None = None,
+    seed: int | None = 0,
+    timeout: float | timedelta | None = None,
+    sync_batchnorm: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Context:
+    """Set this process up for data-parallel training and return its Context.
+
+    Works unchanged under ``multigpu run``, ``torchrun``, ``srun``, ``mpirun`` or plain ``python``
+    (world size 1: no process group is created and every collective is a no-op).
+
+    Args:
+        strategy: ``"auto"`` (DDP above one process, else single), ``"single"``, ``"dp"``
+            (DataParallel, legacy), ``"ddp"``, or a configured ``Strategy`` such as
+            ``DDPStrategy(find_unused_parameters=True)``. Default: ``MULTIGPU_STRATEGY`` or auto.
+        accelerator: ``"auto"`` (CUDA when present), ``"cuda"`` or ``"cpu"``.
+        backend: ``"nccl"``, ``"gloo"`` or None (``MULTIGPU_BACKEND``, else nccl for CUDA, gloo
+            for CPU).
+        seed: seeds python, numpy, torch and CUDA identically on every rank; None leaves them.
+        timeout: seconds (or a timedelta) any collective may wait before it fails instead of
+            hanging; default ``MULTIGPU_TIMEOUT`` or 300 s.
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm in ``setup``.
+        environ: the environment to read (default ``os.environ``).
+
+    Example:
+        >>> import multigpu
+        >>> with multigpu.init(seed=0) as ctx:
+        ...     print(ctx.world_size, ctx.device)
+        1 cpu
+    """
+    env_vars = os.environ if environ is None else environ
+    env = detect(env_vars)
+    device = choose_device(env, accelerator)
+    chosen_backend = backend_for(device, backend or env_vars.get("MULTIGPU_BACKEND"))
+    resolved = resolve_strategy(strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size)
+    resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm)
+    wait = dist.resolve_timeout(timeout)
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)
+    if seed is not None:
+        seed_everything(seed)
+    created = dist.init_process_group(env, device, chosen_backend, wait)
+    log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
+    return Context(
+        env=env,
+        device=device,
+        strategy=resolved,
+        backend=chosen_backend if env.world_size > 1 else None,
+        timeout=wait,
+        seed=seed,
+        owns_process_group=created,
+    )

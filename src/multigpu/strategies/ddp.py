@@ -1,0 +1,102 @@
+"""``ddp``: DistributedDataParallel, one process per device (the default when world size > 1)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from multigpu.errors import UsageError
+from multigpu.strategies.base import Strategy
+
+
+class DDPStrategy(Strategy):
+    """Wrap the model in ``DistributedDataParallel``; options pass through to it.
+
+    Args:
+        bucket_cap_mb: gradient bucket size in MiB (torch's default 25).
+        find_unused_parameters: set when some parameters get no gradient in a step.
+        static_graph: the set of used parameters never changes (lets DDP skip work).
+        gradient_as_bucket_view: gradients alias the communication buckets (saves memory).
+        broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0 each forward.
+        **ddp_kwargs: anything else ``DistributedDataParallel`` accepts.
+
+    Example:
+        >>> ctx = multigpu.init(strategy=DDPStrategy(find_unused_parameters=True))  # doctest: +SKIP
+    """
+
+    name = "ddp"
+
+    def __init__(
+        self,
+        *,
+        bucket_cap_mb: float | None = None,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+        broadcast_buffers: bool = True,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        for owned in ("module", "device_ids", "output_device", "process_group"):
+            if owned in ddp_kwargs:
+                raise UsageError(
+                    f"DDPStrategy got {owned}=...; multigpu sets it from the rank's device and "
+                    "group; remove it"
+                )
+        self.options: dict[str, Any] = {
+            "find_unused_parameters": find_unused_parameters,
+            "static_graph": static_graph,
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+            "broadcast_buffers": broadcast_buffers,
+            **ddp_kwargs,
+        }
+        if bucket_cap_mb is not None:
+            self.options["bucket_cap_mb"] = bucket_cap_mb
+        self._wrapped: list[weakref.ref[DistributedDataParallel]] = []
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        if self.sync_batchnorm:
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        module = module.to(self.device)
+        if self.world_size == 1:
+            # No process group at world size 1: DDP would have nothing to do.
+            return module
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(module, device_ids=device_ids, **self.options)
+        self._wrapped.append(weakref.ref(ddp))
+        return ddp
+
+    @contextlib.contextmanager
+    def no_sync(self, module: nn.Module) -> Iterator[None]:
+        if isinstance(module, DistributedDataParallel):
+            with module.no_sync():
+                yield
+        else:
+            yield
+
+    def teardown(self) -> None:
+        """Free every DDP reducer before the process group is destroyed.
+
+        The user's script usually still holds the DDP object when the Context tears down; its
+        reducer would then be freed later, racing gloo's shutdown (an exit deadlock seen with torch
+        2.13). Dropping the reducer and its logger now makes the order safe; the wrapper is not
+        usable for training afterwards, the plain module (``ctx.unwrap``) still is.
+        """
+        for ref in self._wrapped:
+            ddp = ref()
+            if ddp is None:
+                continue
+            for attr in ("logger", "reducer"):
+                if attr in ddp.__dict__:
+                    delattr(ddp, attr)
+        self._wrapped.clear()
+        gc.collect()
+
+    def describe(self) -> dict[str, Any]:
+        return {"strategy": self.name, **self.options}

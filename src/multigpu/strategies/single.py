@@ -1,0 +1,24 @@
+"""``single``: one process, one device, no wrapper."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from multigpu.errors import UsageError
+from multigpu.strategies.base import Strategy
+
+
+class SingleDeviceStrategy(Strategy):
+    """Run on this process's device only; the model is moved, not wrapped."""
+
+    name = "single"
+
+    def validate(self) -> None:
+        if self.world_size > 1:
+            raise UsageError(
+                f"strategy='single' was asked for with world_size={self.world_size}; it trains one "
+                "process alone and the ranks would diverge; use strategy='ddp' (or 'auto')"
+            )
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        return module.to(self.device)

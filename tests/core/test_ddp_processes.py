@@ -1,0 +1,47 @@
+"""Real 2-process gloo runs of the Context: DDP keeps replicas identical, collectives are exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multigpu.testing import DistributedTestError, run_distributed
+from tests.core import workers
+
+
+def test_two_process_ddp_ranks_hold_identical_parameters():
+    r0, r1 = run_distributed(workers.ddp_train, world_size=2, args=(20,))
+    assert (r0["world_size"], r1["world_size"]) == (2, 2)
+    assert r0["wrapper"] == "DistributedDataParallel"
+    assert r0["backend"] == "gloo"
+    assert not any(k.startswith("module.") for k in r0["keys"])
+    for name, p0 in r0["params"].items():
+        assert torch.equal(p0, r1["params"][name]), name
+        assert not torch.equal(p0, r0["initial"][name]), f"{name} did not train"
+
+
+def test_collectives_across_two_processes():
+    r0, r1 = run_distributed(workers.collectives, world_size=2)
+    for out in (r0, r1):
+        assert out["mean_number"] == pytest.approx(1.5)
+        assert out["sum_int"] == 3 and isinstance(out["sum_int"], int)
+        assert torch.equal(out["max_tensor"], torch.tensor([1, 0]))
+        assert torch.allclose(out["mean_tensor"], torch.tensor([1.5, 3.0]))
+        assert [g.shape[0] for g in out["gathered"]] == [1, 2]
+        assert torch.equal(out["gathered"][1], torch.full((2, 2), 1.0))
+        assert out["gathered_obj"] == [{"rank": 0}, {"rank": 1}]
+        assert out["broadcast"] == {"from": 1}
+    assert torch.equal(r1["source_untouched"], torch.tensor([1.0, 2.0]))
+    assert r0["printed"] == "hello 0\n[rank0] everyone\n"
+    assert r1["printed"] == "[rank1] everyone\n"
+
+
+def test_teardown_destroys_group_and_drops_reducer():
+    for out in run_distributed(workers.teardown_releases_group, world_size=2):
+        assert out == {"before": True, "after": False, "reducer_dropped": True}
+
+
+def test_auto_is_ddp_and_single_is_refused_above_one_process():
+    assert run_distributed(workers.strategy_name, world_size=2, args=("auto",)) == ["ddp", "ddp"]
+    with pytest.raises(DistributedTestError, match="strategy='single'.*world_size=2"):
+        run_distributed(workers.strategy_name, world_size=2, args=("single",))

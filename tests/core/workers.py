@@ -1,0 +1,85 @@
+"""Module-level worker functions for run_distributed (they must be importable by spawned children)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+import torch
+from torch import nn
+
+import multigpu
+
+
+def tiny_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def ddp_train(steps: int) -> dict[str, Any]:
+    """Train a tiny model for ``steps`` DDP steps; return its parameters and what it saw."""
+    with multigpu.init(seed=0) as ctx:
+        # Different data per rank: DDP's averaged gradients must still keep the replicas equal.
+        gen = torch.Generator().manual_seed(100 + ctx.rank)
+        model = tiny_model()
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        model, opt = ctx.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in range(steps):
+            x = torch.randn(16, 8, generator=gen)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            ctx.backward(loss)
+            opt.step()
+        plain = ctx.unwrap(model)
+        return {
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "wrapper": type(model).__name__,
+            "keys": sorted(plain.state_dict()),
+            "params": {k: v.detach().clone() for k, v in plain.state_dict().items()},
+            "initial": initial,
+            "backend": ctx.backend,
+        }
+
+
+def collectives() -> dict[str, Any]:
+    with multigpu.init() as ctx:
+        r = ctx.rank
+        out: dict[str, Any] = {}
+        out["mean_number"] = ctx.all_reduce(float(r + 1))
+        out["sum_int"] = ctx.all_reduce(r + 1, op="sum")
+        out["max_tensor"] = ctx.all_reduce(torch.tensor([r, -r]), op="max")
+        source = torch.tensor([1.0, 2.0])
+        out["mean_tensor"] = ctx.all_reduce(source * (r + 1))
+        out["source_untouched"] = source
+        # Rank r contributes r + 1 rows: 1 + 2 = 3 rows in all, nothing padded reaches the caller.
+        out["gathered"] = ctx.gather(torch.full((r + 1, 2), float(r)))
+        out["gathered_obj"] = ctx.gather({"rank": r})
+        out["broadcast"] = ctx.broadcast({"from": r}, src=1)
+        ctx.barrier()
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            ctx.print("hello", r)
+            ctx.print("everyone", all_ranks=True)
+        out["printed"] = buf.getvalue()
+        return out
+
+
+def teardown_releases_group() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    ctx = multigpu.init()
+    model, _ = ctx.setup(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.1))
+    before = dist.is_initialized()
+    ctx.teardown()
+    ctx.teardown()  # idempotent
+    return {
+        "before": before,
+        "after": dist.is_initialized(),
+        "reducer_dropped": not hasattr(model, "reducer"),
+    }
+
+
+def strategy_name(strategy: str) -> str:
+    with multigpu.init(strategy=strategy) as ctx:
+        return ctx.strategy.name
