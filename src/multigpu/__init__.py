@@ -1,4 +1,4 @@
-"""multigpu: run a one-device PyTorch training script on every GPU, many CPU processes or many machines.
+"""multigpu: run a one-device PyTorch training script on every GPU, CPU process or machine.
 
 Example:
     >>> import multigpu

@@ -184,7 +184,7 @@ class Context:
         )
 
     def to_device(self, obj: T) -> T:
-        """Move tensors (also inside dicts, lists, tuples, dataclasses) or a module to the device."""
+        """Move tensors (also nested in dicts, lists, dataclasses) or a module to ``device``."""
         return move_to_device(obj, self.device)
 
     # ---- communication ------------------------------------------------------------------------
@@ -193,7 +193,7 @@ class Context:
         dist.barrier()
 
     def all_reduce(self, value: T, op: dist.ReduceOp = "mean") -> T:
-        """Reduce a tensor or number over all ranks (``mean``, ``sum``, ``max``, ``min``, ``prod``)."""
+        """Reduce a tensor or number over ranks: ``mean``, ``sum``, ``max``, ``min``, ``prod``."""
         return dist.all_reduce(value, op=op, device=self._comm_device())
 
     def gather(self, value: Any) -> list[Any]:

@@ -50,7 +50,8 @@ def resolve_timeout(timeout: float | timedelta | None) -> timedelta:
             seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
         except ValueError as e:
             raise UsageError(
-                f"MULTIGPU_TIMEOUT={raw!r} is not a number of seconds; set e.g. MULTIGPU_TIMEOUT=300"
+                f"MULTIGPU_TIMEOUT={raw!r} is not a number of seconds; "
+                "set e.g. MULTIGPU_TIMEOUT=300"
             ) from e
     if seconds <= 0:
         raise UsageError(f"timeout={seconds} s must be positive; give e.g. timeout=300")
@@ -89,7 +90,10 @@ def init_process_group(
         # Binds the communicator to this rank's GPU at once: no guessing "cuda:0" on every rank.
         kwargs["device_id"] = device
     log.debug(
-        "init_process_group backend=%s init=%s rank=%s/%s", backend, init_method, env.rank,
+        "init_process_group backend=%s init=%s rank=%s/%s",
+        backend,
+        init_method,
+        env.rank,
         env.world_size,
     )
     dist.init_process_group(
@@ -151,7 +155,7 @@ def all_reduce(value: T, op: ReduceOp = "mean", device: torch.device | None = No
             "(use ctx.gather for other objects)"
         )
     if size == 1:
-        return (float(value) if op == "mean" else value)  # type: ignore[return-value]
+        return float(value) if op == "mean" else value  # type: ignore[return-value]
     tensor = torch.tensor(float(value), dtype=torch.float64, device=device or torch.device("cpu"))
     dist.all_reduce(tensor, op=_OPS[op])
     result = tensor.item() / size if op == "mean" else tensor.item()
@@ -220,4 +224,3 @@ def broadcast(value: T, src: int = 0) -> T:
     box = [value if dist.get_rank() == src else None]
     dist.broadcast_object_list(box, src=src)
     return box[0]  # type: ignore[return-value]
-

@@ -1,4 +1,4 @@
-"""``multigpu.init()``: detect the job, pick the device, start the process group, seed, return a Context.
+"""``multigpu.init()``: detect the job, pick the device, start the group, seed, give a Context.
 
 Environment variables read: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
 ``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``.
@@ -59,7 +59,9 @@ def init(
     env = detect(env_vars)
     device = choose_device(env, accelerator)
     chosen_backend = backend_for(device, backend or env_vars.get("MULTIGPU_BACKEND"))
-    resolved = resolve_strategy(strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size)
+    resolved = resolve_strategy(
+        strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size
+    )
     resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm)
     wait = dist.resolve_timeout(timeout)
     if device.type == "cuda":

@@ -106,8 +106,12 @@ class Batch:
 
 
 def test_move_to_device_keeps_structure():
-    obj = {"t": torch.ones(1), "l": [torch.zeros(2), 3], "p": Pair(torch.ones(1), 2),
-           "d": Batch(torch.ones(1), "x")}
+    obj = {
+        "t": torch.ones(1),
+        "l": [torch.zeros(2), 3],
+        "p": Pair(torch.ones(1), 2),
+        "d": Batch(torch.ones(1), "x"),
+    }
     moved = move_to_device(obj, "cpu")
     assert isinstance(moved["p"], Pair) and moved["p"].b == 2
     assert isinstance(moved["d"], Batch) and moved["d"].label == "x"

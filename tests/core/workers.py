@@ -1,4 +1,4 @@
-"""Module-level worker functions for run_distributed (they must be importable by spawned children)."""
+"""Module-level worker functions for run_distributed (importable by spawned children)."""
 
 from __future__ import annotations
 

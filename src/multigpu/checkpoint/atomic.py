@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
-    """Call ``write(fh)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
+    """Call ``write(fh)`` on a temporary file beside ``path``, fsync it, rename it over ``path``.
 
     A crash at any point leaves either the old file or the new one, never half of one; the
     temporary file is removed if ``write`` raises.

@@ -13,7 +13,7 @@ class ClusterEnv:
     """The position of this process in a distributed job. Immutable; made by ``detect``."""
 
     source: Source
-    """Who launched us: ``torchrun`` (also torchelastic / ``multigpu run``), ``slurm``, ``mpi`` or ``single``."""
+    """Who launched us: ``torchrun`` (also ``multigpu run``), ``slurm``, ``mpi`` or ``single``."""
     rank: int
     """Global rank, 0 .. world_size - 1."""
     local_rank: int

@@ -162,8 +162,11 @@ def _progress(ctx: Context, mode: str) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     progress = Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), transient=True,
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
     )
     progress.start()
     return progress
@@ -189,17 +192,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
     )
     p.add_argument("--epochs", type=_positive_int, default=12, help="passes over the data (12)")
-    p.add_argument("--batch-size", type=_positive_int, default=64,
-                   help="GLOBAL batch per optimizer step, split over the processes (64)")
+    p.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=64,
+        help="GLOBAL batch per optimizer step, split over the processes (64)",
+    )
     p.add_argument("--eval-batch-size", type=_positive_int, default=256, help="global eval batch")
     p.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam learning rate (3e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
-    p.add_argument("--strategy", choices=STRATEGY_NAMES, default="auto",
-                   help="auto (ddp above one process), single, dp (legacy), ddp")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGY_NAMES,
+        default="auto",
+        help="auto (ddp above one process), single, dp (legacy), ddp",
+    )
     p.add_argument("--out", help="directory for metrics.json and model.pt")
     p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")
-    p.add_argument("--progress", choices=("bar", "lines", "off"), default="bar",
-                   help="rank-0 progress bar on a terminal, else one line per epoch")
+    p.add_argument(
+        "--progress",
+        choices=("bar", "lines", "off"),
+        default="bar",
+        help="rank-0 progress bar on a terminal, else one line per epoch",
+    )
     return p
 
 

@@ -28,7 +28,8 @@ def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
     if name == "ddp":
         return DDPStrategy()
     raise UsageError(
-        f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} or a Strategy instance"
+        f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} "
+        "or a Strategy instance"
     )
 
 

@@ -58,7 +58,7 @@ class Strategy(ABC):
         """Move ``module`` to the device and wrap it; return what the training loop calls."""
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Move optimizer state (if any was loaded) to the device; the parameters move with the model."""
+        """Move loaded optimizer state to the device; the parameters move with the model."""
         for state in optimizer.state.values():
             for key, value in list(state.items()):
                 # "step" stays where torch keeps it (CPU for most optimizers).

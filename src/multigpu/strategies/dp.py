@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class DataParallelStrategy(Strategy):
-    """Wrap the model in ``torch.nn.DataParallel`` over ``device_ids`` (default: all visible GPUs)."""
+    """Wrap the model in ``nn.DataParallel`` over ``device_ids`` (default: all visible GPUs)."""
 
     name = "dp"
 
@@ -33,7 +33,8 @@ class DataParallelStrategy(Strategy):
         if self.world_size > 1:
             raise UsageError(
                 f"strategy='dp' was asked for with world_size={self.world_size}; DataParallel is "
-                "one process over several GPUs; launch one process (multigpu run --nproc-per-node 1) "
+                "one process over several GPUs; launch one process "
+                "(multigpu run --nproc-per-node 1) "
                 "or use strategy='ddp'"
             )
 
@@ -47,8 +48,10 @@ class DataParallelStrategy(Strategy):
                 self.device,
             )
             return module
-        ids = self.device_ids if self.device_ids is not None else list(
-            range(torch.cuda.device_count())
+        ids = (
+            self.device_ids
+            if self.device_ids is not None
+            else list(range(torch.cuda.device_count()))
         )
         if len(ids) < 2:
             warn_once(log, "strategy='dp' with %d GPU: nothing to parallelise", len(ids))

@@ -1,4 +1,4 @@
-"""``run_distributed``: run a function on N real processes, as ``torchrun`` would, and collect results.
+"""``run_distributed``: run a function on N real processes, as ``torchrun`` would; collect results.
 
 Each worker is a fresh ``spawn``-ed Python process with the torchrun variables set (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
@@ -60,7 +60,7 @@ def _worker(
         torch.set_num_threads(1)
         value = fn(*args)
         results.put((rank, True, value))
-    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException:
         results.put((rank, False, traceback.format_exc()))
 
 
