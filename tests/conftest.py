@@ -41,13 +41,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
+# pytest rewrites PYTEST_CURRENT_TEST at every phase; torch.compile records its cache folder.
+_SET_BY_TOOLS = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_state():
     """Fail a test that leaves environment variables changed or a process group alive."""
     before = dict(os.environ)
     yield
     after = dict(os.environ)
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    changed = sorted(
+        k
+        for k in set(before) | set(after)
+        if before.get(k) != after.get(k) and k not in _SET_BY_TOOLS
+    )
     os.environ.clear()
     os.environ.update(before)
     import torch.distributed as dist

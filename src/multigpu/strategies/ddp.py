@@ -23,7 +23,8 @@ class DDPStrategy(Strategy):
         find_unused_parameters: set when some parameters get no gradient in a step.
         static_graph: the set of used parameters never changes (lets DDP skip work).
         gradient_as_bucket_view: gradients alias the communication buckets (saves memory).
-        broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0 each forward.
+        broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0 each forward
+            (torch's default, True, when not given).
         **ddp_kwargs: anything else ``DistributedDataParallel`` accepts.
 
     Example:
@@ -39,7 +40,7 @@ class DDPStrategy(Strategy):
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: bool | None = None,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -53,9 +54,11 @@ class DDPStrategy(Strategy):
             "find_unused_parameters": find_unused_parameters,
             "static_graph": static_graph,
             "gradient_as_bucket_view": gradient_as_bucket_view,
-            "broadcast_buffers": broadcast_buffers,
             **ddp_kwargs,
         }
+        if broadcast_buffers is not None:
+            # Passed only when asked: torch 2.13 deprecates the name, older torch lacks the new one.
+            self.options["broadcast_buffers"] = broadcast_buffers
         if bucket_cap_mb is not None:
             self.options["bucket_cap_mb"] = bucket_cap_mb
         self._wrapped: list[weakref.ref[DistributedDataParallel]] = []

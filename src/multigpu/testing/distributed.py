@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -59,7 +60,9 @@ def _worker(
 
         torch.set_num_threads(1)
         value = fn(*args)
-        results.put((rank, True, value))
+        # Plain pickle copies tensor data into the message; the queue's own pickler would pass
+        # shared-memory file descriptors that vanish when this process exits first.
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
 
@@ -142,4 +145,4 @@ def run_distributed(
             f"ranks {missing} of {world_size} did not finish within {timeout:.0f} s "
             f"(exit codes {codes}); they were killed"
         )
-    return [collected[r][1] for r in range(world_size)]
+    return [pickle.loads(collected[r][1]) for r in range(world_size)]

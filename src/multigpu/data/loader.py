@@ -1,0 +1,230 @@
+"""``DistributedLoader`` and ``make_loader``: a DataLoader over this rank's ``ShardSampler`` shard.
+
+Iteration rule: ``iter(loader)`` always starts where the sampler's cursor is, and handing out the
+last batch of an epoch moves to the next epoch — so ``for batch in loader`` twice runs two
+differently shuffled epochs with no ``set_epoch``. A pass abandoned mid-epoch (``break``, an
+exception) leaves the cursor after the last *whole step* handed out: the next ``iter()`` goes on
+from there (a step abandoned between its micro-batches is started again from its first).
+
+Progress is counted per batch *delivered to the loop*, not per batch the DataLoader fetched:
+with ``num_workers > 0`` the DataLoader pulls indices ahead, so ``state_dict()`` taken while
+holding a batch is exactly "everything up to and including this step".
+
+Randomness in workers: before each pass the DataLoader's ``generator`` is seeded from
+``(seed, epoch, rank)``; torch draws the workers' base seed from it and seeds worker ``i`` (torch,
+``random`` and NumPy) from ``base + i``, so augmentations are reproducible per
+(seed, epoch, rank, worker id). With ``persistent_workers=True`` workers are seeded once, at the
+first pass, and their streams continue across epochs.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from multigpu.data.sampler import ShardSampler, derive_seed
+from multigpu.device import move_to_device
+from multigpu.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# DataLoader options multigpu decides itself: passing them would silently undo the sharding.
+OWNED_OPTIONS = ("sampler", "batch_sampler", "batch_size", "shuffle", "drop_last", "generator")
+
+
+def _check_options(dataloader_kwargs: Mapping[str, Any]) -> None:
+    owned = [k for k in OWNED_OPTIONS if k in dataloader_kwargs]
+    if owned:
+        raise UsageError(
+            f"DataLoader option(s) {owned} were given, but multigpu owns sharding, batching and "
+            "ordering; pass the GLOBAL batch_size, shuffle, drop_last and seed to "
+            "make_loader()/ctx.loader() and leave out " + ", ".join(owned)
+        )
+    if dataloader_kwargs.get("in_order") is False:
+        # Out-of-order delivery would make "batches handed out" differ from "steps consumed".
+        raise UsageError(
+            "in_order=False was given, but the resumable cursor needs batches in sampler order; "
+            "leave in_order out (the default True)"
+        )
+
+
+def dataset_length(dataset: Any) -> int:
+    """Return ``len(dataset)`` of a map-style dataset.
+
+    Raises:
+        UsageError: ``dataset`` is an ``IterableDataset`` or has no ``__len__``.
+
+    Example:
+        >>> dataset_length(torch.utils.data.TensorDataset(torch.zeros(5)))
+        5
+    """
+    kind = type(dataset).__name__
+    if isinstance(dataset, IterableDataset):
+        raise UsageError(
+            f"dataset is an IterableDataset ({kind}); multigpu shards map-style datasets by "
+            "index and cannot split a stream; make it map-style (__len__ and __getitem__), or "
+            "shard it yourself in __iter__ by ctx.rank/ctx.world_size and use a plain DataLoader"
+        )
+    try:
+        return len(dataset)
+    except TypeError as e:
+        raise UsageError(
+            f"dataset ({kind}) has no __len__; expected a map-style dataset with __len__ and "
+            "__getitem__ (an iterable stream needs its own sharding by rank: use a plain "
+            "DataLoader over an IterableDataset that splits itself by ctx.rank/ctx.world_size)"
+        ) from e
+
+
+class DistributedLoader:
+    """Iterate this rank's shard of ``dataset`` through a ``torch.utils.data.DataLoader``.
+
+    Args:
+        dataset: a map-style dataset of ``sampler.num_samples`` samples.
+        sampler: this rank's ``ShardSampler``; the loader owns its progress from now on.
+        device: when set, every batch is moved there (``non_blocking`` when ``pin_memory``).
+        **dataloader_kwargs: passed to ``DataLoader`` (``num_workers``, ``collate_fn``,
+            ``pin_memory``, ``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``...).
+
+    Example:
+        >>> ds = torch.utils.data.TensorDataset(torch.arange(8))
+        >>> loader = DistributedLoader(ds, ShardSampler(8, global_batch_size=4, rank=0,
+        ...                                             world_size=2, shuffle=False))
+        >>> [b[0].tolist() for b in loader], loader.epoch
+        ([[0, 1], [4, 5]], 1)
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        sampler: ShardSampler,
+        *,
+        device: torch.device | str | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        _check_options(dataloader_kwargs)
+        size = dataset_length(dataset)
+        if size != sampler.num_samples:
+            raise UsageError(
+                f"dataset has {size} samples but the sampler was built for "
+                f"{sampler.num_samples}; build ShardSampler with num_samples=len(dataset)"
+            )
+        self.dataset = dataset
+        self.sampler = sampler
+        self.device = torch.device(device) if device is not None else None
+        self._non_blocking = bool(dataloader_kwargs.get("pin_memory", False))
+        self._generator = torch.Generator()
+        try:
+            self.dataloader: DataLoader[Any] = DataLoader(
+                dataset, batch_sampler=sampler, generator=self._generator, **dataloader_kwargs
+            )
+        except (TypeError, ValueError) as e:
+            raise UsageError(
+                f"DataLoader rejected the options {sorted(dataloader_kwargs)}: {e}; "
+                "fix or remove them (see torch.utils.data.DataLoader)"
+            ) from e
+        sampler._external_progress = True
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self.sampler.epoch
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank (the per-rank micro-batch)."""
+        return self.sampler.batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over all ranks and micro-steps."""
+        return self.sampler.global_batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to ``epoch`` (not needed: epochs advance by themselves); see ``ShardSampler``."""
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """This rank's number of batches left in the current epoch."""
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Run the rest of the current epoch on this rank, then move to the next epoch."""
+        sampler = self.sampler
+        marks = sampler._progress_marks()  # same state the DataLoader's iter(sampler) reads
+        self._generator.manual_seed(derive_seed(sampler.seed, sampler.epoch, sampler.rank))
+        handed_out = 0
+        for batch in self.dataloader:
+            if self.device is not None:
+                batch = move_to_device(batch, self.device, non_blocking=self._non_blocking)
+            sampler._commit(marks[handed_out])  # counted as it is handed out, see module doc
+            handed_out += 1
+            yield batch
+        sampler._finish_pass(handed_out)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's portable progress (see ``ShardSampler.state_dict``)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at the saved global sample, under any world size; call between passes."""
+        self.sampler.load_state_dict(state)
+
+
+def make_loader(
+    dataset: Any,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool | None = None,
+    accumulation_steps: int = 1,
+    device: torch.device | str | None = None,
+    **dataloader_kwargs: Any,
+) -> DistributedLoader:
+    """Build the loader of this rank; ``batch_size`` is the GLOBAL batch per optimizer step.
+
+    Each rank's batches hold ``batch_size / (world_size * accumulation_steps)`` samples; the
+    sequence of global batches depends on ``(seed, epoch)`` only (see ``multigpu.data.sampler``).
+    ``drop_last=None`` means ``shuffle``: training drops the last partial step, evaluation keeps
+    every sample exactly once (ranks may then get uneven or no last batches).
+
+    Raises:
+        UsageError: an IterableDataset or a dataset without ``__len__``; a ``batch_size`` that
+            is not positive or not divisible by ``world_size * accumulation_steps``; a bad
+            rank; ``sampler``/``batch_sampler``/``batch_size``/``shuffle``/``drop_last``/
+            ``generator`` among ``dataloader_kwargs``; an option DataLoader rejects.
+
+    Example:
+        >>> ds = torch.utils.data.TensorDataset(torch.arange(10.0))
+        >>> loader = make_loader(ds, batch_size=4, rank=1, world_size=2, shuffle=False)
+        >>> [b[0].tolist() for b in loader]
+        [[2.0, 3.0], [6.0, 7.0], [9.0]]
+    """
+    _check_options(dataloader_kwargs)
+    sampler = ShardSampler(
+        dataset_length(dataset),
+        global_batch_size=batch_size,
+        rank=rank,
+        world_size=world_size,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        accumulation_steps=accumulation_steps,
+    )
+    log.debug(
+        "rank %s/%s: global batch %s, per-rank batch %s, %s batches this epoch",
+        rank,
+        world_size,
+        sampler.global_batch_size,
+        sampler.batch_size,
+        len(sampler),
+    )
+    return DistributedLoader(dataset, sampler, device=device, **dataloader_kwargs)

@@ -1,0 +1,145 @@
+"""Where this process sits in a distributed job: ``detect(environ) -> ClusterEnv``.
+
+Sources, most specific first: torchrun (any ``env://`` launcher) > SLURM (an srun step) > MPI
+(mpirun/mpiexec) > single process. Each lives in its own module with a pure
+``from_environ(environ) -> ClusterEnv | None``. When two are present, the *innermost* launcher
+tells the truth and the outer one's variables were merely inherited:
+
+- ``srun torchrun`` / ``mpirun torchrun``: torchrun's agent (``TORCHELASTIC_RUN_ID``) wins,
+  without comparison.
+- ``mpirun`` inside an allocation: Open MPI and Hydra start their per-node daemons with srun,
+  so every rank inherits the daemons' step (one task per node). MPI wins when its rank/size
+  differ from the step's; when they agree (``srun --mpi=pmi2`` direct launch) SLURM is used.
+- ``RANK``/``WORLD_SIZE`` without torchrun's agent, inside an srun step or MPI job: either a
+  launcher inside each task spawned workers (``multigpu.testing``, ``mp.spawn``: then every
+  ``env://`` variable is set and ``WORLD_SIZE`` is a multiple of the outer size) or a job
+  script exported them by hand next to the scheduler's (then they are incomplete, usually no
+  per-task ``RANK``, and must agree with the scheduler, which is used). Anything else, such as
+  ``WORLD_SIZE=2`` in a 4-task step, is an EnvError naming both, because it would hang.
+
+Environment variables read: those of ``multigpu.env.torchrun``, ``multigpu.env.slurm``,
+``multigpu.env.mpi`` and ``multigpu.env.single``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from multigpu.env import mpi, single, slurm, torchrun
+from multigpu.env._common import to_int, value
+from multigpu.env.slurm import expand_nodelist
+from multigpu.env.types import ClusterEnv, Source
+from multigpu.errors import EnvError
+
+__all__ = ["ClusterEnv", "Source", "detect", "expand_nodelist"]
+
+log = logging.getLogger(__name__)
+
+
+def detect(environ: Mapping[str, str] | None = None) -> ClusterEnv:
+    """Work out this process's rank, world size, node and rendezvous address.
+
+    A pure function of ``environ``: nothing is written, nothing is asked over the network.
+
+    Args:
+        environ: the environment to read; None means ``os.environ``.
+
+    Returns:
+        The validated position of this process; ``source`` says which launcher it came from.
+
+    Raises:
+        EnvError: the variables are incomplete, malformed or contradict each other; the message
+            names them and says how to fix it.
+
+    Example:
+        >>> detect({}).world_size
+        1
+        >>> env = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        ...               "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"})
+        >>> env.source, env.rank, env.local_world_size
+        ('torchrun', 1, 2)
+    """
+    env_vars = os.environ if environ is None else environ
+    found = _detect(env_vars)
+    log.debug("detected %s", found)
+    return found
+
+
+def _detect(environ: Mapping[str, str]) -> ClusterEnv:
+    if torchrun.is_elastic(environ):
+        return _torchrun(environ)
+    outer = _scheduler(environ)
+    if not torchrun.is_present(environ):
+        return outer or single.from_environ(environ)
+    if outer is None:
+        return _torchrun(environ)
+    if torchrun.is_complete(environ):
+        inner = _torchrun(environ)
+        _check_nested(inner, outer)
+        return inner
+    _check_hints(environ, outer)
+    return outer
+
+
+def _torchrun(environ: Mapping[str, str]) -> ClusterEnv:
+    found = torchrun.from_environ(environ)
+    if found is None:  # callers checked presence; kept for the type checker, never raised
+        raise EnvError("no torchrun variables found; expected RANK or WORLD_SIZE; use torchrun")
+    return found
+
+
+def _scheduler(environ: Mapping[str, str]) -> ClusterEnv | None:
+    """The SLURM step or MPI job this process belongs to, or None."""
+    step = slurm.from_environ(environ)
+    if step is None:
+        return mpi.from_environ(environ)
+    position = mpi.world_position(environ)
+    if position is None or position == (step.rank, step.world_size):
+        return step
+    # mpirun inside the step: the step's tasks are MPI's per-node daemons, the ranks are MPI's.
+    log.debug("MPI rank/size %s inside SLURM step %s: MPI launched us", position, step)
+    return mpi.from_environ(environ)
+
+
+def _check_nested(inner: ClusterEnv, outer: ClusterEnv) -> None:
+    """A complete ``env://`` set inside a scheduler job must look like a nested launcher's."""
+    multiple = inner.world_size % outer.world_size == 0
+    same_world = inner.world_size == outer.world_size
+    if multiple and not (same_world and inner.rank != outer.rank):
+        return
+    raise EnvError(
+        f"RANK={inner.rank} WORLD_SIZE={inner.world_size} are set without torchrun's agent "
+        f"(TORCHELASTIC_RUN_ID unset) but {outer.source} started this process as rank "
+        f"{outer.rank} of {outer.world_size}; expected the same rank and size, or WORLD_SIZE a "
+        f"multiple of {outer.world_size} when a launcher inside each task spawned the workers; "
+        f"unset RANK and WORLD_SIZE to let multigpu read {outer.source}'s variables, or start "
+        f"the workers with `srun torchrun` / `multigpu run`"
+    )
+
+
+def _check_hints(environ: Mapping[str, str], outer: ClusterEnv) -> None:
+    """Position variables exported by hand next to a scheduler's must agree with it."""
+    fields = {
+        "RANK": outer.rank,
+        "WORLD_SIZE": outer.world_size,
+        "LOCAL_RANK": outer.local_rank,
+        "LOCAL_WORLD_SIZE": outer.local_world_size,
+    }
+    absent = ", ".join(n for n in torchrun.REQUIRED if value(environ, n) is None)
+    fix = (
+        f"unset it (multigpu reads {outer.source}'s own variables) or set it from them, or "
+        f"start the workers with `srun torchrun` / `multigpu run`"
+    )
+    for name, expected in fields.items():
+        text = value(environ, name)
+        if text is None:
+            continue
+        given = to_int(name, text, minimum=0, fix=fix)
+        if given != expected:
+            raise EnvError(
+                f"{name}={given} but {outer.source} started this process with "
+                f"{name.lower()}={expected} ({absent} not set, so this is not a torchrun "
+                f"worker); expected {name} to match; {fix}"
+            )

@@ -1,0 +1,153 @@
+"""Reading and checking launcher variables, shared by every source in ``multigpu.env``.
+
+Private: the sources (torchrun, slurm, mpi, single) read through these helpers so that every
+one of them treats empty values, bad integers and impossible positions the same way, and words
+its errors the same way (what was given, what was expected, how to fix it).
+
+Environment variables read: only the names the calling source passes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from multigpu.env.types import ClusterEnv
+from multigpu.errors import EnvError
+
+DEFAULT_PORT = 29500
+"""The port torchrun uses by default; ours too when nothing else says which."""
+
+LOCALHOST = "127.0.0.1"
+
+
+def value(environ: Mapping[str, str], name: str) -> str | None:
+    """The stripped value of ``name``, or None when it is unset or blank.
+
+    Blank counts as unset because ``export RANK=$UNDEFINED`` in a job script leaves an empty
+    string behind, and that means "not given", not "given as garbage".
+    """
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    return raw.strip()
+
+
+def first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
+    """``(name, value)`` of the first of ``names`` that is set (not blank), else None."""
+    for name in names:
+        text = value(environ, name)
+        if text is not None:
+            return name, text
+    return None
+
+
+def to_int(name: str, text: str, *, minimum: int, fix: str) -> int:
+    """Parse ``name=text`` as a whole number >= ``minimum``; EnvError naming it otherwise."""
+    try:
+        number = int(text, 10)
+    except ValueError as e:
+        raise EnvError(
+            f"{name}={text!r} is not an integer; expected a whole number >= {minimum}; {fix}"
+        ) from e
+    if number < minimum:
+        raise EnvError(f"{name}={number} is out of range; expected a number >= {minimum}; {fix}")
+    return number
+
+
+def read_int(
+    environ: Mapping[str, str], *names: str, minimum: int = 0, fix: str
+) -> tuple[str, int] | None:
+    """``(name, number)`` for the first of ``names`` that is set, parsed and range-checked."""
+    found = first(environ, *names)
+    if found is None:
+        return None
+    name, text = found
+    return name, to_int(name, text, minimum=minimum, fix=fix)
+
+
+def master_addr(environ: Mapping[str, str], default: str | None) -> str | None:
+    """``MASTER_ADDR`` when set, else ``default``."""
+    return value(environ, "MASTER_ADDR") or default
+
+
+def master_port(environ: Mapping[str, str], default: int, *, fix: str) -> int:
+    """``MASTER_PORT`` (checked to be a TCP port) when set, else ``default``."""
+    text = value(environ, "MASTER_PORT")
+    if text is None:
+        return default
+    port = to_int("MASTER_PORT", text, minimum=0, fix=fix)
+    check_port("MASTER_PORT", port, fix=fix)
+    return port
+
+
+def check_port(name: str, port: int, *, fix: str) -> None:
+    """EnvError unless ``port`` is a usable TCP port (1..65535)."""
+    if not 1 <= port <= 65535:
+        raise EnvError(f"{name}={port} is not a TCP port; expected 1..65535; {fix}")
+
+
+def check_local_size(
+    local_name: str, local_world_size: int, world_name: str, world_size: int, *, fix: str
+) -> None:
+    """EnvError when more processes are said to be on this node than in the whole job."""
+    if local_world_size > world_size:
+        raise EnvError(
+            f"{local_name}={local_world_size} exceeds {world_name}={world_size}; expected at "
+            f"most as many processes on this node as in the whole job; {fix}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Names:
+    """Which variable (or expression) each ClusterEnv field came from, for error messages."""
+
+    rank: str
+    """Where ``rank`` came from, e.g. ``"SLURM_PROCID"``."""
+    world_size: str
+    """Where ``world_size`` came from."""
+    local_rank: str
+    """Where ``local_rank`` came from."""
+    local_world_size: str
+    """Where ``local_world_size`` came from."""
+    node_rank: str
+    """Where ``node_rank`` came from."""
+    num_nodes: str
+    """Where ``num_nodes`` came from."""
+
+
+def check(env: ClusterEnv, names: Names, *, fix: str) -> ClusterEnv:
+    """Return ``env`` if its numbers describe a possible job; EnvError naming the culprits if not.
+
+    Example:
+        >>> names = Names(rank="RANK", world_size="WORLD_SIZE", local_rank="LOCAL_RANK",
+        ...               local_world_size="LOCAL_WORLD_SIZE", node_rank="GROUP_RANK",
+        ...               num_nodes="GROUP_WORLD_SIZE")
+        >>> env = ClusterEnv(source="torchrun", rank=0, local_rank=0, world_size=1,
+        ...                  local_world_size=1, node_rank=0, num_nodes=1,
+        ...                  master_addr="127.0.0.1", master_port=29500)
+        >>> check(env, names, fix="fix it").rank
+        0
+    """
+    pairs = (
+        (names.rank, env.rank, names.world_size, env.world_size, "a rank"),
+        (names.local_rank, env.local_rank, names.local_world_size, env.local_world_size, "a rank"),
+        (names.node_rank, env.node_rank, names.num_nodes, env.num_nodes, "a node index"),
+    )
+    for low_name, low, high_name, high, what in pairs:
+        if low >= high:
+            raise EnvError(
+                f"{low_name}={low} but {high_name}={high}; expected {what} in 0..{high - 1}; {fix}"
+            )
+    check_local_size(
+        names.local_world_size, env.local_world_size, names.world_size, env.world_size, fix=fix
+    )
+    if env.num_nodes > env.world_size:
+        raise EnvError(
+            f"{names.num_nodes}={env.num_nodes} exceeds {names.world_size}={env.world_size}; "
+            f"expected every node to run at least one process; {fix}"
+        )
+    if not env.master_addr:
+        raise EnvError(f"MASTER_ADDR is empty; expected a host name or IP address; {fix}")
+    check_port("MASTER_PORT", env.master_port, fix=fix)
+    return env

@@ -1,0 +1,164 @@
+"""The torchrun / torchelastic / any ``env://`` launcher source.
+
+torchrun 2.x gives every worker ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK`` (node index), ``GROUP_WORLD_SIZE`` (nodes), ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT`` (plus ``ROLE_*`` and a few others we
+do not need). Hand-rolled launchers (``mp.spawn`` wrappers, ``multigpu.testing``) usually set only
+the first four and ``MASTER_*``; both are accepted.
+
+Environment variables read: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
+``TORCHELASTIC_RESTART_COUNT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from multigpu.env._common import (
+    Names,
+    check,
+    check_local_size,
+    master_port,
+    read_int,
+    to_int,
+    value,
+)
+from multigpu.env.types import ClusterEnv
+from multigpu.errors import EnvError
+
+REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What ``init_process_group(init_method="env://")`` needs; without any of them it cannot start."""
+
+HINTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+"""The position variables a job script may export by hand next to a scheduler's own."""
+
+FIX = (
+    "launch with `multigpu run` or `torchrun`, or export RANK, WORLD_SIZE, MASTER_ADDR and "
+    "MASTER_PORT consistently (LOCAL_RANK and LOCAL_WORLD_SIZE too on several nodes)"
+)
+
+
+def is_present(environ: Mapping[str, str]) -> bool:
+    """True when an ``env://`` launcher (torchrun or hand-rolled) seems to have started us.
+
+    Example:
+        >>> is_present({"RANK": "0", "WORLD_SIZE": "2"}), is_present({"LOCAL_RANK": "0"})
+        (True, False)
+    """
+    return any(value(environ, n) is not None for n in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"))
+
+
+def is_elastic(environ: Mapping[str, str]) -> bool:
+    """True when torchrun's elastic agent started us (it always sets ``TORCHELASTIC_RUN_ID``).
+
+    The agent is then the innermost launcher (``srun torchrun``, ``mpirun torchrun``), so its
+    variables win over any scheduler's without comparison.
+    """
+    return value(environ, "TORCHELASTIC_RUN_ID") is not None
+
+
+def is_complete(environ: Mapping[str, str]) -> bool:
+    """True when every variable ``env://`` needs (``REQUIRED``) is set."""
+    return all(value(environ, n) is not None for n in REQUIRED)
+
+
+def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
+    """Read torchrun's variables; None when no ``env://`` launcher is present.
+
+    When ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are both missing the job is taken to be on one
+    node. ``GROUP_RANK`` / ``GROUP_WORLD_SIZE`` give the node index and count when set, else
+    they are derived assuming the same number of processes on every node.
+
+    Raises:
+        EnvError: a required variable is missing, a value is not a valid number, or the numbers
+            contradict each other.
+
+    Example:
+        >>> env = from_environ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h0",
+        ...                     "MASTER_PORT": "29500"})
+        >>> env.rank, env.local_rank, env.num_nodes
+        (1, 1, 1)
+    """
+    if not is_present(environ):
+        return None
+    missing = [n for n in REQUIRED if value(environ, n) is None]
+    if missing:
+        given = ", ".join(f"{n}={value(environ, n)}" for n in REQUIRED if n not in missing)
+        raise EnvError(
+            f"torchrun-style environment is incomplete: {', '.join(missing)} not set "
+            f"(given: {given or 'nothing else'}); expected all of {', '.join(REQUIRED)}; {FIX}"
+        )
+    rank = _int(environ, "RANK", 0)
+    world_size = _int(environ, "WORLD_SIZE", 1)
+    local = read_int(environ, "LOCAL_RANK", fix=FIX)
+    local_size = read_int(environ, "LOCAL_WORLD_SIZE", minimum=1, fix=FIX)
+    if local is None and local_size is None:
+        # A launcher that says nothing about nodes started everything here (mp.spawn style).
+        local_rank, local_world_size = rank, world_size
+        local_names = ("RANK (no LOCAL_RANK: one node)", "WORLD_SIZE (no LOCAL_WORLD_SIZE)")
+    elif local is None or local_size is None:
+        given, absent = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        if local is None:
+            given, absent = absent, given
+        raise EnvError(
+            f"{given} is set but {absent} is not; expected both or neither (neither means one "
+            f"node); {FIX}"
+        )
+    else:
+        local_rank, local_world_size = local[1], local_size[1]
+        local_names = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    check_local_size(local_names[1], local_world_size, "WORLD_SIZE", world_size, fix=FIX)
+    node_rank, num_nodes, node_names = _nodes(environ, rank, world_size, local_world_size)
+    env = ClusterEnv(
+        source="torchrun",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=value(environ, "MASTER_ADDR") or "",
+        master_port=master_port(environ, 0, fix=FIX),
+        restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0, default=0),
+    )
+    names = Names(
+        rank="RANK",
+        world_size="WORLD_SIZE",
+        local_rank=local_names[0],
+        local_world_size=local_names[1],
+        node_rank=node_names[0],
+        num_nodes=node_names[1],
+    )
+    return check(env, names, fix=FIX)
+
+
+def _int(environ: Mapping[str, str], name: str, minimum: int, default: int | None = None) -> int:
+    text = value(environ, name)
+    if text is None:
+        if default is None:  # only reachable for REQUIRED names, which were checked before
+            raise EnvError(f"{name} is not set; expected a whole number >= {minimum}; {FIX}")
+        return default
+    return to_int(name, text, minimum=minimum, fix=FIX)
+
+
+def _nodes(
+    environ: Mapping[str, str], rank: int, world_size: int, local_world_size: int
+) -> tuple[int, int, tuple[str, str]]:
+    """``(node_rank, num_nodes, (their variable names))``, from GROUP_* or derived."""
+    group_rank = read_int(environ, "GROUP_RANK", fix=FIX)
+    group_size = read_int(environ, "GROUP_WORLD_SIZE", minimum=1, fix=FIX)
+    if group_size is not None:
+        num_nodes, size_name = group_size[1], "GROUP_WORLD_SIZE"
+    elif world_size % local_world_size == 0:
+        num_nodes, size_name = world_size // local_world_size, "WORLD_SIZE // LOCAL_WORLD_SIZE"
+    else:
+        raise EnvError(
+            f"WORLD_SIZE={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size} "
+            f"and GROUP_WORLD_SIZE is not set; expected the same number of processes on every "
+            f"node, or GROUP_RANK and GROUP_WORLD_SIZE giving the node index and count; {FIX}"
+        )
+    if group_rank is not None:
+        return group_rank[1], num_nodes, ("GROUP_RANK", size_name)
+    # Without GROUP_RANK: nodes hold consecutive blocks of ranks, as torchrun assigns them.
+    return rank // local_world_size, num_nodes, ("RANK // LOCAL_WORLD_SIZE", size_name)

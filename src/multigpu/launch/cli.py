@@ -1,0 +1,242 @@
+"""The ``multigpu`` command line (argparse only): ``run``, ``train`` and ``gpus``.
+
+``multigpu run`` is torchrun's own parser (``torch.distributed.run.get_args_parser``) with
+multigpu's options added, so every torchrun flag keeps its name, spellings and meaning.
+User errors print one line, ``multigpu: error: ...``, and exit with 2; never a traceback.
+
+Environment variables read: ``MULTIGPU_LOG_LEVEL`` (the launcher's log level, default INFO);
+torchrun's ``PET_*`` option defaults (through its parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+from multigpu.errors import LaunchError, UsageError
+from multigpu.launch.options import BACKENDS, LaunchOptions, cpu_count_arg
+from multigpu.launch.plan import CPU_DEFAULT_WHY
+from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
+
+PROG = "multigpu"
+SUBCOMMANDS = ("run", "train", "gpus")
+# Our own dests: everything else the run parser produces is torchrun's.
+_OWN_ARGS = frozenset(
+    {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
+) | {"help", "json"}
+
+DEVICE_HELP = (
+    "Devices. Default: every free GPU when the machine has GPUs; on a CPU-only machine ONE "
+    f"process using all cores, because {CPU_DEFAULT_WHY}. --cpu N asks for N processes."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        if "training_script" in message:  # argparse would name torchrun's internal dest
+            raise UsageError(
+                f"'{self.prog}' was given no script; expected '{self.prog} [options] script.py "
+                f"[args]' or '{self.prog} [options] -m module [args]'; see '{self.prog} --help'"
+            )
+        raise UsageError(f"{message}; see '{self.prog} --help'")
+
+
+def _torchrun_parser() -> argparse.ArgumentParser:
+    # Imported here: torch.distributed.run imports torch, which `multigpu gpus` does not need.
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            # Only what the user typed lands in the namespace, so "--nproc-per-node 1" given
+            # explicitly can be told apart from torchrun's default of 1.
+            action.default = argparse.SUPPRESS
+    return parser
+
+
+def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("multigpu options", DEVICE_HELP)
+    group.add_argument(
+        "--gpus",
+        metavar="auto|N|i,j",
+        help="use these GPUs: auto (all free ones), N (the N with most free memory) or a list "
+        "of indices; they are locked for the run and exported as CUDA_VISIBLE_DEVICES",
+    )
+    group.add_argument(
+        "--cpu",
+        type=cpu_count_arg,
+        metavar="N",
+        help="run N processes on the CPU (gloo), sharing the cores (OMP_NUM_THREADS = cores // N)",
+    )
+    group.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="process-group backend for the workers (default auto: nccl on GPUs, gloo on CPU)",
+    )
+    group.add_argument(
+        "--dry-run",
+        "--dry_run",
+        action="store_true",
+        help="print the plan (devices, processes, threads, torchrun arguments, environment) "
+        "and start nothing",
+    )
+
+
+def build_run_parser(prog: str = f"{PROG} run") -> _Parser:
+    """The parser of ``multigpu run``: torchrun's options plus ``--gpus/--cpu/--backend/--dry-run``.
+
+    Example:
+        >>> ns = build_run_parser().parse_args(["--cpu", "2", "train.py", "--lr", "0.1"])
+        >>> ns.cpu, ns.training_script, ns.training_script_args
+        (2, 'train.py', ['--lr', '0.1'])
+    """
+    parser = _Parser(
+        prog=prog,
+        parents=[_torchrun_parser()],
+        add_help=False,
+        description="Run a training script (or -m module) on every GPU, on N CPU processes, or "
+        "on many machines, through torchrun's elastic agent. All torchrun options work as in "
+        "torchrun. On one node without rendezvous options, --standalone is added (free port).",
+    )
+    _add_multigpu_options(parser)
+    return parser
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    """The launch options of ``multigpu train`` (the training options belong to the job)."""
+    parser = _Parser(
+        prog=f"{PROG} train",
+        add_help=False,
+        allow_abbrev=False,
+        usage=f"{PROG} train [launch options] [training options]",
+        description=f"Train the built-in digits CNN ({TRAIN_MODULE}) through the launcher. "
+        "Launch options are listed here; any other option goes to the job. --strategy dp runs "
+        "ONE process that sees all chosen GPUs (DataParallel).",
+    )
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    launch = parser.add_argument_group("launch options (torchrun's)")
+    for action in _torchrun_parser()._actions:
+        if action.dest in TRAIN_DESTS:
+            launch._add_action(action)
+    _add_multigpu_options(parser)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level ``multigpu`` parser with its subcommands."""
+    parser = _Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,train,gpus}")
+    run = build_run_parser()
+    sub.add_parser(
+        "run",
+        parents=[run],
+        add_help=False,
+        help="run a script on all devices",
+        description=run.description,
+    )
+    sub.add_parser("train", help="train the built-in digits example (see 'multigpu train --help')")
+    gpus = sub.add_parser("gpus", help="list this machine's GPUs")
+    gpus.add_argument("--json", action="store_true", help="print a JSON list")
+    return parser
+
+
+def options_from_namespace(
+    ns: argparse.Namespace, *, script: str, script_args: Sequence[str], one_process: bool = False
+) -> LaunchOptions:
+    """Make LaunchOptions from a parsed namespace (torchrun options = all dests not ours)."""
+    values: dict[str, Any] = vars(ns)
+    torchrun = {k: v for k, v in values.items() if k not in _OWN_ARGS}
+    return LaunchOptions(
+        script=script,
+        script_args=tuple(script_args),
+        gpus=values.get("gpus"),
+        cpu=values.get("cpu"),
+        backend=values.get("backend") or "auto",
+        dry_run=bool(values.get("dry_run")),
+        one_process=one_process,
+        torchrun=MappingProxyType(torchrun),
+    )
+
+
+def _train(argv: Sequence[str]) -> int:
+    from multigpu.launch.run import run_command
+    from multigpu.launch.train import split_launch_args, training_help, wants_one_process
+
+    parser = build_train_parser()
+    launch_argv, job_argv = split_launch_args(argv, parser._actions)
+    ns = parser.parse_args(launch_argv)
+    if ns.help:
+        sys.stdout.write(parser.format_help() + "\ntraining options:\n" + training_help())
+        return 0
+    options = options_from_namespace(
+        ns, script=TRAIN_MODULE, script_args=job_argv, one_process=wants_one_process(job_argv)
+    )
+    with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
+    return run_command(dataclasses.replace(options, torchrun=with_module))
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (tests and callers may swap it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def _configure_logging() -> None:
+    # On "multigpu", so that the GPU claim's messages (which GPU is locked by whom) show too.
+    # propagate stays on: a caller's own handlers (pytest's capture included) keep working.
+    logger = logging.getLogger("multigpu")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(os.environ.get("MULTIGPU_LOG_LEVEL", "INFO").upper())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``multigpu`` and ``python -m multigpu``; returns the exit code.
+
+    0 on success, 1 when a worker failed, 2 on a usage error (one line on stderr).
+
+    Example:
+        >>> main(["run", "--cpu", "2", "--dry-run", "train.py"])  # doctest: +SKIP
+        0
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _configure_logging()
+        if args and args[0] == "train":
+            return _train(args[1:])
+        ns = build_parser().parse_args(args)
+        if ns.command == "gpus":
+            from multigpu.launch.listing import show_gpus
+
+            return show_gpus(as_json=ns.json)
+        from multigpu.launch.run import run_command
+
+        options = options_from_namespace(
+            ns, script=ns.training_script, script_args=ns.training_script_args
+        )
+        return run_command(options)
+    except UsageError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 2
+    except LaunchError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 1
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0

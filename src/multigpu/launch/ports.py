@@ -1,0 +1,78 @@
+"""Ports: is a rendezvous port free here, and is an address one of this machine's.
+
+A port already in use on the node that must host torchrun's store would otherwise surface as a
+long rendezvous timeout or a deep traceback; trying to bind it first gives a one-line error.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from multigpu.errors import UsageError
+
+
+def is_local_address(host: str) -> bool:
+    """True when ``host`` names this machine (loopback, its hostname, or one of its addresses).
+
+    The test is to bind a socket to each address ``host`` resolves to: only a local address
+    can be bound, whatever the interface.
+
+    Example:
+        >>> is_local_address("127.0.0.1")
+        True
+    """
+    host = host.strip("[]")
+    if host in ("", "localhost"):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((sockaddr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def check_port_free(port: int, *, option: str) -> None:
+    """Raise UsageError when TCP ``port`` cannot be bound on this machine (another server has it).
+
+    Binds every interface as torch's TCPStore server does; SO_REUSEADDR keeps ports in TIME_WAIT
+    from a run that just ended from counting as taken (the store sets it too).
+
+    Args:
+        port: the port this node will host the rendezvous store on.
+        option: how the user chose it, for the message (e.g. ``"--master-port 29500"``).
+
+    Example:
+        >>> check_port_free(0, option="--master-port 0")
+    """
+    if not 0 <= port <= 65535:
+        raise UsageError(
+            f"{option}: port {port} is out of range; expected 1-65535; pick a free port"
+        )
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this machine: the IPv4 try decides
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((address, port))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE and family == socket.AF_INET6:
+                    continue
+                raise UsageError(
+                    f"{option}: port {port} is already in use on this machine, which hosts the "
+                    "rendezvous store; expected a free port; stop the other job or choose "
+                    "another port"
+                ) from e
+            return

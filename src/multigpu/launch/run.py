@@ -1,0 +1,167 @@
+"""Run a launch: check the options, claim GPUs, build the plan, hand it to torch.distributed.run.
+
+The parent process never touches CUDA: GPUs are listed through ``multigpu.gpus`` (NVML /
+nvidia-smi) and every worker count handed to torchrun is a number, so torchrun never asks
+``torch.cuda`` either. This is the one place in multigpu that writes ``os.environ``: the elastic
+agent copies the parent's environment into every worker.
+
+Environment variables read: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (kept when set), ``CUDA_VISIBLE_DEVICES`` and the
+others ``multigpu.gpus`` reads, ``PATH`` (for ``--no-python`` programs), torchrun's ``PET_*``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import TextIO
+
+from multigpu.errors import UsageError
+from multigpu.launch.options import LaunchOptions
+from multigpu.launch.plan import LaunchPlan, build_plan, choose_devices
+from multigpu.launch.ports import check_port_free
+
+logger = logging.getLogger(__name__)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's total).
+
+    Example:
+        >>> usable_cores() >= 1
+        True
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_script(options: LaunchOptions) -> None:
+    """Raise UsageError when the script to launch does not exist (before anything starts).
+
+    Example:
+        >>> check_script(LaunchOptions(script="json", torchrun={"module": True}))
+    """
+    if options.is_module:
+        return  # resolved by the workers' own interpreter and sys.path
+    script = options.script
+    if options.get("no_python") and not options.get("run_path"):
+        if shutil.which(script) is None:
+            raise UsageError(
+                f"program {script!r} (--no-python) was not found; expected an executable path "
+                "or a command on PATH; check the spelling"
+            )
+        return
+    if not os.path.isfile(script):
+        where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()})"
+        raise UsageError(
+            f"script {script!r} does not exist{where}; expected a Python file; check the path, "
+            "or use -m for a module"
+        )
+
+
+@contextmanager
+def prepare(
+    options: LaunchOptions, *, environ: Mapping[str, str] | None = None
+) -> Iterator[LaunchPlan]:
+    """Check everything, claim the GPUs and yield the plan; the claim is held inside the block.
+
+    Args:
+        options: the parsed command line.
+        environ: the user's environment (default ``os.environ``), read only.
+
+    Raises:
+        UsageError: any bad input (contradicting options, missing script, too few GPUs,
+            a port in use); nothing has been started or written.
+
+    Example:
+        >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
+        ...     print(plan.describe())
+    """
+    from multigpu.gpus import claim_gpus, list_gpus, parse_gpu_request, select_gpus
+
+    env = os.environ if environ is None else environ
+    cores = usable_cores()
+    if options.gpus is not None:
+        parse_gpu_request(options.gpus)  # bad syntax ("0,0", "x") before looking at hardware
+    gpus = list_gpus(env)
+    request = choose_devices(options, gpu_count=len(gpus), cores=cores)
+    check_script(options)
+    with ExitStack() as stack:
+        if request.kind == "cuda":
+            gpu_request = parse_gpu_request(request.gpus)
+            if not gpus:
+                select_gpus(gpus, gpu_request)  # raises "has none; use --cpu N", locks nothing
+            claim = stack.enter_context(claim_gpus(gpu_request, env, gpus=gpus))
+            plan = build_plan(
+                options,
+                request,
+                environ=env,
+                cores=cores,
+                gpus=claim.gpus,
+                cuda_visible_devices=claim.cuda_visible_devices,
+            )
+        else:
+            plan = build_plan(options, request, environ=env, cores=cores)
+        if plan.store_port is not None:
+            check_port_free(plan.store_port[1], option=plan.store_port[0])
+        yield plan
+
+
+def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
+    """Start the workers of ``plan`` through ``torch.distributed.run`` and wait for them.
+
+    Returns:
+        0 when every worker succeeded; 1 when one failed (torch's failure summary is written
+        to ``err``); 128 + signal when the launcher was stopped by a signal.
+
+    Example:
+        >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
+        ...     code = launch(plan)
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    stream = sys.stderr if err is None else err
+    args = parse_args(list(plan.torchrun_args))
+    # The only write to os.environ in multigpu: workers inherit the agent's environment.
+    os.environ.update(plan.env)
+    try:
+        run(args)
+    except ChildFailedError as e:
+        stream.write(f"{e}\n")
+        stream.flush()
+        return 1
+    except SignalException as e:
+        logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
+        return 128 + int(e.sigval)
+    except Exception as e:  # rendezvous and agent errors: one line, not torch's traceback
+        stream.write(f"multigpu: error: the launch failed: {type(e).__name__}: {e}\n")
+        stream.flush()
+        logger.debug("launch failure", exc_info=True)
+        return 1
+    return 0
+
+
+def run_command(options: LaunchOptions, *, out: TextIO | None = None) -> int:
+    """What ``multigpu run`` does: prepare, log the defaults applied, dry-run or launch.
+
+    Example:
+        >>> run_command(LaunchOptions(script="train.py", cpu=2, dry_run=True))  # doctest: +SKIP
+        0
+    """
+    stream = sys.stdout if out is None else out
+    with prepare(options) as plan:
+        if options.dry_run:  # the notes are part of the plan printed
+            stream.write(plan.describe() + "\n")
+            stream.flush()
+            return 0
+        for note in plan.notes:
+            logger.info("%s", note)
+        return launch(plan)

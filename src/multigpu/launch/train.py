@@ -1,0 +1,111 @@
+"""``multigpu train``: the built-in digits job through the same launcher.
+
+The command line mixes launch options (``--cpu 2``, ``--max-restarts 1``) and training options
+(``--epochs 3``); launch options are taken out by name, everything else goes to the job
+unchanged and in order.
+
+Environment variables read: none here (the job's ``--help`` runs with the user's environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+
+TRAIN_MODULE = "multigpu.examples.digits"
+"""The module ``multigpu train`` launches (``torchrun --module``)."""
+
+TRAIN_DESTS = frozenset(
+    {
+        "nproc_per_node",
+        "nnodes",
+        "node_rank",
+        "rdzv_backend",
+        "rdzv_endpoint",
+        "rdzv_id",
+        "rdzv_conf",
+        "standalone",
+        "max_restarts",
+        "monitor_interval",
+        "master_addr",
+        "master_port",
+        "local_addr",
+        "log_dir",
+        "redirects",
+        "tee",
+    }
+)
+"""torchrun options ``multigpu train`` understands; the rest of torchrun's belong to ``run``."""
+
+
+def split_launch_args(
+    argv: Sequence[str], actions: Iterable[argparse.Action]
+) -> tuple[list[str], list[str]]:
+    """Split ``argv`` into (launch options, arguments for the job), keeping each side's order.
+
+    An option is a launch option when its name (before any ``=``) is one of ``actions``' option
+    strings; its value is taken along unless it is a flag or written ``--opt=value``. ``--``
+    ends the launch options: everything after it goes to the job.
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> _ = p.add_argument("--cpu")
+        >>> split_launch_args(["--cpu", "2", "--epochs", "3"], p._actions)
+        (['--cpu', '2'], ['--epochs', '3'])
+    """
+    takes_value = {name: action.nargs != 0 for action in actions for name in action.option_strings}
+    launch: list[str] = []
+    job: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            job.extend(argv[i + 1 :])
+            break
+        name = token.split("=", 1)[0]
+        if name in takes_value and token.startswith("-"):
+            launch.append(token)
+            if takes_value[name] and "=" not in token and i + 1 < len(argv):
+                launch.append(argv[i + 1])
+                i += 1
+        else:
+            job.append(token)
+        i += 1
+    return launch, job
+
+
+def wants_one_process(job_args: Sequence[str]) -> bool:
+    """True when the job is asked for ``--strategy dp`` (one process driving every GPU).
+
+    Example:
+        >>> wants_one_process(["--epochs", "2", "--strategy=dp"])
+        True
+    """
+    for i, token in enumerate(job_args):
+        if token == "--strategy=dp" or (
+            token == "--strategy" and i + 1 < len(job_args) and job_args[i + 1] == "dp"
+        ):
+            return True
+    return False
+
+
+def training_help() -> str:
+    """The job's own ``--help`` text (its training options), run in a child interpreter.
+
+    A child, because launch/ must not import the job (and with it the whole library) itself.
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", TRAIN_MODULE, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(could not show the training options: {e})\n"
+    if done.returncode != 0:
+        return f"(could not show the training options: {done.stderr.strip()})\n"
+    return done.stdout

@@ -1,0 +1,84 @@
+"""Every bad input to ``python -m multigpu``: exit code 2, one line on stderr, nothing started.
+
+The children run concurrently (each one mostly waits for ``import torch``) to keep this fast.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.launch._util import popen_multigpu
+
+CASES: dict[str, list[str]] = {
+    "too-many-gpus": ["run", "--gpus", "3", "s.py"],
+    "same-gpu-twice": ["run", "--gpus", "0,0", "s.py"],
+    "cpu-zero": ["run", "--cpu", "0", "s.py"],
+    "cpu-negative": ["run", "--cpu", "-1", "s.py"],
+    "cpu-not-a-number": ["run", "--cpu", "x", "s.py"],
+    "cpu-and-gpus": ["run", "--cpu", "2", "--gpus", "1", "s.py"],
+    "missing-script": ["run", "--cpu", "2", "missing.py"],
+    "no-script": ["run", "--cpu", "2"],
+    "nccl-without-gpus": ["run", "--backend", "nccl", "s.py"],
+    "nproc-contradicts-cpu": ["run", "--cpu", "2", "--nproc-per-node", "3", "s.py"],
+    "master-port-in-use": ["run", "--cpu", "2", "--master-port", "{port}", "s.py"],
+    "endpoint-in-use": ["run", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:{port}", "s.py"],
+    "unknown-subcommand": ["frobnicate", "s.py"],
+    "train-cpu-zero": ["train", "--cpu", "0", "--epochs", "1"],
+}
+
+EXPECTED = {
+    "too-many-gpus": "--gpus 3",
+    "same-gpu-twice": "0,0",
+    "cpu-zero": "--cpu 0",
+    "cpu-negative": "--cpu -1",
+    "cpu-not-a-number": "--cpu x",
+    "cpu-and-gpus": "together",
+    "missing-script": "missing.py",
+    "no-script": "was given no script",
+    "nccl-without-gpus": "nccl",
+    "nproc-contradicts-cpu": "contradicts",
+    "master-port-in-use": "already in use",
+    "endpoint-in-use": "already in use",
+    "unknown-subcommand": "frobnicate",
+    "train-cpu-zero": "--cpu 0",
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple]]:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        cwds, procs = {}, {}
+        for name, argv in CASES.items():
+            cwd = tmp_path_factory.mktemp(name)
+            (cwd / "s.py").write_text("raise SystemExit('must never run')\n")
+            cwds[name] = cwd
+            procs[name] = popen_multigpu([a.replace("{port}", port) for a in argv], cwd)
+        done = {}
+        for name, proc in procs.items():
+            try:
+                out, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            files = sorted(p.name for p in cwds[name].rglob("*"))
+            done[name] = (proc.returncode, out, err, files)
+    yield done
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2(name: str, results: dict[str, tuple]) -> None:
+    code, out, err, files = results[name]
+    lines = err.splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith("multigpu: error: "), err
+    assert EXPECTED[name] in lines[0]
+    assert "Traceback" not in err and out == ""
+    assert files == ["s.py"]  # nothing written, nothing started

@@ -1,0 +1,43 @@
+"""``multigpu run`` end to end: real torchrun agents and gloo workers (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.launch._util import SCRIPTS, run_multigpu
+
+
+def test_plain_torchrun_script_runs_unchanged_on_cpu_processes(tmp_path: Path) -> None:
+    done = run_multigpu(
+        ["run", "--cpu", "2", str(SCRIPTS / "allreduce.py"), str(tmp_path), "--lr", "1"], tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["local_rank"], result["world_size"]) == (rank, rank, 2)
+        assert result["sum"] == 3.0  # 1 + 2: a real all-reduce across both workers
+        assert result["args"] == ["--lr", "1"]
+        assert result["env"]["MULTIGPU_DEVICE"] == "cpu"
+        assert result["env"]["CUDA_VISIBLE_DEVICES"] == ""
+        assert result["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+        assert int(result["env"]["OMP_NUM_THREADS"]) >= 1
+
+
+def test_a_failing_worker_exits_1_with_torchs_summary(tmp_path: Path) -> None:
+    done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "fail.py")], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "Root Cause" in done.stderr and "rank      : 1" in done.stderr
+    assert "Traceback" not in done.stderr.split("Root Cause")[0]  # no launcher traceback
+
+
+def test_train_digits_on_two_cpu_processes(tmp_path: Path) -> None:
+    done = run_multigpu(
+        ["train", "--cpu", "2", "--epochs", "1", "--progress", "off", "--out", str(tmp_path)],
+        tmp_path,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["device"] == "cpu"
+    assert metrics["test_accuracy"] > 0.5
