@@ -1,0 +1,44 @@
+"""GPU discovery, selection and locking for the launcher (never creates a CUDA context).
+
+- ``list_gpus(environ)`` / ``all_gpus()``: NVML, then ``nvidia-smi``, then ``torch.cuda`` in a
+  child process; ``CUDA_VISIBLE_DEVICES`` applied as CUDA does.
+- ``parse_gpu_request(text)`` / ``select_gpus(gpus, request)``: what ``--gpus`` means.
+- ``claim_gpus(request)``: select under per-GPU ``flock`` locks, so concurrent jobs never share.
+- ``format_gpu_table(gpus)``: the listing printed by ``multigpu gpus`` and ``--dry-run``.
+
+Device order: NVML and nvidia-smi number GPUs in PCI bus order; CUDA defaults to FASTEST_FIRST.
+The launcher sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for its workers so that indices agree, and
+hands them UUIDs (``GPUInfo.visible_id``), which mean the same GPU in any order.
+
+Environment variables read: ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``,
+``MULTIGPU_LOCK_DIR``, ``PATH`` (see the submodules).
+
+Example:
+    >>> from multigpu.gpus import list_gpus, parse_gpu_request, select_gpus
+    >>> list_gpus({"CUDA_VISIBLE_DEVICES": "-1"})
+    []
+"""
+
+from __future__ import annotations
+
+from multigpu.gpus.discover import all_gpus, list_gpus, probe
+from multigpu.gpus.lock import GPUClaim, claim_gpus
+from multigpu.gpus.select import busy_reason, parse_gpu_request, select_gpus
+from multigpu.gpus.table import format_gpu_table
+from multigpu.gpus.types import GPUInfo, GPURequest, Inventory, MigDevice
+
+__all__ = [
+    "GPUClaim",
+    "GPUInfo",
+    "GPURequest",
+    "Inventory",
+    "MigDevice",
+    "all_gpus",
+    "busy_reason",
+    "claim_gpus",
+    "format_gpu_table",
+    "list_gpus",
+    "parse_gpu_request",
+    "probe",
+    "select_gpus",
+]

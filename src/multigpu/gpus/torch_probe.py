@@ -1,0 +1,125 @@
+"""Read GPUs through ``torch.cuda`` — the last resort, when NVML and nvidia-smi both failed
+(e.g. ROCm builds, whose devices NVML cannot see).
+
+Why in a child process: ``torch.cuda.device_count()`` initialises the driver and
+``torch.cuda.mem_get_info`` creates a CUDA context. A process that did either and then forks
+(torchrun's workers, DataLoader workers) gets "Cannot re-initialize CUDA in forked subprocess",
+and the context holds ~300-500 MiB on a GPU the job may not even use. So the launcher's process
+never does it: a short-lived ``python -c`` child does, with ``CUDA_VISIBLE_DEVICES`` removed and
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so its indices are physical ones.
+
+The probe is skipped (instantly) when no GPU device node exists (``/dev/nvidiactl``,
+``/dev/nvidia0``, ``/dev/kfd``, ``/dev/dxg``) or torch has neither CUDA nor ROCm built in.
+
+Environment variables read: the whole environment is passed on to the child, minus
+``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+from multigpu.gpus.types import GPUInfo, Inventory
+
+logger = logging.getLogger(__name__)
+
+TORCH_TIMEOUT_S = 60.0
+DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+_HIDING = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+_CHILD = """
+import json, torch
+out = []
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        uuid = str(getattr(p, "uuid", "") or "")
+        bus = getattr(p, "pci_bus_id", None)
+        out.append({"index": i, "name": p.name, "uuid": uuid, "free": free, "total": total,
+                    "pci": "%08x:%02x:%02x.0" % (getattr(p, "pci_domain_id", 0), bus,
+                    getattr(p, "pci_device_id", 0)) if bus is not None else ""})
+print(json.dumps(out))
+"""
+
+
+def has_gpu_device_node(nodes: Sequence[str] = DEVICE_NODES) -> bool:
+    """True when a GPU driver's device node exists (without one, no probe can find a GPU)."""
+    return any(os.path.exists(n) for n in nodes)
+
+
+def parse_torch_probe(text: str) -> list[GPUInfo]:
+    """Turn the child's JSON line into GPUs (no utilisation or processes: torch does not say).
+
+    Example:
+        >>> row = '[{"index": 0, "name": "AMD MI250X", "uuid": "", "free": 1073741824, '
+        >>> row += '"total": 2147483648, "pci": ""}]'
+        >>> parse_torch_probe(row)[0].visible_id
+        '0'
+    """
+    gpus = []
+    for d in json.loads(text.strip().splitlines()[-1]):
+        uuid = d["uuid"]
+        if uuid and not uuid.startswith("GPU-"):
+            uuid = f"GPU-{uuid}"
+        gpus.append(
+            GPUInfo(
+                index=int(d["index"]),
+                logical_index=None,
+                uuid=uuid or f"index-{d['index']}",
+                name=str(d["name"]),
+                pci_bus_id=str(d["pci"]),
+                memory_total_mib=int(d["total"]) // (1024 * 1024),
+                memory_free_mib=int(d["free"]) // (1024 * 1024),
+                utilization_percent=None,
+                processes=(),
+                # The launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID, so the physical index is
+                # understood by the workers; HIP accepts indices, not NVIDIA UUIDs.
+                visible_id=str(d["index"]),
+            )
+        )
+    return gpus
+
+
+def read_torch(environ: Mapping[str, str] | None = None) -> Inventory | None:
+    """GPUs as torch.cuda sees them, probed in a child process; None when there are none.
+
+    Example:
+        >>> read_torch() is None  # on a machine without GPUs  # doctest: +SKIP
+        True
+    """
+    if not has_gpu_device_node():
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        logger.debug("torch %s has no CUDA/ROCm support; torch probe skipped", torch.__version__)
+        return None
+    env = {k: v for k, v in (os.environ if environ is None else environ).items()}
+    for name in _HIDING:
+        env.pop(name, None)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=TORCH_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            logger.debug("torch probe failed: %s", done.stderr.strip()[-500:])
+            return None
+        gpus = parse_torch_probe(done.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        logger.debug("torch probe failed: %s", e)
+        return None
+    return Inventory(gpus=tuple(gpus), source="torch") if gpus else None

@@ -1,0 +1,57 @@
+"""Recorded ``nvidia-smi`` outputs (tests/gpus/data) served through a runner, and fake GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from multigpu.gpus import GPUInfo, Inventory
+from multigpu.gpus.smi import LIST, QUERY_APPS, QUERY_GPU, read_smi
+
+DATA = Path(__file__).parent / "data"
+
+
+def recorded(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+class Recorded:
+    """A runner answering nvidia-smi's three commands from ``data/<machine>_*``; logs calls."""
+
+    def __init__(self, machine: str | None) -> None:
+        self.machine = machine
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str]) -> str | None:
+        self.calls.append(list(argv))
+        if self.machine is None:
+            return None  # the command is missing
+        suffix = {
+            tuple(QUERY_GPU): "query.csv",
+            tuple(QUERY_APPS): "apps.csv",
+            tuple(LIST): "list.txt",
+        }
+        path = DATA / f"{self.machine}_{suffix[tuple(argv)]}"
+        return path.read_text() if path.exists() else None
+
+
+def inventory(machine: str) -> Inventory:
+    found = read_smi(Recorded(machine))
+    assert found is not None
+    return found
+
+
+def fake_gpu(index: int, *, free: int = 20000, total: int = 24000, util: int | None = 0) -> GPUInfo:
+    uuid = f"GPU-{index:08d}-fake-0000-0000-000000000000"
+    return GPUInfo(
+        index=index,
+        logical_index=index,
+        uuid=uuid,
+        name="Fake GPU",
+        pci_bus_id=f"00000000:{index + 1:02X}:00.0",
+        memory_total_mib=total,
+        memory_free_mib=free,
+        utilization_percent=util,
+        processes=(),
+        visible_id=uuid,
+    )
