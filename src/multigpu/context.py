@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -27,7 +27,6 @@ from multigpu.strategies import Strategy
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-M = TypeVar("M", bound=nn.Module)
 
 
 class Context:
@@ -113,14 +112,6 @@ class Context:
         )
 
     # ---- model and optimizer ------------------------------------------------------------------
-    @overload
-    def setup(self, model: M) -> nn.Module: ...
-
-    @overload
-    def setup(
-        self, model: M, optimizer: torch.optim.Optimizer, *optimizers: torch.optim.Optimizer
-    ) -> tuple[Any, ...]: ...
-
     def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
         """Move ``model`` to this rank's device and wrap it (DDP, DP or nothing).
 

@@ -90,7 +90,7 @@ def move_to_device(obj: T, device: torch.device | str, non_blocking: bool = Fals
         device(type='cpu')
     """
     target = torch.device(device)
-    return _move(obj, target, non_blocking)  # type: ignore[no-any-return]
+    return _move(obj, target, non_blocking)
 
 
 def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:

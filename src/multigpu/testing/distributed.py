@@ -51,7 +51,7 @@ def _worker(
     args: Sequence[Any],
     env: Mapping[str, str],
     rank: int,
-    results: mp.Queue,  # type: ignore[type-arg]
+    results: mp.Queue,
 ) -> None:
     # This child process is the "launcher" of itself: setting its own environment is the point.
     os.environ.update(env)
@@ -88,7 +88,7 @@ def run_distributed(
         DistributedTestError: a worker raised (its traceback is in the message) or timed out.
     """
     ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    results: mp.Queue = ctx.Queue()
     port = free_port()
     procs = []
     for rank in range(world_size):
