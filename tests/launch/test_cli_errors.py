@@ -28,6 +28,7 @@ CASES: dict[str, list[str]] = {
     "endpoint-in-use": ["run", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:{port}", "s.py"],
     "unknown-subcommand": ["frobnicate", "s.py"],
     "train-cpu-zero": ["train", "--cpu", "0", "--epochs", "1"],
+    "train-batch-not-divisible": ["train", "--cpu", "2", "--batch-size", "63", "--out", "out"],
 }
 
 EXPECTED = {
@@ -45,6 +46,7 @@ EXPECTED = {
     "endpoint-in-use": "already in use",
     "unknown-subcommand": "frobnicate",
     "train-cpu-zero": "--cpu 0",
+    "train-batch-not-divisible": "--batch-size 63 is not divisible",
 }
 
 

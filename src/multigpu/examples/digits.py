@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,7 @@ def load_digits_split() -> tuple[TensorDataset, TensorDataset]:
 def evaluate(ctx: Context, model: nn.Module, dataset: TensorDataset, batch_size: int) -> float:
     """Accuracy over ``dataset``, each sample counted exactly once whatever the world size."""
     plain = ctx.unwrap(model)  # no DDP forward: ranks may have different numbers of batches
+    batch_size = max(1, batch_size // ctx.world_size) * ctx.world_size  # any world size divides
     plain.eval()
     correct = torch.zeros((), dtype=torch.float64)
     seen = torch.zeros((), dtype=torch.float64)
@@ -244,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(args)
     except multigpu.UsageError as e:
-        print(f"multigpu train: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # the same message on every rank: say it once
+            print(f"multigpu train: error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch.options import BACKENDS, LaunchOptions, cpu_count_arg
-from multigpu.launch.plan import CPU_DEFAULT_WHY
+from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
@@ -168,8 +168,14 @@ def options_from_namespace(
 
 
 def _train(argv: Sequence[str]) -> int:
+    from multigpu.launch.options import parse_nnodes
     from multigpu.launch.run import run_command
-    from multigpu.launch.train import split_launch_args, training_help, wants_one_process
+    from multigpu.launch.train import (
+        check_batch_size,
+        split_launch_args,
+        training_help,
+        wants_one_process,
+    )
 
     parser = build_train_parser()
     launch_argv, job_argv = split_launch_args(argv, parser._actions)
@@ -181,7 +187,13 @@ def _train(argv: Sequence[str]) -> int:
         ns, script=TRAIN_MODULE, script_args=job_argv, one_process=wants_one_process(job_argv)
     )
     with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
-    return run_command(dataclasses.replace(options, torchrun=with_module))
+
+    def check(plan: LaunchPlan) -> None:
+        low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
+        if low == high:  # an elastic node count has no fixed world size to check against
+            check_batch_size(job_argv, plan.nproc_per_node * low)
+
+    return run_command(dataclasses.replace(options, torchrun=with_module), check=check)
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import TextIO
 
@@ -26,6 +26,9 @@ from multigpu.launch.plan import LaunchPlan, build_plan, choose_devices
 from multigpu.launch.ports import check_port_free
 
 logger = logging.getLogger(__name__)
+
+USAGE_EXIT_CODE = 2
+"""Exit code of a usage error, for the launcher and for workers that refuse their input."""
 
 
 def usable_cores() -> int:
@@ -135,6 +138,16 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
     try:
         run(args)
     except ChildFailedError as e:
+        codes = {failure.exitcode for failure in e.failures.values()}
+        if codes == {USAGE_EXIT_CODE}:
+            # Every worker refused its input (e.g. a batch size): that is the user's error,
+            # already explained by the workers above, not a crash worth torch's report.
+            stream.write(
+                "multigpu: error: the workers stopped on a usage error (exit code 2); "
+                "their message is above\n"
+            )
+            stream.flush()
+            return USAGE_EXIT_CODE
         stream.write(f"{e}\n")
         stream.flush()
         return 1
@@ -149,7 +162,12 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
     return 0
 
 
-def run_command(options: LaunchOptions, *, out: TextIO | None = None) -> int:
+def run_command(
+    options: LaunchOptions,
+    *,
+    out: TextIO | None = None,
+    check: Callable[[LaunchPlan], None] | None = None,
+) -> int:
     """What ``multigpu run`` does: prepare, log the defaults applied, dry-run or launch.
 
     Example:
@@ -158,6 +176,8 @@ def run_command(options: LaunchOptions, *, out: TextIO | None = None) -> int:
     """
     stream = sys.stdout if out is None else out
     with prepare(options) as plan:
+        if check is not None:
+            check(plan)  # a UsageError here: exit code 2, nothing started
         if options.dry_run:  # the notes are part of the plan printed
             stream.write(plan.describe() + "\n")
             stream.flush()

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
+from multigpu.errors import UsageError
+
 TRAIN_MODULE = "multigpu.examples.digits"
 """The module ``multigpu train`` launches (``torchrun --module``)."""
 
@@ -74,6 +76,38 @@ def split_launch_args(
             job.append(token)
         i += 1
     return launch, job
+
+
+DEFAULT_BATCH_SIZE = 64
+"""The job's default ``--batch-size`` (kept equal to the job's parser by a test)."""
+
+
+def check_batch_size(job_args: Sequence[str], processes: int) -> None:
+    """Refuse, before anything starts, a global ``--batch-size`` the processes cannot share.
+
+    Raises:
+        UsageError: the batch size does not divide by the number of processes.
+
+    Example:
+        >>> check_batch_size(["--batch-size", "64"], 2)
+    """
+    value: str | None = None
+    for i, token in enumerate(job_args):
+        if token.startswith("--batch-size="):
+            value = token.split("=", 1)[1]
+        elif token == "--batch-size" and i + 1 < len(job_args):
+            value = job_args[i + 1]
+    try:
+        batch = int(value) if value is not None else DEFAULT_BATCH_SIZE
+    except ValueError:
+        return  # the job's own parser says what is wrong with it
+    if batch > 0 and batch % processes:
+        low = max(processes, batch - batch % processes)
+        raise UsageError(
+            f"--batch-size {batch} is not divisible by the {processes} processes (it is the "
+            f"global batch, split evenly); use a multiple of {processes}, e.g. {low} or "
+            f"{low + processes}"
+        )
 
 
 def wants_one_process(job_args: Sequence[str]) -> bool:

@@ -1,0 +1,51 @@
+"""The README's library example and the built-in ``multigpu train`` job, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from multigpu.examples.digits import DigitsCNN
+from tests.launch._util import run_multigpu
+
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = ROOT / "examples" / "minimal.py"
+
+
+def test_readme_shows_the_minimal_example_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert MINIMAL.read_text() in blocks
+
+
+def test_minimal_example_gives_the_same_losses_on_one_and_two_processes(tmp_path: Path):
+    one = tmp_path / "one"
+    two = tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    alone = run_multigpu(["run", "--cpu", "1", str(MINIMAL)], one)
+    pair = run_multigpu(["run", "--cpu", "2", str(MINIMAL)], two)
+    assert alone.returncode == 0 and pair.returncode == 0, alone.stderr + pair.stderr
+    lines = [ln for ln in pair.stdout.splitlines() if ln.startswith("epoch")]
+    assert len(lines) == 3  # rank 0 only
+    assert lines == [ln for ln in alone.stdout.splitlines() if ln.startswith("epoch")]
+    state = torch.load(two / "model.pt", weights_only=True)
+    assert list(state) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_multigpu_train_defaults_reach_95_percent_on_two_processes(tmp_path: Path):
+    out = tmp_path / "run"
+    done = run_multigpu(["train", "--cpu", "2", "--out", str(out)], tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["device"] == "cpu"
+    assert metrics["strategy"] == "ddp" and metrics["epochs"] == len(metrics["history"])
+    assert metrics["test_accuracy"] >= 0.95
+    assert metrics["samples_per_second"] > 0 and metrics["seconds"] > 0
+    model = DigitsCNN()
+    model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
+    assert "test accuracy" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt"]
