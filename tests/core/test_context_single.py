@@ -122,3 +122,23 @@ def test_print_on_rank_zero_only(capsys):
     with multigpu.init(environ=PLAIN) as ctx:
         ctx.print("a", 1, sep="-")
     assert capsys.readouterr().out == "a-1\n"
+
+
+def test_cpu_sync_batchnorm_alone_is_batchnorm_and_keeps_values():
+    from multigpu.strategies.sync_batchnorm import CPUSyncBatchNorm, convert_sync_batchnorm
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3, momentum=None))
+    with torch.no_grad():
+        plain[1].weight.uniform_()
+    converted = convert_sync_batchnorm(
+        nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3, momentum=None)), torch.device("cpu")
+    )
+    converted.load_state_dict(plain.state_dict())
+    assert isinstance(converted[1], CPUSyncBatchNorm)
+    x = torch.randn(4, 2, 5, 5)
+    assert torch.allclose(converted(x), plain(x))
+    assert torch.allclose(converted[1].running_var, plain[1].running_var)
+    converted.eval()
+    plain.eval()
+    assert torch.allclose(converted(x), plain(x))

@@ -45,3 +45,18 @@ def test_auto_is_ddp_and_single_is_refused_above_one_process():
     assert run_distributed(workers.strategy_name, world_size=2, args=("auto",)) == ["ddp", "ddp"]
     with pytest.raises(DistributedTestError, match="strategy='single'.*world_size=2"):
         run_distributed(workers.strategy_name, world_size=2, args=("single",))
+
+
+def test_sync_batchnorm_on_two_cpu_processes_equals_batchnorm_on_the_whole_batch():
+    steps = 5
+    r0, r1 = run_distributed(workers.sync_batchnorm_train, world_size=2, args=(steps,))
+    reference = workers.bn_model()
+    workers.train_bn(reference, workers.bn_batches(steps), lambda loss: loss.backward())
+    reference.eval()
+    assert r0["bn_type"] == "CPUSyncBatchNorm"
+    for name, expected in reference.state_dict().items():
+        for result in (r0, r1):
+            assert torch.allclose(result["state"][name], expected, rtol=1e-10, atol=1e-12), name
+    assert int(r0["state"]["1.num_batches_tracked"]) == steps
+    expected_out = reference(workers.bn_batches(1)[0])
+    assert torch.allclose(r1["eval_out"], expected_out, rtol=1e-10, atol=1e-12)

@@ -83,3 +83,38 @@ def teardown_releases_group() -> dict[str, Any]:
 def strategy_name(strategy: str) -> str:
     with multigpu.init(strategy=strategy) as ctx:
         return ctx.strategy.name
+
+
+def bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1)).double()
+
+
+def bn_batches(steps: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    # Columns of different scales: per-rank statistics would differ from the global ones.
+    return [torch.randn(16, 4, generator=gen, dtype=torch.float64) * 3 + 1 for _ in range(steps)]
+
+
+def train_bn(model: nn.Module, batches: list[torch.Tensor], step: Any) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches:
+        opt.zero_grad()
+        step(model(x).pow(2).mean())
+        opt.step()
+
+
+def sync_batchnorm_train(steps: int) -> dict[str, Any]:
+    """Each rank trains on its half of every global batch with sync_batchnorm=True."""
+    with multigpu.init(seed=None, sync_batchnorm=True) as ctx:
+        net = bn_model()
+        model = ctx.setup(net)
+        half = [x[ctx.rank * 8 : (ctx.rank + 1) * 8] for x in bn_batches(steps)]
+        train_bn(model, half, ctx.backward)
+        plain = ctx.unwrap(model)
+        plain.eval()
+        return {
+            "bn_type": type(plain[1]).__name__,
+            "state": {k: v.clone() for k, v in plain.state_dict().items()},
+            "eval_out": plain(bn_batches(1)[0]).detach(),
+        }

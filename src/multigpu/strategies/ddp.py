@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy
+from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 
 
 class DDPStrategy(Strategy):
@@ -65,7 +66,7 @@ class DDPStrategy(Strategy):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:
-            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+            module = convert_sync_batchnorm(module, self.device)
         module = module.to(self.device)
         if self.world_size == 1:
             # No process group at world size 1: DDP would have nothing to do.

@@ -1,0 +1,113 @@
+"""SyncBatchNorm on every device: torch's on GPUs, ours (gloo all-reduce) on CPUs.
+
+torch's ``nn.SyncBatchNorm`` refuses CPU tensors, and DDP refuses to wrap it on CPU ("only work
+with GPU modules"), so on CPU processes the same statistics are computed with a differentiable
+all-reduce (``torch.distributed.nn.functional.all_reduce``): the batch mean over every rank first,
+then the variance around it (two passes, as exact as BatchNorm on the whole batch). In eval mode
+nothing is synchronised: the running statistics are used, as in BatchNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
+
+
+class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose training statistics cover the global batch of every rank (any device).
+
+    Deliberately not a subclass of ``nn.SyncBatchNorm``: DDP rejects that class on CPU.
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        synced = (
+            self.training
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+        )
+        if not synced:
+            return super().forward(input)
+        dims = [0, *range(2, input.dim())]
+        shape = [1, -1] + [1] * (input.dim() - 2)
+        local_count = torch.tensor(
+            [input.numel() / input.size(1)], dtype=input.dtype, device=input.device
+        )
+        first = differentiable_all_reduce(torch.cat([input.sum(dims), local_count]))
+        count = first[-1]
+        mean = first[:-1] / count
+        centred = input - mean.reshape(shape)
+        var = differentiable_all_reduce(centred.pow(2).sum(dims)) / count
+        if self.track_running_stats:
+            self._update_running_stats(mean.detach(), var.detach(), count.detach())
+        out = centred * torch.rsqrt(var + self.eps).reshape(shape)
+        if self.affine:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out
+
+    def _update_running_stats(
+        self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor
+    ) -> None:
+        running_mean, running_var, tracked = (
+            self.running_mean,
+            self.running_var,
+            self.num_batches_tracked,
+        )
+        if running_mean is None or running_var is None or tracked is None:
+            return
+        tracked.add_(1)
+        if self.momentum is None:  # cumulative moving average, as BatchNorm does
+            factor = 1.0 / float(tracked)
+        else:
+            factor = self.momentum
+        unbiased = var * count / (count - 1).clamp(min=1)
+        running_mean.mul_(1 - factor).add_(mean, alpha=factor)
+        running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
+
+
+def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module:
+    """Replace every BatchNorm layer of ``module`` by one synchronised over the process group.
+
+    On CUDA this is ``nn.SyncBatchNorm.convert_sync_batchnorm``; elsewhere ``CPUSyncBatchNorm``
+    with the same parameters and buffers (the layer objects are replaced, the values kept).
+
+    Example:
+        >>> net = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(3)), torch.device("cpu"))
+        >>> type(net[0]).__name__
+        'CPUSyncBatchNorm'
+    """
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    return _convert_cpu(module)
+
+
+def _convert_cpu(module: nn.Module) -> nn.Module:
+    converted = module
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+        module, CPUSyncBatchNorm
+    ):
+        converted = CPUSyncBatchNorm(
+            module.num_features,
+            module.eps,
+            module.momentum,
+            module.affine,
+            module.track_running_stats,
+        )
+        if module.affine:
+            with torch.no_grad():
+                converted.weight = module.weight
+                converted.bias = module.bias
+        converted.running_mean = module.running_mean
+        converted.running_var = module.running_var
+        converted.num_batches_tracked = module.num_batches_tracked
+        converted.train(module.training)
+    for name, child in module.named_children():
+        converted.add_module(name, _convert_cpu(child))
+    return converted
