@@ -63,10 +63,8 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if running_mean is None or running_var is None or tracked is None:
             return
         tracked.add_(1)
-        if self.momentum is None:  # cumulative moving average, as BatchNorm does
-            factor = 1.0 / float(tracked)
-        else:
-            factor = self.momentum
+        # momentum=None: a cumulative moving average, as BatchNorm does.
+        factor = 1.0 / float(tracked) if self.momentum is None else self.momentum
         unbiased = var * count / (count - 1).clamp(min=1)
         running_mean.mul_(1 - factor).add_(mean, alpha=factor)
         running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
