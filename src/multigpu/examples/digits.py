@@ -193,15 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="multigpu train",
         description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
     )
-    p.add_argument("--epochs", type=_positive_int, default=12, help="passes over the data (12)")
+    p.add_argument("--epochs", type=_positive(int), default=12, help="passes over the data (12)")
     p.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=_positive(int),
         default=64,
         help="GLOBAL batch per optimizer step, split over the processes (64)",
     )
-    p.add_argument("--eval-batch-size", type=_positive_int, default=256, help="global eval batch")
-    p.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam learning rate (3e-3)")
+    p.add_argument("--eval-batch-size", type=_positive(int), default=256, help="global eval batch")
+    p.add_argument("--lr", type=_positive(float), default=3e-3, help="Adam learning rate (3e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
     p.add_argument(
         "--strategy",
@@ -220,24 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{value} must be positive")
+        return value
 
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
