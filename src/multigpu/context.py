@@ -22,7 +22,10 @@ from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
+from multigpu.precision import Precision
+from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
+from multigpu.training import StepControl
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ class Context:
         timeout: timedelta,
         seed: int | None,
         owns_process_group: bool,
+        precision: Precision | None = None,
+        probe: VerifyProbe | None = None,
     ) -> None:
         self.env = env
         self.device = device
@@ -60,6 +65,9 @@ class Context:
         self.backend = backend
         self.timeout = timeout
         self.seed = seed
+        self.precision = precision or Precision("32", device)
+        self._probe = probe
+        self._steps = StepControl(strategy, self.precision, probe)
         self._owns_process_group = owns_process_group
         self._closed = False
         atexit.register(self.teardown)
@@ -125,7 +133,11 @@ class Context:
             raise UsageError(
                 f"setup() got {type(model).__name__} as the model; expected a torch.nn.Module"
             )
-        wrapped = self.strategy.wrap(model)
+        wrapped = self.precision.wrap(self.strategy.wrap(model))
+        if self._probe is not None:
+            self._probe.watch_model(wrapped)
+            for optimizer in optimizers:
+                self._probe.watch_optimizer(optimizer)
         if not optimizers:
             return wrapped
         return (wrapped, *(self.strategy.setup_optimizer(o) for o in optimizers))
@@ -139,8 +151,58 @@ class Context:
         return self.strategy.no_sync(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Run ``loss.backward()`` (gradients are averaged across ranks by the wrapper)."""
-        loss.backward(**kwargs)
+        """``loss.backward()``, scaled for float16 and divided by the micro-steps when accumulating.
+
+        Gradients are averaged across ranks by DDP (on the last micro-step only, when
+        accumulating), so they are the mean over the global batch.
+        """
+        self._steps.backward(loss, **kwargs)
+
+    def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
+        """Step the optimizer(s) at the end of an optimizer step, then zero the gradients.
+
+        Inside ``accumulate`` on a micro-batch that does not end its step it does nothing; with
+        ``precision="16-mixed"`` it goes through the GradScaler. Returns whether it stepped.
+        """
+        return self._steps.step(*optimizers, zero_grad=zero_grad)
+
+    def accumulate(
+        self, model: nn.Module, sync: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Gradient accumulation over the loader's ``accumulation_steps`` micro-batches.
+
+        Wrap each micro-batch's forward, ``ctx.backward`` and ``ctx.step`` in it: every
+        micro-batch but the last of an optimizer step skips DDP's all-reduce (``no_sync``) and
+        ``ctx.step``; the loss is divided by the number of micro-steps. ``sync`` overrides the
+        loader's judgement (for loops that do not use ``ctx.loader``).
+
+        Example:
+            >>> loader = ctx.loader(ds, batch_size=256, accumulation_steps=4)  # doctest: +SKIP
+            >>> for x, y in loader:
+            ...     with ctx.accumulate(model):
+            ...         ctx.backward(F.cross_entropy(model(x), y))
+            ...         ctx.step(optimizer)
+        """
+        return self._steps.accumulate(model, sync)
+
+    @property
+    def sync_step(self) -> bool:
+        """False inside ``accumulate`` on a micro-batch that does not end its optimizer step."""
+        return self._steps.sync_step
+
+    def clip_grad_norm(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+    ) -> torch.Tensor | None:
+        """Clip the gradient norm (unscaled first under float16); None on a non-final micro-step."""
+        return self._steps.clip_grad_norm(model, optimizer, max_norm, norm_type)
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The precision's autocast, for computation outside the model's forward."""
+        return self.precision.autocast()
 
     # ---- data ---------------------------------------------------------------------------------
     def loader(
@@ -161,7 +223,7 @@ class Context:
         global order depends on (seed, epoch) only, and the epoch advances by itself at each pass
         (no ``set_epoch``). Batches arrive on ``ctx.device`` unless ``move_to_device=False``.
         """
-        return make_loader(
+        loader = make_loader(
             dataset,
             batch_size=batch_size,
             rank=self.rank,
@@ -173,6 +235,19 @@ class Context:
             device=self.device if move_to_device else None,
             **dataloader_kwargs,
         )
+        loader.on_batch = self._steps.note_batch
+        if self._probe is not None:
+            sampler = loader.sampler
+            self._probe.watch_loader(
+                {
+                    "global_batch_size": sampler.global_batch_size,
+                    "num_samples": sampler.num_samples,
+                    "shuffle": sampler.shuffle,
+                    "accumulation_steps": sampler.accumulation_steps,
+                    "seed": sampler.seed,
+                }
+            )
+        return loader
 
     def to_device(self, obj: T) -> T:
         """Move tensors (also nested in dicts, lists, dataclasses) or a module to ``device``."""
@@ -185,6 +260,10 @@ class Context:
 
     def all_reduce(self, value: T, op: dist.ReduceOp = "mean") -> T:
         """Reduce a tensor or number over ranks: ``mean``, ``sum``, ``max``, ``min``, ``prod``."""
+        return dist.all_reduce(value, op=op, device=self._comm_device())
+
+    def reduce(self, value: T, op: dist.ReduceOp = "sum") -> T:
+        """Like ``all_reduce`` with ``sum`` by default: totals of counts and sums over ranks."""
         return dist.all_reduce(value, op=op, device=self._comm_device())
 
     def gather(self, value: Any) -> list[Any]:
@@ -223,6 +302,8 @@ class Context:
         self._closed = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.teardown)
+        if self._probe is not None:
+            self._probe.write()
         self.strategy.teardown()
         if self._owns_process_group:
             dist.destroy_process_group()

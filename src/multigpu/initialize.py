@@ -1,7 +1,9 @@
 """``multigpu.init()``: detect the job, pick the device, start the group, seed, give a Context.
 
 Environment variables read: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
-``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``.
+``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``,
+``MULTIGPU_DETERMINISTIC``, ``CUBLAS_WORKSPACE_CONFIG``, and (for ``multigpu verify``)
+``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS``.
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ import os
 from collections.abc import Mapping
 from datetime import timedelta
 
+import torch
+
 from multigpu import dist
 from multigpu.context import Context
 from multigpu.device import backend_for, choose_device
 from multigpu.env import detect
+from multigpu.log import warn_once
+from multigpu.precision import Precision
+from multigpu.probe import VerifyProbe
 from multigpu.seed import seed_everything
 from multigpu.strategies import Strategy, resolve_strategy
 
@@ -29,6 +36,8 @@ def init(
     seed: int | None = 0,
     timeout: float | timedelta | None = None,
     sync_batchnorm: bool = False,
+    precision: str | int = "32",
+    deterministic: bool | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Context:
     """Set this process up for data-parallel training and return its Context.
@@ -47,6 +56,11 @@ def init(
         timeout: seconds (or a timedelta) any collective may wait before it fails instead of
             hanging; default ``MULTIGPU_TIMEOUT`` or 300 s.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm in ``setup``.
+        precision: ``"32"``, ``"bf16-mixed"`` (autocast to bfloat16; CPU and CUDA) or
+            ``"16-mixed"`` (float16 autocast + GradScaler, used by ``ctx.backward``/``ctx.step``).
+        deterministic: ``torch.use_deterministic_algorithms(True)`` and no cuDNN autotuning, so
+            runs repeat bitwise; default ``MULTIGPU_DETERMINISTIC=1`` (set by ``multigpu verify
+            --deterministic``).
         environ: the environment to read (default ``os.environ``).
 
     Example:
@@ -65,11 +79,14 @@ def init(
     resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm)
     wait = dist.resolve_timeout(timeout)
     if device.type == "cuda":
-        import torch
-
         torch.cuda.set_device(device)
     if seed is not None:
         seed_everything(seed)
+    if deterministic is None:
+        deterministic = env_vars.get("MULTIGPU_DETERMINISTIC", "") not in ("", "0")
+    if deterministic:
+        make_deterministic(device, env_vars)
+    mixed = Precision(precision, device)
     created = dist.init_process_group(env, device, chosen_backend, wait)
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
@@ -80,4 +97,30 @@ def init(
         timeout=wait,
         seed=seed,
         owns_process_group=created,
+        precision=mixed,
+        probe=_probe(env_vars, env.rank, env.world_size, mixed.name, deterministic),
     )
+
+
+def make_deterministic(device: torch.device, environ: Mapping[str, str]) -> None:
+    """Ask torch for deterministic kernels (an error where an op has none) and no autotuning."""
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    if device.type == "cuda" and not environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        # cuBLAS reads it when CUDA starts: only the launcher can set it in time.
+        warn_once(
+            log,
+            "deterministic=True on CUDA without CUBLAS_WORKSPACE_CONFIG: cuBLAS may still be "
+            "nondeterministic; launch with `multigpu verify --deterministic` or export "
+            "CUBLAS_WORKSPACE_CONFIG=:4096:8",
+        )
+
+
+def _probe(
+    environ: Mapping[str, str], rank: int, world_size: int, precision: str, deterministic: bool
+) -> VerifyProbe | None:
+    probe = VerifyProbe.from_environ(environ, rank, world_size)
+    if probe is not None:
+        probe.info.update(precision=precision, deterministic=deterministic)
+    return probe

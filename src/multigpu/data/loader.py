@@ -22,7 +22,7 @@ Environment variables read: none.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -129,6 +129,10 @@ class DistributedLoader:
                 "fix or remove them (see torch.utils.data.DataLoader)"
             ) from e
         sampler._external_progress = True
+        self.ends_step = True
+        """True when the batch handed out last is the last micro-batch of its optimizer step."""
+        self.on_batch: Callable[[DistributedLoader], None] | None = None
+        """Called with the loader as each batch is handed out (Context: the active loader)."""
 
     @property
     def epoch(self) -> int:
@@ -139,6 +143,11 @@ class DistributedLoader:
     def batch_size(self) -> int:
         """Samples per batch on this rank (the per-rank micro-batch)."""
         return self.sampler.batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step on each rank."""
+        return self.sampler.accumulation_steps
 
     @property
     def global_batch_size(self) -> int:
@@ -162,8 +171,12 @@ class DistributedLoader:
         for batch in self.dataloader:
             if self.device is not None:
                 batch = move_to_device(batch, self.device, non_blocking=self._non_blocking)
-            sampler._commit(marks[handed_out])  # counted as it is handed out, see module doc
+            mark = marks[handed_out]
+            sampler._commit(mark)  # counted as it is handed out, see module doc
+            self.ends_step = mark is not None
             handed_out += 1
+            if self.on_batch is not None:
+                self.on_batch(self)
             yield batch
         sampler._finish_pass(handed_out)
 

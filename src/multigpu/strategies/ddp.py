@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
+from multigpu.precision import AutocastModule
 from multigpu.strategies.base import Strategy
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 
@@ -78,6 +79,8 @@ class DDPStrategy(Strategy):
 
     @contextlib.contextmanager
     def no_sync(self, module: nn.Module) -> Iterator[None]:
+        while isinstance(module, AutocastModule):  # mixed precision wraps outside DDP
+            module = module.module
         if isinstance(module, DistributedDataParallel):
             with module.no_sync():
                 yield

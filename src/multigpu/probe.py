@@ -1,0 +1,119 @@
+"""The worker side of ``multigpu verify``: record losses, steps and final parameters.
+
+Active only when ``multigpu verify`` starts the worker (``MULTIGPU_VERIFY_DIR`` is set). The
+Context feeds it: every loss passed to ``ctx.backward``, every optimizer step (through
+``Optimizer.register_step_post_hook``, so a plain ``optimizer.step()`` counts too), the models
+and loaders it set up. After ``MULTIGPU_VERIFY_STEPS`` optimizer steps it writes what it saw and
+stops the script with ``VerifyStop`` (a clean ``SystemExit(0)``); a script that ends sooner is
+recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
+
+- ``rank{r}.json``: ``{"rank", "world_size", "steps", "losses" (this rank's mean loss of each
+  optimizer step; null where ``ctx.backward`` was not used), "loaders" [{"global_batch_size",
+  "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout" [module names],
+  "dtype", "precision", "deterministic"}``;
+- ``params.pt`` (rank 0): the unwrapped models' ``state_dict`` on CPU (``model{i}.`` prefixed
+  when there are several).
+
+Environment variables read: ``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from multigpu.checkpoint.atomic import atomic_write
+from multigpu.strategies.base import unwrap_module
+
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+
+
+class VerifyStop(SystemExit):
+    """Raised after the last step ``multigpu verify`` asked for: ends the script cleanly."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+class VerifyProbe:
+    """Collects what ``multigpu verify`` compares across world sizes (see the module doc)."""
+
+    def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:
+        self.directory = directory
+        self.max_steps = steps
+        self.rank = rank
+        self.world_size = world_size
+        self.models: list[nn.Module] = []
+        self.loaders: list[dict[str, Any]] = []
+        self.losses: list[float | None] = []
+        self._pending: list[float] = []
+        self.steps = 0
+        self.info: dict[str, Any] = {}
+        self.written = False
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str], rank: int, world_size: int
+    ) -> VerifyProbe | None:
+        """The probe for this worker, or None outside ``multigpu verify``."""
+        directory = environ.get("MULTIGPU_VERIFY_DIR")
+        if not directory:
+            return None
+        steps = int(environ.get("MULTIGPU_VERIFY_STEPS", "0") or 0)
+        return cls(Path(directory), steps, rank, world_size)
+
+    def watch_model(self, model: nn.Module) -> None:
+        self.models.append(unwrap_module(model))
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.register_step_post_hook(lambda *_: self._on_step())
+
+    def watch_loader(self, info: dict[str, Any]) -> None:
+        self.loaders.append(info)
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        self._pending.append(float(loss.detach().float().mean()))
+
+    def _on_step(self) -> None:
+        self.steps += 1
+        self.losses.append(sum(self._pending) / len(self._pending) if self._pending else None)
+        self._pending = []
+        if self.max_steps and self.steps >= self.max_steps:
+            self.write()
+            raise VerifyStop()
+
+    def write(self) -> None:
+        """Write this rank's record (and rank 0's parameters) once."""
+        if self.written:
+            return
+        self.written = True
+        params = next((p for m in self.models for p in m.parameters()), None)
+        record = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "steps": self.steps,
+            "losses": self.losses,
+            "loaders": self.loaders,
+            "dropout": [
+                name
+                for m in self.models
+                for name, mod in m.named_modules()
+                if isinstance(mod, _DROPOUT) and mod.p > 0
+            ],
+            "dtype": str(params.dtype).removeprefix("torch.") if params is not None else None,
+            **self.info,
+        }
+        text = json.dumps(record).encode()
+        atomic_write(self.directory / f"rank{self.rank}.json", lambda fh: fh.write(text))
+        if self.rank == 0:
+            state: dict[str, torch.Tensor] = {}
+            for i, model in enumerate(self.models):
+                prefix = f"model{i}." if len(self.models) > 1 else ""
+                for key, value in model.state_dict().items():
+                    state[prefix + key] = value.detach().cpu().clone()
+            atomic_write(self.directory / "params.pt", lambda fh: torch.save(state, fh))
