@@ -37,7 +37,7 @@ def test_bf16_mixed_runs_the_forward_in_bfloat16_and_returns_float32():
                 ctx.step(opt)
         assert out.dtype == torch.float32 and seen[0] == torch.bfloat16
         assert net[0].weight.dtype == torch.float32  # master weights stay float32
-        assert ctx.unwrap(model) is net and list(net.state_dict())[0] == "0.weight"
+        assert ctx.unwrap(model) is net and next(iter(net.state_dict())) == "0.weight"
         assert last < first
 
 

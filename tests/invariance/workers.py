@@ -38,7 +38,7 @@ def make_data(dtype: torch.dtype) -> TensorDataset:
 
 
 def train(kind: str, dtype_name: str, steps: int, accumulation_steps: int = 1) -> dict[str, Any]:
-    """Train for ``steps`` optimizer steps of a fixed global batch; report params and all-reduces."""
+    """Train ``steps`` optimizer steps of a fixed global batch; report params and all-reduces."""
     dtype = getattr(torch, dtype_name)
     with multigpu.init(seed=0) as ctx:
         model = make_model(kind).to(dtype)
