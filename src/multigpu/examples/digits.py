@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
+from multigpu.precision import PRECISIONS
 from multigpu.strategies import STRATEGY_NAMES
 
 
@@ -83,16 +84,19 @@ def evaluate(ctx: Context, model: nn.Module, dataset: TensorDataset, batch_size:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train and evaluate; return the metrics (written to ``--out`` by rank 0)."""
     started = time.perf_counter()
-    with multigpu.init(strategy=args.strategy, seed=args.seed) as ctx:
+    with multigpu.init(strategy=args.strategy, seed=args.seed, precision=args.precision) as ctx:
         train_set, test_set = load_digits_split()
         model = DigitsCNN()
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         model, optimizer = ctx.setup(model, optimizer)
-        loader = ctx.loader(train_set, batch_size=args.batch_size, shuffle=True)
+        loader = ctx.loader(
+            train_set, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps
+        )
         ctx.print(
             f"digits: {len(train_set)} train / {len(test_set)} test samples, {ctx.world_size} "
             f"process(es) on {ctx.device.type}, strategy {ctx.strategy.name}, global batch "
-            f"{args.batch_size} ({args.batch_size // ctx.world_size} per rank)"
+            f"{args.batch_size} ({loader.batch_size} per rank x {args.accumulation_steps} "
+            f"micro-step(s)), precision {ctx.precision.name}"
         )
         history, train_seconds, train_samples = [], 0.0, 0
         progress = _progress(ctx, args.progress)
@@ -100,20 +104,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for epoch in range(args.epochs):
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64)
-            steps = 0
+            steps = micro = 0
             for x, y in loader:
-                loss = F.cross_entropy(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                ctx.backward(loss)
-                optimizer.step()
+                with ctx.accumulate(model):  # all-reduce once per step, on its last micro-batch
+                    loss = F.cross_entropy(model(x), y)
+                    ctx.backward(loss)
+                    stepped = ctx.step(optimizer)  # steps and zeroes the gradients
                 loss_sum += loss.detach().double().cpu()
-                steps += 1
+                micro += 1
+                steps += stepped
                 if progress is not None and task is not None:
                     progress.update(task, advance=1)
             seconds = time.perf_counter() - t0
             train_seconds += seconds
             train_samples += steps * args.batch_size
-            mean_loss = float(ctx.all_reduce(loss_sum / max(steps, 1), op="mean"))
+            mean_loss = float(ctx.all_reduce(loss_sum / max(micro, 1), op="mean"))
             accuracy = evaluate(ctx, model, test_set, args.eval_batch_size)
             record = {
                 "epoch": epoch + 1,
@@ -136,6 +141,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "lr": args.lr,
             "seed": args.seed,
             "strategy": ctx.strategy.name,
+            "precision": ctx.precision.name,
+            "accumulation_steps": args.accumulation_steps,
             "device": ctx.device.type,
             "samples_per_second": round(train_samples / train_seconds, 1),
             "seconds": round(time.perf_counter() - started, 3),
@@ -203,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-batch-size", type=_positive(int), default=256, help="global eval batch")
     p.add_argument("--lr", type=_positive(float), default=3e-3, help="Adam learning rate (3e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
+    p.add_argument(
+        "--accumulation-steps",
+        type=_positive(int),
+        default=1,
+        help="micro-batches per optimizer step (the global batch stays --batch-size)",
+    )
+    p.add_argument("--precision", choices=PRECISIONS, default="32", help="32, bf16-mixed, 16-mixed")
     p.add_argument(
         "--strategy",
         choices=STRATEGY_NAMES,
