@@ -200,6 +200,20 @@ class Context:
         """Clip the gradient norm (unscaled first under float16); None on a non-final micro-step."""
         return self._steps.clip_grad_norm(model, optimizer, max_norm, norm_type)
 
+    def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Train through uneven inputs: ranks that run out of batches shadow the others' all-reduces.
+
+        Needed only with ``ctx.loader(..., drop_last=False)`` for training, where the last step
+        can give some ranks a batch fewer; without it those ranks would leave DDP waiting. Uses
+        ``torch.distributed.algorithms.join.Join``; a no-op without DDP.
+
+        Example:
+            >>> with ctx.join(model):                      # doctest: +SKIP
+            ...     for x, y in ctx.loader(ds, batch_size=64, drop_last=False):
+            ...         ...
+        """
+        return self.strategy.join(model)
+
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The precision's autocast, for computation outside the model's forward."""
         return self.precision.autocast()

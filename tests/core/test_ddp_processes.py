@@ -60,3 +60,9 @@ def test_sync_batchnorm_on_two_cpu_processes_equals_batchnorm_on_the_whole_batch
     assert int(r0["state"]["1.num_batches_tracked"]) == steps
     expected_out = reference(workers.bn_batches(1)[0])
     assert torch.allclose(r1["eval_out"], expected_out, rtol=1e-10, atol=1e-12)
+
+
+def test_join_lets_ranks_with_a_batch_fewer_finish():
+    r0, r1 = run_distributed(workers.uneven_training_with_join, world_size=2, timeout=60)
+    assert (r0["batches"], r1["batches"]) == (3, 2)  # 9 samples: steps of 4, 4 and 1
+    assert torch.equal(r0["weight"], r1["weight"])

@@ -118,3 +118,21 @@ def sync_batchnorm_train(steps: int) -> dict[str, Any]:
             "state": {k: v.clone() for k, v in plain.state_dict().items()},
             "eval_out": plain(bn_batches(1)[0]).detach(),
         }
+
+
+def uneven_training_with_join() -> dict[str, Any]:
+    """drop_last=False: 10 samples, global batch 4, 2 ranks → the last step gives rank 1 nothing."""
+    from torch.utils.data import TensorDataset
+
+    with multigpu.init(seed=0) as ctx:
+        net = nn.Linear(3, 1)
+        model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        data = TensorDataset(torch.randn(9, 3), torch.randn(9, 1))
+        loader = ctx.loader(data, batch_size=4, drop_last=False)
+        batches = 0
+        with ctx.join(model):
+            for x, y in loader:
+                ctx.backward((model(x) - y).pow(2).mean())
+                ctx.step(opt)
+                batches += 1
+        return {"batches": batches, "weight": net.weight.detach().clone()}

@@ -78,6 +78,10 @@ class Strategy(ABC):
         """Skip gradient synchronisation inside the block (no-op unless the wrapper supports it)."""
         yield
 
+    def join(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context for uneven inputs across ranks (no-op unless the wrapper supports it)."""
+        return contextlib.nullcontext()
+
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Release what the strategy holds before the process group goes away."""
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
+from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
@@ -86,6 +87,13 @@ class DDPStrategy(Strategy):
                 yield
         else:
             yield
+
+    def join(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        while isinstance(module, AutocastModule):
+            module = module.module
+        if isinstance(module, DistributedDataParallel):
+            return Join([module])
+        return contextlib.nullcontext()
 
     def teardown(self) -> None:
         """Free every DDP reducer before the process group is destroyed.
