@@ -201,7 +201,7 @@ class Context:
         return self._steps.clip_grad_norm(model, optimizer, max_norm, norm_type)
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Train through uneven inputs: ranks that run out of batches shadow the others' all-reduces.
+        """Train through uneven inputs: ranks out of batches shadow the others' all-reduces.
 
         Needed only with ``ctx.loader(..., drop_last=False)`` for training, where the last step
         can give some ranks a batch fewer; without it those ranks would leave DDP waiting. Uses
