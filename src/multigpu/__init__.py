@@ -17,6 +17,7 @@ from multigpu.errors import (
     UsageError,
 )
 from multigpu.initialize import init
+from multigpu.metrics import Accuracy, Mean, Metric, Sum, gather_all, gather_in_dataset_order
 from multigpu.seed import seed_everything
 from multigpu.strategies import (
     DataParallelStrategy,
@@ -29,6 +30,7 @@ from multigpu.strategies import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accuracy",
     "CheckpointError",
     "ClusterEnv",
     "Context",
@@ -37,12 +39,17 @@ __all__ = [
     "DeviceError",
     "EnvError",
     "LaunchError",
+    "Mean",
+    "Metric",
     "MultiGPUError",
     "SingleDeviceStrategy",
     "Strategy",
+    "Sum",
     "UsageError",
     "__version__",
     "detect",
+    "gather_all",
+    "gather_in_dataset_order",
     "init",
     "move_to_device",
     "seed_everything",

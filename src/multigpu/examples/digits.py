@@ -65,20 +65,17 @@ def load_digits_split() -> tuple[TensorDataset, TensorDataset]:
 
 def evaluate(ctx: Context, model: nn.Module, dataset: TensorDataset, batch_size: int) -> float:
     """Accuracy over ``dataset``, each sample counted exactly once whatever the world size."""
-    plain = ctx.unwrap(model)  # no DDP forward: ranks may have different numbers of batches
     batch_size = max(1, batch_size // ctx.world_size) * ctx.world_size  # any world size divides
-    plain.eval()
-    correct = torch.zeros((), dtype=torch.float64)
-    seen = torch.zeros((), dtype=torch.float64)
+    accuracy = multigpu.Accuracy()  # local counts; one all-reduce in compute(): uneven shards ok
+    model.eval()
     with torch.no_grad():
         for x, y in ctx.loader(dataset, batch_size=batch_size, shuffle=False):
-            correct += (plain(x).argmax(1) == y).sum().item()
-            seen += len(y)
-    plain.train()
-    totals = ctx.all_reduce(torch.stack([correct, seen]), op="sum")
-    if int(totals[1]) != len(dataset):
-        raise RuntimeError(f"evaluation saw {int(totals[1])} samples, expected {len(dataset)}")
-    return float(totals[0] / totals[1])
+            accuracy.update(model(x), y)
+    model.train()
+    value = float(accuracy.compute())
+    if accuracy.count != len(dataset):
+        raise RuntimeError(f"evaluation saw {accuracy.count} samples, expected {len(dataset)}")
+    return value
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
