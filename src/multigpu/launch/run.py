@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -139,8 +140,11 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
         run(args)
     except ChildFailedError as e:
         codes = {failure.exitcode for failure in e.failures.values()}
-        if codes == {USAGE_EXIT_CODE}:
-            # Every worker refused its input (e.g. a batch size): that is the user's error,
+        _, first = e.get_first_failure()
+        # The agent SIGTERMs the other workers as soon as one exits, so a worker that was
+        # about to refuse the same input may show as -SIGTERM instead of 2.
+        if first.exitcode == USAGE_EXIT_CODE and codes <= {USAGE_EXIT_CODE, -signal.SIGTERM}:
+            # The workers refused their input (e.g. a batch size): that is the user's error,
             # already explained by the workers above, not a crash worth torch's report.
             stream.write(
                 "multigpu: error: the workers stopped on a usage error (exit code 2); "

@@ -1,0 +1,53 @@
+"""Diagnostics run from the command line; today ``multigpu verify`` (world-size invariance).
+
+Nothing in the library imports this package: it starts workers as subprocesses
+(``python -m multigpu run``) and reads what they recorded, so it never imports the training side.
+
+- ``verify_main(argv)`` / ``verify(options, root)``: run a script at several world sizes and
+  compare; ``parse_verify_args`` for the command line.
+- ``compare_runs``, ``compare_params``, ``compare_losses``, ``Tolerance``, ``default_rtol``:
+  the pure comparison; ``find_reasons``, ``find_notes``, ``nondeterminism_reason``: the diagnosis.
+
+Environment variables read: none here (see ``multigpu.diagnostics.verify``).
+"""
+
+from __future__ import annotations
+
+from multigpu.diagnostics.compare import (
+    LossDiff,
+    RunComparison,
+    TensorDiff,
+    Tolerance,
+    compare_losses,
+    compare_params,
+    compare_runs,
+    default_rtol,
+)
+from multigpu.diagnostics.diagnose import find_notes, find_reasons, nondeterminism_reason
+from multigpu.diagnostics.options import VerifyOptions, parse_verify_args
+from multigpu.diagnostics.records import RunRecord, load_run
+from multigpu.diagnostics.report import RunOutcome, VerifyResult, to_json
+from multigpu.diagnostics.verify import verify, verify_main
+
+__all__ = [
+    "LossDiff",
+    "RunComparison",
+    "RunOutcome",
+    "RunRecord",
+    "TensorDiff",
+    "Tolerance",
+    "VerifyOptions",
+    "VerifyResult",
+    "compare_losses",
+    "compare_params",
+    "compare_runs",
+    "default_rtol",
+    "find_notes",
+    "find_reasons",
+    "load_run",
+    "nondeterminism_reason",
+    "parse_verify_args",
+    "to_json",
+    "verify",
+    "verify_main",
+]

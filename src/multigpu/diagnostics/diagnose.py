@@ -1,0 +1,206 @@
+"""Why results differ between world sizes: pure functions of the runs' records.
+
+``find_reasons`` names what breaks world-size invariance when ``multigpu verify`` fails
+(Dropout, a per-rank batch size, a world-size dependent dataset, different step counts, no
+``ctx.loader``, BatchNorm without synchronisation...); ``find_notes`` says what could not be
+checked (no losses, no model, a script that ended early) and is shown on PASS too.
+Each is one line: what was seen, why it matters, what to do.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from multigpu.diagnostics.compare import RunComparison
+from multigpu.diagnostics.records import RunRecord
+
+NOT_DETERMINISTIC = (
+    "the script is not deterministic even at one world size: two runs at world size {ws} "
+    "differ ({what}); look for an unseeded random generator or nondeterministic ops, "
+    "try --deterministic"
+)
+
+
+def _by_world_size(runs: Sequence[RunRecord], value: Callable[[RunRecord], Any]) -> str:
+    return ", ".join(f"{value(run)} at world size {run.world_size}" for run in runs)
+
+
+def _differs(runs: Sequence[RunRecord], value: Callable[[RunRecord], Any]) -> bool:
+    return len({repr(value(run)) for run in runs}) > 1
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(f"'{name}'" for name in names)
+
+
+def _loader_field(name: str) -> Callable[[RunRecord], Any]:
+    def get(run: RunRecord) -> Any:
+        values = [loader.get(name) for loader in run.loaders]
+        return values[0] if len(values) == 1 else values
+
+    return get
+
+
+def find_reasons(runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]) -> list[str]:
+    """What in the records explains results that differ between world sizes.
+
+    Args:
+        runs: the runs' records, the reference (first world size) first.
+        comparisons: every other run against the reference.
+
+    Example:
+        >>> a = RunRecord(world_size=1, ranks=[{"dropout": ["drop"], "loaders": [{}]}])
+        >>> find_reasons([a, a], [])[0].startswith("Dropout modules present ('drop')")
+        True
+    """
+    reasons: list[str] = []
+    for run in runs:
+        if run.recorded_world_size not in (None, run.world_size):
+            reasons.append(
+                f"the run started with {run.world_size} processes recorded world size "
+                f"{run.recorded_world_size}: the script does not run as one job of "
+                "torchrun's processes (does it start its own, or ignore multigpu.init()?)"
+            )
+    dropout = list(dict.fromkeys(name for run in runs for name in run.dropout))
+    if dropout:
+        reasons.append(
+            f"Dropout modules present ({_names(dropout)}): each rank draws its own dropout "
+            "masks, so the masks differ between world sizes; verify with p=0 (or model.eval()) "
+            "or accept differences of the size of the dropout noise (--rtol)"
+        )
+    if any(not run.loaders for run in runs):
+        reasons.append(
+            "the script does not use ctx.loader: its data order may depend on the world size; "
+            "make the loader with ctx.loader(dataset, batch_size=GLOBAL_BATCH)"
+        )
+    elif _differs(runs, lambda r: len(r.loaders)):
+        reasons.append(
+            "the number of ctx.loader calls differs between runs "
+            f"({_by_world_size(runs, lambda r: len(r.loaders))}): the script builds its data "
+            "differently at each world size"
+        )
+    else:
+        reasons.extend(_loader_reasons(runs))
+    steps = [c for c in comparisons if c.steps != c.reference_steps]
+    if steps:
+        reasons.append(
+            f"different numbers of optimizer steps ({_by_world_size(runs, lambda r: r.steps)}): "
+            "an epoch has a different number of global batches at each world size (a per-rank "
+            "batch size, or a dataset split by hand?)"
+        )
+    if _differs(runs, lambda r: (r.dtype, r.precision)):
+        reasons.append(
+            "dtype or precision differs between runs "
+            f"({_by_world_size(runs, lambda r: f'{r.dtype}/{r.precision}')}): results of "
+            "different precisions cannot match"
+        )
+    batchnorm = _batchnorm_layers(runs[0]) if runs else []
+    if batchnorm and any(not c.tensors_ok for c in comparisons):
+        reasons.append(
+            f"BatchNorm layers present ({_names(batchnorm)}): without "
+            "multigpu.init(sync_batchnorm=True) their statistics cover only each rank's share "
+            "of the batch, which shrinks as the world size grows"
+        )
+    return reasons
+
+
+def _loader_reasons(runs: Sequence[RunRecord]) -> list[str]:
+    reasons: list[str] = []
+    batch = _loader_field("global_batch_size")
+    if _differs(runs, batch):
+        reasons.append(
+            f"the loaders' global batch size differs between runs ({_by_world_size(runs, batch)})"
+            ": a per-rank batch size? pass the GLOBAL batch to ctx.loader(batch_size=...), "
+            "never scaled by ctx.world_size"
+        )
+    samples = _loader_field("num_samples")
+    if _differs(runs, samples):
+        reasons.append(
+            "the loaders' number of samples differs between runs "
+            f"({_by_world_size(runs, samples)}): the dataset depends on the world size (a "
+            "per-rank subset?); give ctx.loader the whole dataset, it shards it"
+        )
+    for name, what in (("accumulation_steps", "accumulation steps"), ("seed", "seed")):
+        field = _loader_field(name)
+        if _differs(runs, field):
+            reasons.append(
+                f"the loaders' {what} differ between runs ({_by_world_size(runs, field)}): "
+                f"keep the {what} the same at every world size"
+            )
+    return reasons
+
+
+def _batchnorm_layers(run: RunRecord) -> list[str]:
+    suffix = ".running_mean"
+    return [k.removesuffix(suffix) for k in run.params if k.endswith(suffix)]
+
+
+def unexplained(comparisons: Sequence[RunComparison]) -> str:
+    """The line for a FAIL no record explains.
+
+    Example:
+        >>> unexplained([]).startswith("no known cause")
+        True
+    """
+    worst = max((c.max_rel for c in comparisons), default=0.0)
+    return (
+        "no known cause found in the records: look for code that depends on ctx.rank or "
+        "ctx.world_size (per-rank seeds or data, a learning rate scaled by the world size); "
+        f"if the differences are float rounding (largest relative difference {worst:.2e}), "
+        "raise --rtol"
+    )
+
+
+def nondeterminism_reason(rerun: RunComparison) -> str | None:
+    """The reason to give when the reference world size does not repeat itself, else None.
+
+    Args:
+        rerun: a second run at the reference world size compared with the first.
+
+    Example:
+        >>> from multigpu.diagnostics.compare import LossDiff
+        >>> same = LossDiff(compared=1, max_abs=0.0, max_rel=0.0, first_step=None,
+        ...                 first_values=None)
+        >>> rerun = RunComparison(world_size=1, reference_world_size=1, tensors=(),
+        ...                       losses=same, steps=3, reference_steps=3)
+        >>> nondeterminism_reason(rerun) is None
+        True
+    """
+    if rerun.ok:
+        return None
+    if not rerun.losses.ok:
+        what = f"first at the loss of step {rerun.losses.first_step}"
+    elif rerun.steps != rerun.reference_steps:
+        what = f"{rerun.steps} optimizer steps instead of {rerun.reference_steps}"
+    else:
+        what = f"parameters up to {rerun.max_rel:.2e} of their largest value"
+    return NOT_DETERMINISTIC.format(ws=rerun.world_size, what=what)
+
+
+def find_notes(runs: Sequence[RunRecord], steps_requested: int) -> list[str]:
+    """What could not be compared, shown whatever the verdict.
+
+    Example:
+        >>> run = RunRecord(world_size=1, ranks=[{"steps": 5, "losses": [None] * 5}])
+        >>> find_notes([run], 5)[0]
+        'no losses recorded (the script does not call ctx.backward): losses not compared'
+    """
+    notes: list[str] = []
+    if runs and all(all(v is None for v in run.losses) for run in runs):
+        notes.append(
+            "no losses recorded (the script does not call ctx.backward): losses not compared"
+        )
+    if runs and all(not run.params for run in runs):
+        notes.append(
+            "no model passed through ctx.setup: parameters not compared (only steps and losses)"
+        )
+    short = [run for run in runs if run.steps < steps_requested]
+    if short:
+        notes.append(
+            f"the script ended before --steps {steps_requested} "
+            f"({_by_world_size(short, lambda r: f'{r.steps} steps')}): compared at its end"
+        )
+    return notes

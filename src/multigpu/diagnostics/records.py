@@ -1,0 +1,125 @@
+"""What one ``multigpu verify`` run left behind: every rank's record and rank 0's parameters.
+
+The worker side (``multigpu.probe``) writes, in the run's ``MULTIGPU_VERIFY_DIR``,
+``rank{r}.json`` per rank and ``params.pt`` (rank 0). The file names are repeated here rather
+than imported: diagnostics must not import the training side (it starts workers as
+subprocesses), and the format is the contract between the two.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+RANK_FILE = "rank{rank}.json"
+"""One rank's record (steps, losses, loaders, dropout modules, dtype, precision)."""
+
+PARAMS_FILE = "params.pt"
+"""Rank 0's unwrapped ``state_dict`` at the end of the run (CPU tensors)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """The records of the run at one world size (hand-made ones make the unit tests)."""
+
+    world_size: int
+    """The number of processes ``multigpu verify`` asked for."""
+    ranks: Sequence[Mapping[str, Any]]
+    """Each rank's ``rank{r}.json``, in rank order (missing ranks left out)."""
+    params: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Rank 0's parameters and buffers (``params.pt``); empty when no model was set up."""
+
+    @property
+    def main(self) -> Mapping[str, Any]:
+        """Rank 0's record (the first one present)."""
+        return self.ranks[0] if self.ranks else {}
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the run made (rank 0's count)."""
+        return int(self.main.get("steps", 0))
+
+    @property
+    def recorded_world_size(self) -> int | None:
+        """The world size the workers saw (None without a record)."""
+        value = self.main.get("world_size")
+        return int(value) if value is not None else None
+
+    @property
+    def loaders(self) -> list[Mapping[str, Any]]:
+        """The loaders made with ``ctx.loader`` on rank 0, in order of creation."""
+        return list(self.main.get("loaders", []))
+
+    @property
+    def dropout(self) -> list[str]:
+        """Names of Dropout modules with p > 0 in the models (any rank)."""
+        names: dict[str, None] = {}
+        for record in self.ranks:
+            names.update(dict.fromkeys(record.get("dropout", [])))
+        return list(names)
+
+    @property
+    def dtype(self) -> str | None:
+        """The first parameter's dtype (``"float32"``...)."""
+        return self.main.get("dtype")
+
+    @property
+    def precision(self) -> str | None:
+        """``"32"``, ``"bf16-mixed"`` or ``"16-mixed"``."""
+        return self.main.get("precision")
+
+    @property
+    def losses(self) -> list[float | None]:
+        """The global loss of each optimizer step: the mean over ranks of each rank's loss.
+
+        Every rank holds the same share of the global batch, so the mean of the ranks' means is
+        the mean over the global batch. None for a step where some rank recorded no loss.
+
+        Example:
+            >>> r = RunRecord(world_size=2, ranks=[{"losses": [1.0, None]}, {"losses": [3.0, 1]}])
+            >>> r.losses
+            [2.0, None]
+        """
+        per_rank = [list(record.get("losses", [])) for record in self.ranks]
+        if not per_rank:
+            return []
+        out: list[float | None] = []
+        for values in zip(*per_rank, strict=False):  # a rank that stopped early: the common steps
+            if any(v is None for v in values):
+                out.append(None)
+            else:
+                out.append(sum(float(v) for v in values) / len(values))
+        return out
+
+
+def load_run(directory: Path, world_size: int) -> RunRecord | None:
+    """Read the records a run wrote in ``directory``; None when rank 0 wrote none.
+
+    Example:
+        >>> load_run(Path("/nonexistent"), 2) is None
+        True
+    """
+    ranks: list[Mapping[str, Any]] = []
+    for rank in range(world_size):
+        path = directory / RANK_FILE.format(rank=rank)
+        if path.is_file():
+            ranks.append(json.loads(path.read_text()))
+    if not ranks or ranks[0].get("rank", 0) != 0:
+        return None
+    params_path = directory / PARAMS_FILE
+    params: dict[str, torch.Tensor] = {}
+    if params_path.is_file():
+        # weights_only: the file is plain tensors; nothing else should be unpickled.
+        params = torch.load(params_path, map_location="cpu", weights_only=True)
+    log.debug("loaded %d rank record(s) and %d tensors from %s", len(ranks), len(params), directory)
+    return RunRecord(world_size=world_size, ranks=ranks, params=params)

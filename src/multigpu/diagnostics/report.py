@@ -1,0 +1,223 @@
+"""How ``multigpu verify`` shows its result: a rich table and lines, or one JSON object.
+
+Environment variables read: none (rich reads ``COLUMNS``, ``NO_COLOR``... itself).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from multigpu.diagnostics.compare import RunComparison, TensorDiff, Tolerance
+
+MAX_ROWS = 40
+"""Tensors shown in the table: the failing ones and the worst, the rest counted."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    """How the run at one world size went."""
+
+    world_size: int
+    returncode: int
+    seconds: float
+    command: tuple[str, ...]
+    stderr_tail: str = ""
+    """The last lines of its stderr (shown when it failed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyResult:
+    """Everything ``multigpu verify`` found."""
+
+    world_sizes: tuple[int, ...]
+    device: str
+    """``"cpu"`` (gloo processes) or ``"cuda"`` (one GPU per process)."""
+    steps_requested: int
+    tolerance: Tolerance
+    deterministic: bool
+    runs: tuple[RunOutcome, ...]
+    comparisons: tuple[RunComparison, ...] = ()
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    directory: str | None = None
+    """Where the runs were kept (``--keep``), else None."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return (
+            all(r.returncode == 0 for r in self.runs)
+            and len(self.runs) == len(self.world_sizes)
+            and len(self.comparisons) == len(self.world_sizes) - 1
+            and all(c.ok for c in self.comparisons)
+        )
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+
+def _num(value: float) -> float | None:
+    # JSON has no NaN or infinity: null means "not comparable" (see "problem").
+    return value if math.isfinite(value) else None
+
+
+def to_json(result: VerifyResult) -> dict[str, Any]:
+    """The ``--json`` object: world sizes, per-tensor diffs, steps, losses, reasons, verdict.
+
+    Example:
+        >>> r = VerifyResult(world_sizes=(1, 2), device="cpu", steps_requested=5,
+        ...                  tolerance=Tolerance(rtol=1e-4), deterministic=False, runs=())
+        >>> to_json(r)["verdict"]
+        'FAIL'
+    """
+    return {
+        "verdict": result.verdict,
+        "world_sizes": list(result.world_sizes),
+        "device": result.device,
+        "steps_requested": result.steps_requested,
+        "rtol": result.tolerance.rtol,
+        "atol": result.tolerance.atol,
+        "deterministic": result.deterministic,
+        "runs": [
+            {
+                "world_size": run.world_size,
+                "returncode": run.returncode,
+                "seconds": round(run.seconds, 2),
+                "command": list(run.command),
+                **({"stderr_tail": run.stderr_tail} if run.returncode else {}),
+            }
+            for run in result.runs
+        ],
+        "comparisons": [_comparison_json(c) for c in result.comparisons],
+        "reasons": list(result.reasons),
+        "notes": list(result.notes),
+        "directory": result.directory,
+        **result.extra,
+    }
+
+
+def _comparison_json(c: RunComparison) -> dict[str, Any]:
+    return {
+        "world_size": c.world_size,
+        "reference_world_size": c.reference_world_size,
+        "ok": c.ok,
+        "steps": c.steps,
+        "reference_steps": c.reference_steps,
+        "max_abs_diff": _num(c.max_abs),
+        "max_rel_diff": _num(c.max_rel),
+        "losses": {
+            "compared": c.losses.compared,
+            "max_abs_diff": _num(c.losses.max_abs),
+            "max_rel_diff": _num(c.losses.max_rel),
+            "first_differing_step": c.losses.first_step,
+            "first_differing_values": list(c.losses.first_values or []) or None,
+        },
+        "tensors": [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "max_abs_diff": _num(t.max_abs),
+                "max_rel_diff": _num(t.max_rel),
+                "ok": t.ok,
+                **({"problem": t.problem} if t.problem else {}),
+            }
+            for t in c.tensors
+        ],
+    }
+
+
+def _cell(value: float) -> str:
+    return "-" if math.isinf(value) else f"{value:.2e}"
+
+
+def _rows(
+    comparisons: Sequence[RunComparison],
+) -> tuple[list[tuple[str, dict[int, TensorDiff]]], int]:
+    """The tensors to show by name (failing ones, then the worst), and how many are left out."""
+    rows: dict[str, dict[int, TensorDiff]] = {}
+    for c in comparisons:  # by name: a tensor missing in one run does not shift the others
+        for t in c.tensors:
+            rows.setdefault(t.name, {})[c.world_size] = t
+    names = list(rows)
+    if len(names) > MAX_ROWS:
+
+        def badness(name: str) -> tuple[bool, float]:
+            ts = list(rows[name].values())
+            return (any(not t.ok for t in ts), max(t.max_rel for t in ts))
+
+        keep = set(sorted(names, key=badness, reverse=True)[:MAX_ROWS])
+        names = [name for name in names if name in keep]
+    return [(name, rows[name]) for name in names], len(rows) - len(names)
+
+
+def render(result: VerifyResult, console: Console) -> None:
+    """Print the table, the steps and losses, the reasons and the final PASS/FAIL line."""
+    comparisons = result.comparisons
+    if comparisons and comparisons[0].tensors:
+        ref = comparisons[0].reference_world_size
+        table = Table(title=f"parameters and buffers against world size {ref}")
+        table.add_column("parameter", overflow="fold")
+        table.add_column("shape")
+        for c in comparisons:
+            table.add_column(f"max abs diff ({c.world_size})", justify="right")
+            table.add_column(f"max rel diff ({c.world_size})", justify="right")
+            table.add_column(f"ws {c.world_size}")
+        shown, hidden = _rows(comparisons)
+        for name, diffs in shown:
+            shape = next(iter(diffs.values())).shape
+            cells = [name, "×".join(map(str, shape)) or "scalar"]
+            for c in comparisons:
+                t = diffs.get(c.world_size)
+                if t is None:
+                    cells += ["-", "-", "[red]FAIL[/] missing"]
+                else:
+                    status = "[green]OK[/]" if t.ok else f"[red]FAIL[/] {t.problem}".rstrip()
+                    cells += [_cell(t.max_abs), _cell(t.max_rel), status]
+            table.add_row(*cells)
+        if hidden:
+            table.caption = f"{hidden} more tensors within tolerance not shown (--json lists all)"
+        console.print(table)
+    for c in comparisons:
+        console.print(_steps_line(c) + "; " + _loss_line(c), highlight=False)
+    tol = result.tolerance
+    console.print(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g}", highlight=False)
+    for run in result.runs:
+        if run.returncode:
+            console.print(
+                f"[red]the run at world size {run.world_size} failed[/] (exit code "
+                f"{run.returncode}); its stderr ends with:",
+                highlight=False,
+            )
+            console.print(run.stderr_tail, markup=False, highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    for reason in result.reasons:
+        console.print(f"reason: {reason}", markup=False, highlight=False)
+    colour = "green" if result.passed else "red"
+    console.print(f"[bold {colour}]{result.verdict}[/]", highlight=False)
+
+
+def _steps_line(c: RunComparison) -> str:
+    same = "same" if c.steps == c.reference_steps else "[red]DIFFERENT[/]"
+    return (
+        f"world size {c.world_size} vs {c.reference_world_size}: optimizer steps {c.steps} vs "
+        f"{c.reference_steps} ({same})"
+    )
+
+
+def _loss_line(c: RunComparison) -> str:
+    losses = c.losses
+    if not losses.compared:
+        return "losses: none recorded"
+    text = f"losses: {losses.compared} compared, max rel diff {_cell(losses.max_rel)}"
+    if losses.first_step is None:
+        return text + ", all within tolerance"
+    a, b = losses.first_values or (math.nan, math.nan)
+    return text + f", [red]first differs at step {losses.first_step}[/] ({a:.6g} vs {b:.6g})"

@@ -1,0 +1,303 @@
+"""``multigpu verify``: prove that a script gives the same results at every world size.
+
+For each world size N of ``--nproc`` it runs ``python -m multigpu run --cpu N script ...`` (on a
+machine with CUDA GPUs ``--gpus N``) in a child process, with ``MULTIGPU_VERIFY_DIR`` and
+``MULTIGPU_VERIFY_STEPS`` set so that ``multigpu.init()`` records every optimizer step, the losses
+given to ``ctx.backward``, the loaders and the final parameters (``multigpu.probe``) and stops
+the script after ``--steps`` steps. Every run after the first is compared with the first
+(``compare``); a FAIL is explained from the records (``diagnose``) and, to tell rounding and
+world-size effects from plain nondeterminism, the first world size is run once more.
+
+Every child gets one thread per process (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``): float
+results depend on how a sum is split between threads, so the thread count must not change with
+the world size. The children inherit the rest of the environment.
+
+Environment variables read: none directly (``multigpu.gpus`` reads ``CUDA_VISIBLE_DEVICES``...);
+the children get the caller's environment plus ``MULTIGPU_VERIFY_DIR``,
+``MULTIGPU_VERIFY_STEPS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``GLOO_SOCKET_IFNAME=lo`` (on
+CPU), and with ``--deterministic`` ``MULTIGPU_DETERMINISTIC=1`` and
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+
+from multigpu.diagnostics.compare import Tolerance, compare_runs, default_rtol
+from multigpu.diagnostics.diagnose import (
+    find_notes,
+    find_reasons,
+    nondeterminism_reason,
+    unexplained,
+)
+from multigpu.diagnostics.options import VerifyOptions, parse_verify_args
+from multigpu.diagnostics.records import RunRecord, load_run
+from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
+from multigpu.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 30
+"""Lines of a failed run's stderr shown."""
+
+TIMED_OUT = 124
+"""The exit code given to a run stopped by ``--timeout`` (as coreutils' ``timeout``)."""
+
+GRACE_SECONDS = 30.0
+"""How long a timed-out launcher gets to stop its workers after SIGTERM before SIGKILL."""
+
+
+def child_env(
+    environ: Mapping[str, str], directory: Path, steps: int, *, device: str, deterministic: bool
+) -> dict[str, str]:
+    """The environment of one run: the caller's plus what verify needs (see the module doc).
+
+    Example:
+        >>> env = child_env({}, Path("/tmp/ws2"), 20, device="cpu", deterministic=False)
+        >>> env["MULTIGPU_VERIFY_STEPS"], env["OMP_NUM_THREADS"], env["GLOO_SOCKET_IFNAME"]
+        ('20', '1', 'lo')
+    """
+    env = dict(environ)
+    env.update(
+        MULTIGPU_VERIFY_DIR=str(directory),
+        MULTIGPU_VERIFY_STEPS=str(steps),
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
+    if device == "cpu":
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: loopback, whatever the host's name says
+    if deterministic:
+        env["MULTIGPU_DETERMINISTIC"] = "1"
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # read by cuBLAS at CUDA start: set it here
+    return env
+
+
+def run_command(options: VerifyOptions, world_size: int, device: str) -> list[str]:
+    """The ``multigpu run`` command line of one run.
+
+    Example:
+        >>> opts = VerifyOptions(target="train.py", is_module=False, script_args=("--lr", "1"))
+        >>> run_command(opts, 2, "cpu")[1:]
+        ['-m', 'multigpu', 'run', '--cpu', '2', 'train.py', '--lr', '1']
+    """
+    devices = ["--gpus" if device == "cuda" else "--cpu", str(world_size)]
+    target = ["-m", options.target] if options.is_module else [options.target]
+    return [sys.executable, "-m", "multigpu", "run", *devices, *target, *options.script_args]
+
+
+def run_once(
+    options: VerifyOptions, world_size: int, device: str, directory: Path
+) -> tuple[RunOutcome, RunRecord | None]:
+    """Run the script at one world size with the probe on; its records are left in ``directory``."""
+    if directory.exists():
+        shutil.rmtree(directory)  # a kept directory of an earlier verify must not be read
+    directory.mkdir(parents=True)
+    command = run_command(options, world_size, device)
+    env = child_env(
+        os.environ, directory, options.steps, device=device, deterministic=options.deterministic
+    )
+    log.info("verify: world size %s (%s) ...", world_size, _devices(device, world_size))
+    started = time.perf_counter()
+    with ExitStack() as stack:
+        out = stack.enter_context(open(f"{directory}.stdout.log", "w+b"))
+        err = stack.enter_context(open(f"{directory}.stderr.log", "w+b"))
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=err)
+        code = _wait(proc, options.timeout)
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    seconds = time.perf_counter() - started
+    tail = "\n".join(stderr.rstrip().splitlines()[-TAIL_LINES:])
+    if code == TIMED_OUT:
+        tail += f"\n(stopped after --timeout {options.timeout:g} s)"
+    log.info("verify: world size %s finished in %.1f s (exit code %s)", world_size, seconds, code)
+    outcome = RunOutcome(
+        world_size=world_size,
+        returncode=code,
+        seconds=seconds,
+        command=tuple(command),
+        stderr_tail=tail if code else "",
+    )
+    return outcome, load_run(directory, world_size) if code == 0 else None
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the launcher then stops its workers, which run in their own sessions
+        # and would outlive a SIGKILLed launcher.
+        proc.terminate()
+        try:
+            proc.wait(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return TIMED_OUT
+    except BaseException:  # Ctrl-C: stop the launcher (and so its workers) before leaving
+        proc.terminate()
+        proc.wait()
+        raise
+
+
+def _devices(device: str, world_size: int) -> str:
+    return (
+        f"{world_size} GPU(s), nccl" if device == "cuda" else f"{world_size} CPU process(es), gloo"
+    )
+
+
+def choose_device(options: VerifyOptions) -> str:
+    """``"cuda"`` when the machine has GPUs (and not ``--cpu``), else ``"cpu"``.
+
+    Raises:
+        UsageError: --nproc asks for more GPUs than the machine has.
+    """
+    if options.cpu:
+        return "cpu"
+    from multigpu.gpus import list_gpus
+
+    count = len(list_gpus())
+    if count == 0:
+        return "cpu"
+    if max(options.nproc) > count:
+        raise UsageError(
+            f"--nproc {','.join(map(str, options.nproc))} asks for {max(options.nproc)} GPUs but "
+            f"this machine shows {count}; use world sizes up to {count}, or --cpu for CPU "
+            "processes"
+        )
+    return "cuda"
+
+
+def verify(options: VerifyOptions, root: Path) -> VerifyResult:
+    """Run every world size, compare with the first, explain a FAIL (re-running the first).
+
+    Args:
+        options: the parsed command line.
+        root: where the runs write their records (``ws{N}/``) and logs.
+
+    Example:
+        >>> opts = VerifyOptions(target="multigpu.examples.digits", is_module=True,
+        ...                      nproc=(1, 2), steps=20)
+        >>> verify(opts, Path("/tmp/verify")).verdict  # doctest: +SKIP
+        'PASS'
+    """
+    device = choose_device(options)
+    outcomes: list[RunOutcome] = []
+    records: list[RunRecord] = []
+    reasons: list[str] = []
+    for n in options.nproc:
+        outcome, record = run_once(options, n, device, root / f"ws{n}")
+        outcomes.append(outcome)
+        if outcome.returncode != 0:
+            reasons.append(
+                f"the run at world size {n} failed (exit code {outcome.returncode}); "
+                "see the end of its stderr; fix it first (try it with 'multigpu run')"
+            )
+            break
+        if record is None:
+            reasons.append(
+                f"the run at world size {n} wrote no record: the script must call "
+                "multigpu.init() (the records are taken there)"
+            )
+            break
+        records.append(record)
+    ref = records[0] if records else None
+    rtol = options.rtol
+    if rtol is None:
+        rtol = default_rtol(ref.dtype, ref.precision) if ref else default_rtol(None, None)
+    tol = Tolerance(rtol=rtol, atol=options.atol)
+    comparisons = tuple(compare_runs(run, records[0], tol) for run in records[1:])
+    notes = find_notes(records, options.steps)
+    result = VerifyResult(
+        world_sizes=options.nproc,
+        device=device,
+        steps_requested=options.steps,
+        tolerance=tol,
+        deterministic=options.deterministic,
+        runs=tuple(outcomes),
+        comparisons=comparisons,
+        notes=tuple(notes),
+        directory=str(root) if options.keep else None,
+    )
+    if result.passed or reasons or ref is None:
+        return _with(result, reasons)
+    reasons.extend(find_reasons(records, comparisons))
+    again = _rerun(options, device, root, ref, tol)
+    if again:  # first: no comparison across world sizes means anything if this holds
+        reasons.insert(0, again)
+    if not reasons:
+        reasons.append(unexplained(comparisons))
+    return _with(result, reasons)
+
+
+def _rerun(
+    options: VerifyOptions, device: str, root: Path, ref: RunRecord, tol: Tolerance
+) -> str | None:
+    """Run the first world size again: a script that differs from itself is the first suspect."""
+    n = options.nproc[0]
+    log.info("verify: FAIL; running world size %s again to check it repeats itself", n)
+    outcome, record = run_once(options, n, device, root / f"ws{n}-again")
+    if outcome.returncode != 0 or record is None:
+        return (
+            f"the second run at world size {n} failed (exit code {outcome.returncode}), so "
+            "whether the script repeats itself is unknown; its stderr ends with: "
+            + " | ".join(outcome.stderr_tail.splitlines()[-3:])
+        )
+    return nondeterminism_reason(compare_runs(record, ref, tol))
+
+
+def _with(result: VerifyResult, reasons: Sequence[str]) -> VerifyResult:
+    return dataclasses.replace(result, reasons=tuple(reasons))
+
+
+def verify_main(argv: Sequence[str]) -> int:
+    """``multigpu verify ARGV``: 0 PASS, 1 FAIL; a UsageError (exit 2) is the caller's to print.
+
+    Example:
+        >>> verify_main(["--nproc", "1,2", "--steps", "20", "--json"])  # doctest: +SKIP
+        0
+    """
+    options = parse_verify_args(argv)
+    if options is None:
+        return 0
+    with ExitStack() as stack:
+        if options.keep is not None:
+            root = options.keep.resolve()
+            root.mkdir(parents=True, exist_ok=True)
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="multigpu-verify-")))
+        result = verify(options, root)
+    if options.as_json:
+        sys.stdout.write(json.dumps(to_json(result), indent=2) + "\n")
+    else:
+        what = "GPUs (nccl)" if result.device == "cuda" else "CPU processes (gloo)"
+        # soft_wrap: long lines stay whole (greppable); the table still fits the width.
+        console = Console(
+            file=sys.stdout, width=max(100, shutil.get_terminal_size().columns), soft_wrap=True
+        )
+        console.print(
+            f"verify: {_target(options)} at world sizes "
+            f"{', '.join(map(str, result.world_sizes))} on {what}, {options.steps} steps each",
+            markup=False,
+            highlight=False,
+        )
+        render(result, console)
+    sys.stdout.flush()
+    return 0 if result.passed else 1
+
+
+def _target(options: VerifyOptions) -> str:
+    target = f"-m {options.target}" if options.is_module else options.target
+    return " ".join([target, *options.script_args])
