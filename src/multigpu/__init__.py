@@ -5,6 +5,7 @@ Example:
     >>> ctx = multigpu.init()            # doctest: +SKIP
 """
 
+from multigpu.checkpoint import Checkpointer, CheckpointStatus, find_latest, verify_checkpoint
 from multigpu.context import Context
 from multigpu.device import move_to_device
 from multigpu.env import ClusterEnv, detect
@@ -32,6 +33,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Accuracy",
     "CheckpointError",
+    "CheckpointStatus",
+    "Checkpointer",
     "ClusterEnv",
     "Context",
     "DDPStrategy",
@@ -48,10 +51,12 @@ __all__ = [
     "UsageError",
     "__version__",
     "detect",
+    "find_latest",
     "gather_all",
     "gather_in_dataset_order",
     "init",
     "move_to_device",
     "seed_everything",
     "unwrap_module",
+    "verify_checkpoint",
 ]

@@ -12,12 +12,14 @@ import logging
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from multigpu import dist
+from multigpu.checkpoint.manager import Checkpointer
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
@@ -70,6 +72,7 @@ class Context:
         self._steps = StepControl(strategy, self.precision, probe)
         self._owns_process_group = owns_process_group
         self._closed = False
+        self._checkpointers: list[Checkpointer] = []
         atexit.register(self.teardown)
 
     # ---- where we are -------------------------------------------------------------------------
@@ -291,6 +294,40 @@ class Context:
     def _comm_device(self) -> torch.device:
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
+    # ---- checkpoints --------------------------------------------------------------------------
+    def checkpointer(
+        self,
+        directory: str | Path,
+        *,
+        every_steps: int | None = None,
+        keep: int | None = None,
+        async_save: bool = False,
+        save_on_sigterm: bool = False,
+        **objects: Any,
+    ) -> Checkpointer:
+        """A ``Checkpointer`` saving ``objects`` (and the GradScaler of ``16-mixed``) under
+        ``directory``: every ``every_steps`` calls of ``step()``, keeping the ``keep`` newest
+        (None: all); ``async_save`` writes in the background; ``save_on_sigterm`` saves and exits
+        143 when any rank gets SIGTERM. See ``multigpu.checkpoint.manager``.
+        """
+        ckpt = Checkpointer(
+            directory,
+            rank=self.rank,
+            world_size=self.world_size,
+            unwrap=self.unwrap,
+            comm_device=self._comm_device(),
+            timeout=self.timeout.total_seconds(),
+            every_steps=every_steps,
+            keep=keep,
+            async_save=async_save,
+            save_on_sigterm=save_on_sigterm,
+        )
+        ckpt.track(**objects)
+        if self.precision.scaler is not None and "grad_scaler" not in objects:
+            ckpt.track(grad_scaler=self.precision.scaler)
+        self._checkpointers.append(ckpt)
+        return ckpt
+
     # ---- output -------------------------------------------------------------------------------
     def print(self, *args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
         """``print`` on rank 0 only (``all_ranks=True``: every rank, prefixed with its rank).
@@ -316,6 +353,8 @@ class Context:
         self._closed = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.teardown)
+        for ckpt in self._checkpointers:  # a background save must end before the group does
+            ckpt.close()
         if self._probe is not None:
             self._probe.write()
         self.strategy.teardown()

@@ -1,5 +1,19 @@
-"""Checkpoints: atomic writes (more to come: manager, RNG state, portable loading)."""
+"""Checkpoints: atomic writes, the checkpoint manager, its on-disk layout and verification."""
 
 from multigpu.checkpoint.atomic import atomic_write
+from multigpu.checkpoint.layout import (
+    CheckpointStatus,
+    find_latest,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from multigpu.checkpoint.manager import Checkpointer
 
-__all__ = ["atomic_write"]
+__all__ = [
+    "CheckpointStatus",
+    "Checkpointer",
+    "atomic_write",
+    "find_latest",
+    "list_checkpoints",
+    "verify_checkpoint",
+]

@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
+from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.precision import PRECISIONS
 from multigpu.strategies import STRATEGY_NAMES
 
@@ -95,41 +96,42 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.batch_size} ({loader.batch_size} per rank x {args.accumulation_steps} "
             f"micro-step(s)), precision {ctx.precision.name}"
         )
-        history, train_seconds, train_samples = [], 0.0, 0
+        run = RunState()
+        checkpointer, resumed = _checkpointing(ctx, args, model, optimizer, loader, run)
         progress = _progress(ctx, args.progress)
         task = progress.add_task("train", total=args.epochs * len(loader)) if progress else None
-        for epoch in range(args.epochs):
-            t0 = time.perf_counter()
-            loss_sum = torch.zeros((), dtype=torch.float64)
-            steps = micro = 0
-            for x, y in loader:
-                with ctx.accumulate(model):  # all-reduce once per step, on its last micro-batch
-                    loss = F.cross_entropy(model(x), y)
-                    ctx.backward(loss)
-                    stepped = ctx.step(optimizer)  # steps and zeroes the gradients
-                loss_sum += loss.detach().double().cpu()
-                micro += 1
-                steps += stepped
-                if progress is not None and task is not None:
-                    progress.update(task, advance=1)
-            seconds = time.perf_counter() - t0
-            train_seconds += seconds
-            train_samples += steps * args.batch_size
-            mean_loss = float(ctx.all_reduce(loss_sum / max(micro, 1), op="mean"))
-            accuracy = evaluate(ctx, model, test_set, args.eval_batch_size)
-            record = {
-                "epoch": epoch + 1,
-                "loss": round(mean_loss, 6),
-                "test_accuracy": round(accuracy, 6),
-                "samples_per_second": round(steps * args.batch_size / seconds, 1),
-            }
-            history.append(record)
+        while len(run.history) < args.epochs:
+            # The loader's epoch is ahead of the history only when a checkpoint was taken at
+            # an epoch's last step and the run stopped before that epoch was evaluated.
+            if loader.epoch == len(run.history):
+                tick = time.perf_counter()
+                for x, y in loader:
+                    with ctx.accumulate(model):  # all-reduce once per step, on its last micro
+                        loss = F.cross_entropy(model(x), y)
+                        ctx.backward(loss)
+                        stepped = ctx.step(optimizer)  # steps and zeroes the gradients
+                    now = time.perf_counter()
+                    run.add_step(
+                        float(loss.detach()),
+                        stepped=stepped,
+                        seconds=now - tick,
+                        samples=args.batch_size,
+                    )
+                    tick = now
+                    if stepped and checkpointer is not None:
+                        checkpointer.step()  # saves every --checkpoint-every steps
+                    if progress is not None and task is not None:
+                        progress.update(task, advance=1)
+            record = _finish_epoch(ctx, model, test_set, args, run)
             if progress is not None:
                 progress.console.print(_epoch_line(record, args.epochs))
             elif args.progress != "off":
                 ctx.print(_epoch_line(record, args.epochs))
         if progress is not None:
             progress.stop()
+        if checkpointer is not None:
+            checkpointer.close()
+        history = run.history
         metrics = {
             "test_accuracy": history[-1]["test_accuracy"],
             "world_size": ctx.world_size,
@@ -141,9 +143,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "precision": ctx.precision.name,
             "accumulation_steps": args.accumulation_steps,
             "device": ctx.device.type,
-            "samples_per_second": round(train_samples / train_seconds, 1),
+            "samples_per_second": round(run.train_samples / max(run.train_seconds, 1e-9), 1),
             "seconds": round(time.perf_counter() - started, 3),
             "final_loss": history[-1]["loss"],
+            "param_sha256": parameter_sha256(ctx.unwrap(model)),
+            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            "resumed_from_step": resumed,
             "history": history,
         }
         if ctx.is_main:
@@ -153,6 +158,61 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"{metrics['seconds']:.1f} s ({metrics['samples_per_second']:.0f} samples/s)"
         )
     return metrics
+
+
+def _finish_epoch(
+    ctx: Context, model: nn.Module, test_set: TensorDataset, args: Any, run: RunState
+) -> dict[str, Any]:
+    """Evaluate, and append the record of the epoch whose batches are done."""
+    done = run.close_epoch()
+    loss_sum = torch.tensor(done["loss_sum"] / max(done["micro"], 1), dtype=torch.float64)
+    record = {
+        "epoch": len(run.history) + 1,
+        "loss": round(float(ctx.all_reduce(loss_sum, op="mean")), 6),
+        "test_accuracy": round(evaluate(ctx, model, test_set, args.eval_batch_size), 6),
+        "samples_per_second": round(done["samples"] / max(done["seconds"], 1e-9), 1),
+    }
+    run.history.append(record)
+    return record
+
+
+def _checkpointing(
+    ctx: Context, args: Any, model: nn.Module, optimizer: Any, loader: Any, run: RunState
+) -> tuple[Any, int | None]:
+    """The checkpointer of ``--checkpoint-every`` / ``--checkpoint-dir`` and the resumed step."""
+    directory = args.checkpoint_dir or (Path(args.out) / "checkpoints" if args.out else None)
+    if args.checkpoint_every is None and args.checkpoint_dir is None:
+        if args.resume not in ("auto", "never"):
+            raise multigpu.UsageError(
+                f"--resume {args.resume} needs checkpointing; expected --checkpoint-every N "
+                "(and --out or --checkpoint-dir)"
+            )
+        return None, None
+    if directory is None:
+        raise multigpu.UsageError(
+            "--checkpoint-every was given without a place for the checkpoints; expected "
+            "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
+        )
+    every = args.checkpoint_every or max(1, len(loader) // args.accumulation_steps)
+    checkpointer = ctx.checkpointer(
+        directory,
+        every_steps=every,
+        keep=args.keep_checkpoints,
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+    )
+    checkpointer.track_per_rank(run=run)  # each rank's own loss sums of the epoch in progress
+    if args.resume == "never":
+        latest = checkpointer.latest()
+        if latest is not None:
+            raise multigpu.UsageError(
+                f"--resume never, but {directory} already holds {latest.name}; expected an "
+                "empty checkpoint directory: use --resume auto to continue that run, or "
+                "another --checkpoint-dir / --out"
+            )
+        return checkpointer, None
+    return checkpointer, checkpointer.resume(args.resume)
 
 
 def _epoch_line(record: dict[str, Any], epochs: int) -> str:
@@ -220,7 +280,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (ddp above one process), single, dp (legacy), ddp",
     )
-    p.add_argument("--out", help="directory for metrics.json and model.pt")
+    p.add_argument("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=_positive(int),
+        help="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",
+    )
+    p.add_argument(
+        "--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)"
+    )
+    p.add_argument(
+        "--keep-checkpoints", type=_positive(int), default=3, help="newest checkpoints kept (3)"
+    )
+    p.add_argument(
+        "--resume",
+        default="auto",
+        help="auto: continue from the newest complete checkpoint when there is one (default); "
+        "never: start over (refused if checkpoints exist); or the path of one checkpoint",
+    )
     p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")
     p.add_argument(
         "--progress",

@@ -1,0 +1,248 @@
+"""The on-disk layout of a checkpoint, and how to tell a complete one from a broken one.
+
+::
+
+    DIR/step-00000100/
+        state.pt        by rank 0: {"format", "version", "step", "world_size", "objects"}: the
+                        replicated objects (model unwrapped, optimizer, ...), tensors on CPU
+        rank-00000.pt   one per rank: {"rank", "rng": {...}, "objects": {name: state}}
+        manifest.json   format, version, step, epoch, world size, torch and multigpu versions,
+                        creation time, the objects and their kinds, each file's size and SHA-256
+        COMMITTED       written last; holds the manifest's SHA-256
+    DIR/.tmp-step-00000100-<nonce>/    a save in progress, renamed to step-... once committed
+
+A checkpoint is *complete* when its ``COMMITTED`` marker exists, the manifest is ours and every
+file it lists has the listed size and checksum. Anything else is skipped by resume, with a
+warning that says what is wrong.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
+
+FORMAT = "multigpu-checkpoint"
+FORMAT_VERSION = 1
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+COMMIT_FILE = "COMMITTED"
+TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_CHUNK = 1 << 20
+
+
+def step_dir_name(step: int) -> str:
+    """The directory name of the checkpoint of ``step``.
+
+    Example:
+        >>> step_dir_name(100)
+        'step-00000100'
+    """
+    return f"step-{step:08d}"
+
+
+def rank_file_name(rank: int) -> str:
+    """The file holding ``rank``'s own state (its RNG) inside a checkpoint.
+
+    Example:
+        >>> rank_file_name(1)
+        'rank-00001.pt'
+    """
+    return f"rank-{rank:05d}.pt"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a checkpoint directory name, or None when it is not one.
+
+    Example:
+        >>> parse_step("step-00000100"), parse_step(".tmp-step-00000100-ab12")
+        (100, None)
+    """
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+class HashingWriter:
+    """A binary file wrapper that counts and hashes what goes through it (no re-read).
+
+    Example:
+        >>> import io
+        >>> w = HashingWriter(io.BytesIO()); _ = w.write(b"abc"); w.size
+        3
+    """
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self._digest.update(data)
+        self.size += len(data)
+        return self._fh.write(data)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of everything written so far."""
+        return self._digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's content, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CheckpointStatus:
+    """What ``verify_checkpoint`` found about one checkpoint directory.
+
+    Attributes:
+        path: the directory.
+        step: the step in its name (None when the name is not ``step-XXXXXXXX``).
+        complete: marker present, manifest ours, every listed file of the listed size and checksum.
+        problems: what is wrong, one readable line each (empty when complete).
+        manifest: the parsed manifest, when it could be read.
+    """
+
+    path: Path
+    step: int | None
+    complete: bool
+    problems: tuple[str, ...]
+    manifest: dict[str, Any] | None
+
+
+def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -> CheckpointStatus:
+    """Check one checkpoint directory against its manifest and commit marker.
+
+    Args:
+        path: a ``step-XXXXXXXX`` directory.
+        checksums: also compare every file's SHA-256 (reads every byte); sizes are always checked.
+
+    Example:
+        >>> verify_checkpoint("/nonexistent/step-00000001").problems
+        ('not a directory',)
+    """
+    directory = Path(path)
+    step = parse_step(directory.name)
+    if not directory.is_dir():
+        return CheckpointStatus(directory, step, False, ("not a directory",), None)
+    problems: list[str] = []
+    manifest = _read_manifest(directory, problems)
+    commit = directory / COMMIT_FILE
+    if not commit.is_file():
+        problems.append(f"no {COMMIT_FILE} marker (the save was interrupted)")
+    elif manifest is not None:
+        recorded = commit.read_text().strip()
+        if recorded and recorded != file_sha256(directory / MANIFEST_FILE):
+            problems.append(f"{MANIFEST_FILE} does not match the checksum in {COMMIT_FILE}")
+    if manifest is not None:
+        _check_files(directory, manifest, problems, checksums)
+    return CheckpointStatus(directory, step, not problems, tuple(problems), manifest)
+
+
+def _read_manifest(directory: Path, problems: list[str]) -> dict[str, Any] | None:
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        problems.append(f"{MANIFEST_FILE} missing")
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        problems.append(f"{MANIFEST_FILE} unreadable ({e})")
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        problems.append(f"{MANIFEST_FILE} is not a {FORMAT} manifest")
+        return None
+    if int(manifest.get("version", 0)) > FORMAT_VERSION:
+        problems.append(
+            f"format version {manifest.get('version')} is newer than this multigpu's "
+            f"{FORMAT_VERSION}; upgrade multigpu"
+        )
+    if not isinstance(manifest.get("files"), dict) or STATE_FILE not in manifest["files"]:
+        problems.append(f"{MANIFEST_FILE} lists no {STATE_FILE}")
+    return manifest
+
+
+def _check_files(
+    directory: Path, manifest: dict[str, Any], problems: list[str], checksums: bool
+) -> None:
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return
+    for name, info in sorted(files.items()):
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+            continue
+        size = path.stat().st_size
+        expected = int(info.get("bytes", -1))
+        if size != expected:
+            kind = "truncated" if size < expected else "longer than recorded"
+            problems.append(f"{name}: {size} bytes, the manifest says {expected} ({kind})")
+        elif checksums and file_sha256(path) != info.get("sha256"):
+            problems.append(f"{name}: SHA-256 differs from the manifest (corrupt)")
+
+
+def list_checkpoints(
+    directory: str | os.PathLike[str], *, checksums: bool = True
+) -> list[CheckpointStatus]:
+    """Every ``step-*`` directory under ``directory``, ascending by step (temp dirs ignored).
+
+    Example:
+        >>> list_checkpoints("/nonexistent")
+        []
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = [(parse_step(p.name), p) for p in root.iterdir() if p.is_dir()]
+    return [
+        verify_checkpoint(p, checksums=checksums)
+        for step, p in sorted((s, p) for s, p in found if s is not None)
+    ]
+
+
+def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
+    """The newest complete checkpoint under ``directory``, or None.
+
+    Newer directories that are incomplete or corrupt are skipped with a WARNING naming each one
+    and what is wrong with it, and the one used instead.
+
+    Example:
+        >>> find_latest("/nonexistent") is None
+        True
+    """
+    skipped: list[CheckpointStatus] = []
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    steps = sorted(
+        ((s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None),
+        reverse=True,
+    )
+    for _, path in steps:
+        status = verify_checkpoint(path)
+        if status.complete:
+            if skipped:
+                log.warning("using the previous complete checkpoint %s", status.path)
+            return status
+        log.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
+        skipped.append(status)
+    return None

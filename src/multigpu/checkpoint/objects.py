@@ -1,0 +1,104 @@
+"""The objects a checkpoint holds: what kind each is, its state on the CPU, and loading it back.
+
+Anything with ``state_dict`` / ``load_state_dict`` can be tracked. Modules are saved unwrapped
+(no ``module.`` / ``_orig_mod.``) and every tensor goes to the CPU, so a checkpoint loads on any
+machine. For an asynchronous save the state is also *copied* (``clone=True``): training may
+change the live tensors while a background thread writes the copy.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from multigpu.errors import CheckpointError, UsageError
+
+KINDS = ("module", "optimizer", "scheduler", "loader", "scaler", "object")
+
+
+def kind_of(obj: Any) -> str:
+    """The manifest's kind of a tracked object.
+
+    Example:
+        >>> kind_of(torch.nn.Linear(1, 1)), kind_of(object.__new__(torch.amp.GradScaler))
+        ('module', 'scaler')
+    """
+    if isinstance(obj, nn.Module):
+        return "module"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        return "scheduler"
+    if isinstance(obj, torch.amp.GradScaler):
+        return "scaler"
+    # multigpu's DistributedLoader (duck-typed: checkpoint/ sits beside data/, not above it).
+    if hasattr(obj, "global_batch_size") and hasattr(obj, "sampler"):
+        return "loader"
+    return "object"
+
+
+def check_trackable(name: str, obj: Any, taken: Mapping[str, Any]) -> None:
+    """Raise UsageError unless ``obj`` can be tracked under ``name``."""
+    if not name.isidentifier():
+        raise UsageError(f"checkpoint name {name!r} is not an identifier; use e.g. model=model")
+    if name in taken:
+        raise UsageError(
+            f"checkpoint name {name!r} is already tracked ({type(taken[name]).__name__}); "
+            "give each object its own name"
+        )
+    if not (
+        callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    ):
+        raise UsageError(
+            f"checkpoint object {name}={type(obj).__name__} has no state_dict()/load_state_dict(); "
+            "expected a module, optimizer, scheduler, loader or an object that has both"
+        )
+
+
+def to_cpu(value: Any, *, clone: bool) -> Any:
+    """``value`` with every tensor on the CPU (copied when ``clone``), containers rebuilt.
+
+    Example:
+        >>> t = torch.ones(2); c = to_cpu({"a": [t]}, clone=True)["a"][0]; c.add_(1); float(t[0])
+        1.0
+    """
+    if isinstance(value, torch.Tensor):
+        out = value.detach()
+        if out.device.type != "cpu":
+            return out.to("cpu")  # a copy already
+        return out.clone() if clone else out
+    if isinstance(value, dict):
+        return type(value)((k, to_cpu(v, clone=clone)) for k, v in value.items())
+    if isinstance(value, list):
+        return [to_cpu(v, clone=clone) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(to_cpu(v, clone=clone) for v in value)
+    return value
+
+
+def state_of(
+    obj: Any, unwrap: Callable[[nn.Module], nn.Module], *, clone: bool
+) -> dict[str, Any] | Any:
+    """The CPU state of one tracked object (a module's is that of the unwrapped module)."""
+    if isinstance(obj, nn.Module):
+        obj = unwrap(obj)
+    return to_cpu(obj.state_dict(), clone=clone)
+
+
+def load_into(name: str, obj: Any, state: Any, unwrap: Callable[[nn.Module], nn.Module]) -> None:
+    """Load ``state`` into ``obj``; a mismatch is a CheckpointError naming ``name``."""
+    try:
+        if isinstance(obj, nn.Module):
+            unwrap(obj).load_state_dict(state)  # strict: every key must match
+        else:
+            obj.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError, TypeError, UsageError) as e:
+        raise CheckpointError(
+            f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved state: {e}"
+        ) from e

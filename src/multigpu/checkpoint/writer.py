@@ -1,0 +1,211 @@
+"""Writing one checkpoint directory: files with their checksums, manifest, marker, rename, prune.
+
+Every function here works on the file system only (no collectives), so the same steps serve
+the synchronous save (coordinated with collectives) and the asynchronous one (a background
+thread per rank, coordinated through ``.done`` files).
+
+Durability: each file is fsynced as it is closed; the temp directory is fsynced before the
+rename and the parent after it, so after a crash the ``step-*`` name exists only for a
+directory whose every byte is on disk.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.checkpoint.layout import (
+    COMMIT_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    TMP_PREFIX,
+    HashingWriter,
+    list_checkpoints,
+    step_dir_name,
+)
+from multigpu.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FileInfo = dict[str, Any]  # {"bytes": int, "sha256": str}
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new, renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_temp_dir(root: Path, step: int) -> Path:
+    """Create ``root/.tmp-step-XXXXXXXX-<nonce>/``, removing stale temp dirs of any step first.
+
+    Only one save runs at a time per checkpoint directory, so any other temp dir is what a
+    crashed save left behind.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f"{TMP_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = root / f"{TMP_PREFIX}{step_dir_name(step)}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    return tmp
+
+
+def write_torch_file(path: Path, payload: Any) -> FileInfo:
+    """``torch.save(payload)`` to ``path``, fsynced; return its size and SHA-256."""
+    with path.open("wb") as fh:
+        writer = HashingWriter(fh)
+        torch.save(payload, writer)  # type: ignore[arg-type]  # write() is all torch needs
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"bytes": writer.size, "sha256": writer.sha256}
+
+
+def write_small(path: Path, text: str) -> FileInfo:
+    """Write a small text file, fsynced (temp files of the same directory are fine to leave)."""
+    data = text.encode()
+    with path.open("wb") as fh:
+        writer = HashingWriter(fh)
+        writer.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"bytes": writer.size, "sha256": writer.sha256}
+
+
+def manifest_of(
+    *,
+    step: int,
+    epoch: int | None,
+    world_size: int,
+    objects: Mapping[str, str],
+    files: Mapping[str, FileInfo],
+) -> dict[str, Any]:
+    """The manifest dictionary (see ``multigpu.checkpoint.layout``)."""
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "step": step,
+        "epoch": epoch,
+        "world_size": world_size,
+        "torch_version": torch.__version__,
+        "multigpu_version": _multigpu_version(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "objects": {name: {"kind": kind} for name, kind in objects.items()},
+        "files": dict(sorted(files.items())),
+    }
+
+
+def _multigpu_version() -> str:
+    try:
+        return importlib.metadata.version("multigpu")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+def commit(tmp: Path, manifest: Mapping[str, Any]) -> Path:
+    """Write the manifest and the marker into ``tmp``, then rename it to its ``step-*`` name.
+
+    A complete checkpoint of the same step that already exists is replaced (moved aside first,
+    removed after the rename), so the name never points at a partial directory.
+    """
+    info = write_small(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    write_small(tmp / COMMIT_FILE, info["sha256"] + "\n")
+    fsync_dir(tmp)
+    final = tmp.parent / step_dir_name(int(manifest["step"]))
+    old = None
+    if final.exists():
+        old = tmp.parent / f"{TMP_PREFIX}old-{final.name}-{secrets.token_hex(4)}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(tmp.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def prune(root: Path, keep: int | None, protect: Path) -> list[Path]:
+    """Keep the ``keep`` newest complete checkpoints; remove older ones and older broken ones.
+
+    Incomplete checkpoints newer than the newest complete one are left for a person to look at.
+    ``protect`` (the one just written) is never removed. Returns what was removed.
+    """
+    if keep is None:
+        return []
+    statuses = list_checkpoints(root, checksums=False)  # sizes + marker: cheap
+    complete = [s for s in statuses if s.complete]
+    keep_paths = {s.path for s in complete[-keep:]} | {protect}
+    newest = complete[-1].step if complete else None
+    removed = []
+    for status in statuses:
+        older = newest is not None and status.step is not None and status.step < newest
+        if status.path in keep_paths or not (status.complete or older):
+            continue
+        shutil.rmtree(status.path, ignore_errors=True)
+        removed.append(status.path)
+    if removed:
+        log.info("pruned %s", ", ".join(p.name for p in removed))
+    return removed
+
+
+def done_file(tmp: Path, rank: int) -> Path:
+    """Where rank ``rank``'s thread says its file is written (asynchronous saves)."""
+    return tmp / f"rank-{rank:05d}.done"
+
+
+def wait_for_ranks(tmp: Path, world_size: int, timeout: float) -> dict[str, FileInfo]:
+    """Wait until every rank's ``.done`` file exists; return the files they report.
+
+    Raises:
+        CheckpointError: a rank did not report within ``timeout`` seconds (named).
+    """
+    deadline = time.monotonic() + timeout
+    files: dict[str, FileInfo] = {}
+    pending = set(range(world_size))
+    delay = 0.001
+    while pending:
+        for rank in sorted(pending):
+            path = done_file(tmp, rank)
+            if path.is_file():
+                report = json.loads(path.read_text())
+                if "error" in report:
+                    raise CheckpointError(
+                        f"rank {rank} failed to write its part: {report['error']}"
+                    )
+                files[report["name"]] = report["info"]
+                pending.discard(rank)
+        if pending:
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"ranks {sorted(pending)} did not write their part of {tmp.name} within "
+                    f"{timeout:.0f} s; is {tmp.parent} on a file system every rank shares?"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    for rank in range(world_size):
+        done_file(tmp, rank).unlink(missing_ok=True)
+    return files
+
+
+def report_done(tmp: Path, rank: int, name: str, info: FileInfo | None, error: str | None) -> None:
+    """Write rank ``rank``'s ``.done`` file (atomically: written under a temp name, renamed)."""
+    body = {"error": error} if error is not None else {"name": name, "info": info}
+    path = done_file(tmp, rank)
+    part = path.with_suffix(".part")
+    write_small(part, json.dumps(body))
+    os.replace(part, path)

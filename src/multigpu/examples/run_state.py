@@ -1,0 +1,92 @@
+"""The digits job's own progress as a checkpointable object: epoch records and running sums.
+
+Kept in the checkpoint beside the model, so a run killed at any step and resumed (by hand or by
+``multigpu run --max-restarts``) ends with the same per-epoch history — including an epoch whose
+last step was saved just before the crash but whose evaluation had not run yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class RunState:
+    """Per-epoch records plus the running sums of the epoch in progress.
+
+    Example:
+        >>> s = RunState(); s.add_step(0.5, stepped=True, seconds=0.1, samples=64)
+        >>> s.current["micro"], RunState.from_state(s.state_dict()).current["steps"]
+        (1, 1)
+    """
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.train_seconds = 0.0
+        self.train_samples = 0
+        self.current = self._empty()
+
+    @staticmethod
+    def _empty() -> dict[str, Any]:
+        return {"loss_sum": 0.0, "micro": 0, "steps": 0, "seconds": 0.0, "samples": 0}
+
+    def add_step(self, loss: float, *, stepped: bool, seconds: float, samples: int) -> None:
+        """Count one micro-batch of the epoch in progress."""
+        cur = self.current
+        cur["loss_sum"] += loss
+        cur["micro"] += 1
+        cur["steps"] += int(stepped)
+        cur["seconds"] += seconds
+        cur["samples"] += samples if stepped else 0
+
+    def close_epoch(self) -> dict[str, Any]:
+        """Return the running sums of the finished epoch and start the next one."""
+        done, self.current = self.current, self._empty()
+        self.train_seconds += done["seconds"]
+        self.train_samples += done["samples"]
+        return done
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything, as plain Python values (loads with ``weights_only=True``)."""
+        return {
+            "history": [dict(r) for r in self.history],
+            "train_seconds": self.train_seconds,
+            "train_samples": self.train_samples,
+            "current": dict(self.current),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+        self.history = [dict(r) for r in state["history"]]
+        self.train_seconds = float(state["train_seconds"])
+        self.train_samples = int(state["train_samples"])
+        self.current = dict(state["current"])
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RunState:
+        """A new RunState holding ``state``."""
+        run = cls()
+        run.load_state_dict(state)
+        return run
+
+
+def parameter_sha256(model: nn.Module) -> str:
+    """SHA-256 over the names and raw bytes of ``model``'s state dict, in order.
+
+    Two runs have bitwise-equal weights exactly when their checksums match, whatever the device.
+
+    Example:
+        >>> len(parameter_sha256(torch.nn.Linear(2, 2)))
+        64
+    """
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(str(flat.dtype).encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
