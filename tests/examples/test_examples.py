@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ from tests.launch._util import run_multigpu
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = ROOT / "examples" / "minimal.py"
+RESUME = ROOT / "examples" / "resume.py"
 
 
 def test_readme_shows_the_minimal_example_verbatim():
@@ -49,3 +51,29 @@ def test_multigpu_train_defaults_reach_95_percent_on_two_processes(tmp_path: Pat
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
     assert "test accuracy" in done.stdout
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt"]
+
+
+def test_readme_shows_the_resume_example_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert RESUME.read_text() in blocks
+
+
+def test_resume_example_continues_from_its_newest_checkpoint_at_another_world_size(
+    tmp_path: Path,
+):
+    first = run_multigpu(["run", "--cpu", "1", str(RESUME)], tmp_path)
+    assert first.returncode == 0, first.stderr
+    ckpt = tmp_path / "runs" / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "step-00000120",
+        "step-00000140",
+        "step-00000160",
+    ]
+    for name in ("step-00000140", "step-00000160"):  # as if the run had died after step 120
+        shutil.rmtree(ckpt / name)
+    again = run_multigpu(["run", "--cpu", "2", str(RESUME)], tmp_path)
+    assert again.returncode == 0, again.stderr
+    epochs = [ln for ln in again.stdout.splitlines() if ln.startswith("epoch")]
+    assert epochs[0].startswith("epoch 8 step 128")  # resumed at step 120, mid-epoch 8
+    assert epochs[-1] == first.stdout.strip().splitlines()[-1]  # same final loss (4 decimals)
