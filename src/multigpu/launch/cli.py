@@ -177,6 +177,7 @@ def _train(argv: Sequence[str]) -> int:
     from multigpu.launch.run import run_command
     from multigpu.launch.train import (
         check_batch_size,
+        check_checkpoint_options,
         split_launch_args,
         training_help,
         wants_one_process,
@@ -194,6 +195,7 @@ def _train(argv: Sequence[str]) -> int:
     with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
 
     def check(plan: LaunchPlan) -> None:
+        check_checkpoint_options(job_argv)
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
         if low == high:  # an elastic node count has no fixed world size to check against
             check_batch_size(job_argv, plan.nproc_per_node * low)

@@ -13,6 +13,7 @@ import argparse
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from multigpu.errors import UsageError
 
@@ -82,6 +83,22 @@ DEFAULT_BATCH_SIZE = 64
 """The job's default ``--batch-size`` (kept equal to the job's parser by a test)."""
 
 
+def option_value(job_args: Sequence[str], name: str) -> str | None:
+    """The last value given to option ``name`` (``--x V`` or ``--x=V``) in ``job_args``.
+
+    Example:
+        >>> option_value(["--out", "a", "--out=b"], "--out")
+        'b'
+    """
+    value: str | None = None
+    for i, token in enumerate(job_args):
+        if token.startswith(name + "="):
+            value = token.split("=", 1)[1]
+        elif token == name and i + 1 < len(job_args):
+            value = job_args[i + 1]
+    return value
+
+
 def check_batch_size(job_args: Sequence[str], processes: int) -> None:
     """Refuse, before anything starts, a global ``--batch-size`` the processes cannot share.
 
@@ -91,12 +108,7 @@ def check_batch_size(job_args: Sequence[str], processes: int) -> None:
     Example:
         >>> check_batch_size(["--batch-size", "64"], 2)
     """
-    value: str | None = None
-    for i, token in enumerate(job_args):
-        if token.startswith("--batch-size="):
-            value = token.split("=", 1)[1]
-        elif token == "--batch-size" and i + 1 < len(job_args):
-            value = job_args[i + 1]
+    value = option_value(job_args, "--batch-size")
     try:
         batch = int(value) if value is not None else DEFAULT_BATCH_SIZE
     except ValueError:
@@ -108,6 +120,51 @@ def check_batch_size(job_args: Sequence[str], processes: int) -> None:
             f"global batch, split evenly); use a multiple of {processes}, e.g. {low} or "
             f"{low + processes}"
         )
+
+
+def check_checkpoint_options(job_args: Sequence[str]) -> None:
+    """Refuse, before anything starts, checkpoint options the job would refuse after starting.
+
+    The job checks the same (its own users may run it directly); checking here too means the
+    one-line error comes before workers start and load the data.
+
+    Raises:
+        UsageError: ``--checkpoint-every`` without ``--out``/``--checkpoint-dir``; ``--resume
+            never`` on a directory that holds checkpoints; ``--resume PATH`` that does not exist.
+
+    Example:
+        >>> check_checkpoint_options(["--epochs", "2"])
+    """
+    every = option_value(job_args, "--checkpoint-every")
+    given_dir = option_value(job_args, "--checkpoint-dir")
+    out = option_value(job_args, "--out")
+    resume = option_value(job_args, "--resume") or "auto"
+    directory = Path(given_dir) if given_dir else (Path(out) / "checkpoints" if out else None)
+    if every is not None and directory is None:
+        raise UsageError(
+            "--checkpoint-every was given without a place for the checkpoints; expected "
+            "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
+        )
+    checkpointing = every is not None or given_dir is not None
+    if resume not in ("auto", "never"):
+        if not checkpointing:
+            raise UsageError(
+                f"--resume {resume} needs checkpointing; expected --checkpoint-every N "
+                "(and --out or --checkpoint-dir)"
+            )
+        if not Path(resume).is_dir():
+            raise UsageError(
+                f"--resume {resume}: no such checkpoint directory; expected auto, never or "
+                "the path of a step-XXXXXXXX directory"
+            )
+    if resume == "never" and checkpointing and directory is not None and directory.is_dir():
+        existing = sorted(p.name for p in directory.glob("step-*"))
+        if existing:
+            raise UsageError(
+                f"--resume never, but {directory} already holds {existing[-1]}; expected an "
+                "empty checkpoint directory: use --resume auto to continue that run, or "
+                "another --checkpoint-dir / --out"
+            )
 
 
 def wants_one_process(job_args: Sequence[str]) -> bool:
