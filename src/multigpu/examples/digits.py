@@ -212,7 +212,13 @@ def _checkpointing(
                 "another --checkpoint-dir / --out"
             )
         return checkpointer, None
-    return checkpointer, checkpointer.resume(args.resume)
+    resumed = checkpointer.resume(args.resume)
+    if resumed is not None:
+        ctx.print(
+            f"resumed from {checkpointer.latest() if args.resume == 'auto' else args.resume} "
+            f"at step {resumed} ({len(run.history)} of {args.epochs} epochs recorded)"
+        )
+    return checkpointer, resumed
 
 
 def _epoch_line(record: dict[str, Any], epochs: int) -> str:
