@@ -5,7 +5,14 @@ Example:
     >>> ctx = multigpu.init()            # doctest: +SKIP
 """
 
-from multigpu.checkpoint import Checkpointer, CheckpointStatus, find_latest, verify_checkpoint
+from multigpu.checkpoint import (
+    Checkpointer,
+    CheckpointStatus,
+    LoadReport,
+    find_latest,
+    load_weights,
+    verify_checkpoint,
+)
 from multigpu.context import Context
 from multigpu.device import move_to_device
 from multigpu.env import ClusterEnv, detect
@@ -42,6 +49,7 @@ __all__ = [
     "DeviceError",
     "EnvError",
     "LaunchError",
+    "LoadReport",
     "Mean",
     "Metric",
     "MultiGPUError",
@@ -55,6 +63,7 @@ __all__ = [
     "gather_all",
     "gather_in_dataset_order",
     "init",
+    "load_weights",
     "move_to_device",
     "seed_everything",
     "unwrap_module",

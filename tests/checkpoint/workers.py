@@ -80,3 +80,16 @@ def save_then_resume_missing(directory: str) -> str:
         except multigpu.CheckpointError as e:
             return str(e)
         return "no error"
+
+
+def save_ddp_state_dict(path: str) -> list[str]:
+    """Rank 0 saves a DDP-wrapped model's state dict, as users of plain DDP do."""
+    import multigpu
+
+    with multigpu.init(seed=0) as ctx:
+        model = ctx.setup(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)))
+        assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if ctx.is_main:
+            torch.save(model.state_dict(), path)
+        ctx.barrier()
+        return list(model.state_dict())

@@ -8,12 +8,15 @@ from multigpu.checkpoint.layout import (
     verify_checkpoint,
 )
 from multigpu.checkpoint.manager import Checkpointer
+from multigpu.checkpoint.portable import LoadReport, load_weights
 
 __all__ = [
     "CheckpointStatus",
     "Checkpointer",
+    "LoadReport",
     "atomic_write",
     "find_latest",
     "list_checkpoints",
+    "load_weights",
     "verify_checkpoint",
 ]

@@ -11,25 +11,9 @@ import torch
 from torch import nn
 
 from multigpu.device import move_to_device
-from multigpu.precision import AutocastModule
+from multigpu.wrappers import unwrap_module
 
-_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel, AutocastModule)
-
-
-def unwrap_module(module: nn.Module) -> nn.Module:
-    """Strip DataParallel / DDP (``module.``), torch.compile (``_orig_mod``) and autocast wrappers.
-
-    Example:
-        >>> unwrap_module(nn.DataParallel(nn.Linear(2, 2))).__class__.__name__
-        'Linear'
-    """
-    while True:
-        if isinstance(module, _WRAPPERS):
-            module = module.module
-        elif hasattr(module, "_orig_mod") and isinstance(module._orig_mod, nn.Module):
-            module = module._orig_mod
-        else:
-            return module
+__all__ = ["Strategy", "unwrap_module"]
 
 
 class Strategy(ABC):

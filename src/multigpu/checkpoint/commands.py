@@ -1,0 +1,135 @@
+"""``multigpu ckpt inspect PATH`` and ``multigpu ckpt convert SRC DST``.
+
+Exit codes: 0 fine; 1 ``inspect`` found a checkpoint incomplete or corrupt; 2 bad input (one
+line on stderr, nothing written).
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from multigpu.checkpoint.atomic import atomic_write
+from multigpu.checkpoint.portable import read_weights
+from multigpu.checkpoint.summary import summarize
+from multigpu.errors import CheckpointError, UsageError
+
+PROG = "multigpu ckpt"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``multigpu ckpt`` parser."""
+    parser = _Parser(prog=PROG, description="Look into and convert checkpoints.")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{inspect,convert}")
+    inspect = sub.add_parser(
+        "inspect",
+        help="tensors, step, world size, completeness and checksums of a checkpoint",
+        description="Show what a checkpoint (file, step-* directory or directory of them) "
+        "holds. Exit code 1 when it is incomplete or corrupt.",
+    )
+    inspect.add_argument("path")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
+    convert = sub.add_parser(
+        "convert",
+        help="write a plain, portable state dict (CPU tensors, no module./_orig_mod.)",
+        description="Convert a multigpu checkpoint, a DataParallel/DDP/compiled or CUDA-saved "
+        "state dict into a plain state dict loadable with torch.load(..., weights_only=True).",
+    )
+    convert.add_argument("src")
+    convert.add_argument("dst")
+    convert.add_argument("--key", help="the object or dict key holding the model")
+    convert.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
+    convert.add_argument("--force", action="store_true", help="overwrite DST")
+    return parser
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _print_summary(info: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for entry in info.get("checkpoints", []):
+        state = "complete" if entry["complete"] else "BROKEN: " + "; ".join(entry["problems"])
+        console.print(f"{entry['name']}: {state}", highlight=False)
+    table = Table(title=f"{info['path']} — {info['kind']}")
+    for column in ("tensor", "shape", "dtype", "size"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for row in info["tensors"]:
+        shape = "×".join(str(d) for d in row["shape"]) or "scalar"
+        table.add_row(row["name"], shape, row["dtype"], _size(row["bytes"]))
+    if info["tensors"]:
+        console.print(table)
+    lines = [f"{len(info['tensors'])} tensors, {info['total_numel']:,} values, "
+             f"{_size(info['total_bytes'])}"]  # fmt: skip
+    if "step" in info:
+        lines.append(
+            f"step {info['step']}, saved by {info.get('world_size')} rank(s), epoch "
+            f"{info.get('epoch')}, torch {info.get('torch_version')}"
+        )
+    if info.get("objects"):
+        lines.append("objects: " + ", ".join(f"{n} ({k})" for n, k in info["objects"].items()))
+    if info.get("newest_complete"):
+        lines.append(f"newest complete: {info['newest_complete']}")
+    if info.get("devices_mapped"):
+        lines.append("saved on " + ", ".join(sorted(info["devices_mapped"])) + ", loaded on cpu")
+    if info.get("problems"):
+        lines.append("BROKEN: " + "; ".join(info["problems"]))
+    elif "step" in info:
+        lines.append("complete: marker present, sizes and SHA-256 checksums match the manifest")
+    for line in lines:
+        console.print(line, highlight=False)
+
+
+def _inspect(ns: argparse.Namespace) -> int:
+    info = summarize(ns.path, trust=ns.trust)
+    if ns.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_summary(info)
+    return 0 if info.get("complete", True) else 1
+
+
+def _convert(ns: argparse.Namespace) -> int:
+    dst = Path(ns.dst)
+    if dst.exists() and not ns.force:
+        raise UsageError(f"{dst} exists; expected a new path; pass --force to overwrite it")
+    if dst.exists() and dst.is_dir():
+        raise UsageError(f"{dst} is a directory; expected a file path such as {dst}/model.pt")
+    state, report = read_weights(ns.src, key=ns.key, trust=ns.trust)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    atomic_write(dst, lambda fh: torch.save(tensors, fh))
+    print(f"wrote {dst}: {report}")
+    return 0
+
+
+def ckpt_main(argv: Sequence[str]) -> int:
+    """Entry point of ``multigpu ckpt``; returns the exit code."""
+    try:
+        ns = build_parser().parse_args(list(argv))
+        return _inspect(ns) if ns.action == "inspect" else _convert(ns)
+    except (UsageError, CheckpointError) as e:
+        print(f"multigpu ckpt: error: {e}", file=sys.stderr)
+        return 2

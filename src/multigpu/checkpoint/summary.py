@@ -1,0 +1,142 @@
+"""What a checkpoint holds, for ``multigpu ckpt inspect``: tensors, step, world size, health.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.checkpoint.layout import (
+    FORMAT,
+    MANIFEST_FILE,
+    STATE_FILE,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from multigpu.checkpoint.portable import extract_state_dict, load_file
+from multigpu.errors import CheckpointError, UsageError
+
+
+def _tensor_rows(state: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
+    rows = []
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            rows.append(
+                {
+                    "name": prefix + str(name),
+                    "shape": list(value.shape),
+                    "dtype": str(value.dtype).removeprefix("torch."),
+                    "numel": value.numel(),
+                    "bytes": value.numel() * value.element_size(),
+                }
+            )
+    return rows
+
+
+def _status_fields(path: Path) -> dict[str, Any]:
+    status = verify_checkpoint(path)
+    manifest = status.manifest or {}
+    return {
+        "step": status.step,
+        "complete": status.complete,
+        "problems": list(status.problems),
+        "world_size": manifest.get("world_size"),
+        "epoch": manifest.get("epoch"),
+        "torch_version": manifest.get("torch_version"),
+        "created": manifest.get("created"),
+        "objects": {n: i.get("kind") for n, i in manifest.get("objects", {}).items()},
+    }
+
+
+def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str, Any]:
+    """A JSON-ready description of ``path`` (a checkpoint root, a ``step-*`` dir, or a file).
+
+    Keys: ``path``, ``kind``, ``complete`` (False when any checkpoint looked at is broken),
+    ``tensors`` (name, shape, dtype, numel, bytes of the model's tensors), ``total_numel``,
+    ``total_bytes``, ``devices_mapped``; for our checkpoints also ``step``, ``world_size``,
+    ``epoch``, ``objects``, ``problems``, ``torch_version``; for a root ``checkpoints``.
+
+    Raises:
+        UsageError: the path does not exist or holds no checkpoint.
+        CheckpointError: a legacy pickle without ``trust``, or an unreadable file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
+    info: dict[str, Any] = {"path": str(p)}
+    if p.is_dir() and not (p / MANIFEST_FILE).exists() and not (p / STATE_FILE).exists():
+        statuses = list_checkpoints(p)
+        if not statuses:
+            raise UsageError(f"{p} is a directory without checkpoints; expected step-* inside")
+        info["kind"] = "multigpu checkpoint directory"
+        info["checkpoints"] = [
+            {
+                "name": s.path.name,
+                "step": s.step,
+                "complete": s.complete,
+                "problems": list(s.problems),
+            }
+            for s in statuses
+        ]
+        complete = [s for s in statuses if s.complete]
+        info["complete"] = len(complete) == len(statuses)
+        if not complete:
+            info.update(tensors=[], total_numel=0, total_bytes=0, devices_mapped={})
+            return info
+        p = complete[-1].path
+        info["newest_complete"] = p.name
+    if p.is_dir():
+        fields = _status_fields(p)
+        info.update(
+            fields,
+            kind="multigpu checkpoint",
+            complete=info.get("complete", True) and fields["complete"],
+        )
+        file = p / STATE_FILE
+        if not file.is_file():
+            info.update(tensors=[], total_numel=0, total_bytes=0, devices_mapped={})
+            return info
+    else:
+        file = p
+    try:
+        obj, mapped = load_file(file, trust=trust)
+    except CheckpointError as e:
+        if not p.is_dir():
+            raise
+        # A broken checkpoint is still described (exit 1), not refused as bad input.
+        info.setdefault("problems", []).append(str(e))
+        info.update(complete=False, tensors=[], total_numel=0, total_bytes=0, devices_mapped={})
+        return info
+    rows: list[dict[str, Any]] = []
+    if isinstance(obj, Mapping) and obj.get("format") == FORMAT:
+        info.setdefault("kind", "multigpu checkpoint")
+        info.setdefault("complete", True)
+        info.setdefault("step", obj.get("step"))
+        info.setdefault("world_size", obj.get("world_size"))
+        for name, state in obj.get("objects", {}).items():
+            if (
+                isinstance(state, Mapping)
+                and state
+                and all(isinstance(v, torch.Tensor) for v in state.values())
+            ):
+                rows += _tensor_rows(state, f"{name}/")
+    else:
+        try:
+            state, source = extract_state_dict(obj, file, None)
+            rows = _tensor_rows(state)
+            info["kind"] = source
+        except UsageError:
+            info["kind"] = f"{type(obj).__name__} (no single state dict)"
+            rows = _tensor_rows(obj) if isinstance(obj, Mapping) else []
+        info["complete"] = True
+    info["tensors"] = rows
+    info["total_numel"] = sum(r["numel"] for r in rows)
+    info["total_bytes"] = sum(r["bytes"] for r in rows)
+    info["devices_mapped"] = mapped
+    return info

@@ -1,0 +1,150 @@
+"""``multigpu.load_weights``: checkpoints saved by every common set-up load into a plain model."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import multigpu
+from multigpu.testing import run_distributed
+from tests.checkpoint import workers
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@contextlib.contextmanager
+def storages_recorded_as_cuda() -> Iterator[None]:
+    """Make ``torch.save`` record every CPU storage as ``cuda:0``, as it does on a GPU machine.
+
+    ``torch.save`` asks the taggers of ``torch.serialization``'s package registry, lowest
+    priority value first, where each storage lives, and writes that string into the file; at
+    load time the string picks the deserializer (``cuda:0`` → "move to CUDA", which fails without
+    a GPU unless ``map_location`` says otherwise). A tagger registered at priority 0 answers
+    "cuda:0" for CPU storages, so the file is what a CUDA machine writes except that the bytes
+    came from CPU memory. It is removed from the registry afterwards.
+    """
+    registry = torch.serialization._package_registry
+    before = list(registry)
+    torch.serialization.register_package(
+        0, lambda s: "cuda:0" if s.device.type == "cpu" else None, lambda s, loc: None
+    )
+    try:
+        yield
+    finally:
+        registry[:] = before
+
+
+def test_dataparallel_checkpoint_loads_without_module_prefix(tmp_path: Path) -> None:
+    source = _model()
+    torch.save(torch.nn.DataParallel(source).state_dict(), tmp_path / "dp.pt")
+    target = _model()
+    report = multigpu.load_weights(target, tmp_path / "dp.pt")
+    assert _same(target, source)
+    assert report.prefixes_stripped == ("module.",) and report.source == "plain state dict"
+
+
+def test_ddp_checkpoint_from_real_processes_loads(tmp_path: Path) -> None:
+    keys = run_distributed(
+        workers.save_ddp_state_dict, world_size=2, args=(str(tmp_path / "d.pt"),)
+    )
+    assert keys[0][0].startswith("module.")
+    target = _model()
+    report = multigpu.load_weights(target, tmp_path / "d.pt")
+    assert report.prefixes_stripped == ("module.",) and report.tensors == 4
+
+
+def test_compiled_model_checkpoint_nested_under_a_key_loads(tmp_path: Path) -> None:
+    source = _model()
+    compiled = torch.compile(source)
+    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
+    torch.save({"epoch": 7, "state_dict": compiled.state_dict()}, tmp_path / "c.pt")
+    target = _model()
+    report = multigpu.load_weights(target, tmp_path / "c.pt")
+    assert _same(target, source)
+    assert report.source == "dict key 'state_dict'" and report.prefixes_stripped == ("_orig_mod.",)
+    # Into a wrapped model too: its plain module gets the weights.
+    wrapped = torch.nn.DataParallel(_model())
+    multigpu.load_weights(wrapped, tmp_path / "c.pt")
+    assert _same(wrapped.module, source)
+
+
+def test_a_cuda_saved_checkpoint_loads_on_this_cpu_only_machine(tmp_path: Path) -> None:
+    assert not torch.cuda.is_available()
+    source = _model()
+    with storages_recorded_as_cuda():
+        torch.save(source.state_dict(), tmp_path / "cuda.pt")
+    with pytest.raises(RuntimeError, match="CUDA"):  # the file really claims CUDA storages
+        torch.load(tmp_path / "cuda.pt", weights_only=True)
+    target = _model()
+    report = multigpu.load_weights(target, tmp_path / "cuda.pt")
+    assert _same(target, source)
+    assert dict(report.devices_mapped) == {"cuda:0": "cpu"}
+    assert "mapped cuda:0 -> cpu" in str(report)
+
+
+class Box:
+    """A legacy checkpoint: the state dict inside a custom object, needing full unpickling."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+
+def test_a_legacy_pickle_needs_trust(tmp_path: Path) -> None:
+    source = _model()
+    torch.save({"model": Box(source.state_dict())}, tmp_path / "legacy.pt")
+    with pytest.raises(multigpu.CheckpointError, match=r"legacy pickle .*Box.*trust=True"):
+        multigpu.load_weights(_model(), tmp_path / "legacy.pt")
+    obj = torch.load(tmp_path / "legacy.pt", weights_only=False)
+    torch.save(obj["model"].state, tmp_path / "plain.pt")
+    report = multigpu.load_weights(_model(), tmp_path / "plain.pt", trust=True)
+    assert report.trusted
+
+
+def test_our_checkpoints_load_from_the_root_or_a_step_and_say_which(tmp_path: Path) -> None:
+    source = _model()
+    with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+        optimizer = torch.optim.SGD(source.parameters(), lr=0.1)
+        ckpt = ctx.checkpointer(tmp_path, model=source, optimizer=optimizer)
+        ckpt.step()
+        first = ckpt.save()
+        with torch.no_grad():
+            source[0].weight.add_(1)
+        ckpt.step()
+        ckpt.save()
+    target = _model()
+    report = multigpu.load_weights(target, tmp_path)
+    assert _same(target, source) and report.source == "multigpu checkpoint step 2, object 'model'"
+    report = multigpu.load_weights(target, first)
+    assert "step 1" in report.source and not _same(target, source)
+
+
+def test_ambiguity_and_mismatch_are_errors(tmp_path: Path) -> None:
+    a, b = _model(), _model()
+    torch.save(
+        {"model_state_dict": a.state_dict(), "state_dict": b.state_dict()}, tmp_path / "x.pt"
+    )
+    with pytest.raises(multigpu.UsageError, match="pass key=NAME"):
+        multigpu.load_weights(_model(), tmp_path / "x.pt")
+    target = _model()
+    multigpu.load_weights(target, tmp_path / "x.pt", key="state_dict")
+    assert _same(target, b)
+    with pytest.raises(multigpu.CheckpointError, match="do not fit Linear"):
+        multigpu.load_weights(torch.nn.Linear(4, 3), tmp_path / "x.pt", key="state_dict")
+    report = multigpu.load_weights(
+        torch.nn.Sequential(torch.nn.Linear(4, 3)),
+        tmp_path / "x.pt",
+        key="state_dict",
+        strict=False,
+    )
+    assert report.unexpected_keys == ("1.weight", "1.bias")
