@@ -24,6 +24,7 @@ from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
+from multigpu.hang import Watchdog, active_log
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
@@ -60,6 +61,7 @@ class Context:
         owns_process_group: bool,
         precision: Precision | None = None,
         probe: VerifyProbe | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.env = env
         self.device = device
@@ -73,6 +75,7 @@ class Context:
         self._owns_process_group = owns_process_group
         self._closed = False
         self._checkpointers: list[Checkpointer] = []
+        self._watchdog = watchdog
         atexit.register(self.teardown)
 
     # ---- where we are -------------------------------------------------------------------------
@@ -159,7 +162,12 @@ class Context:
         Gradients are averaged across ranks by DDP (on the last micro-step only, when
         accumulating), so they are the mean over the global batch.
         """
-        self._steps.backward(loss, **kwargs)
+        recorder = active_log() if self.is_distributed else None
+        if recorder is None:
+            self._steps.backward(loss, **kwargs)
+            return
+        with recorder.record("backward (DDP gradient all-reduce)", [loss]):
+            self._steps.backward(loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
         """Step the optimizer(s) at the end of an optimizer step, then zero the gradients.
@@ -355,6 +363,8 @@ class Context:
             atexit.unregister(self.teardown)
         for ckpt in self._checkpointers:  # a background save must end before the group does
             ckpt.close()
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._probe is not None:
             self._probe.write()
         self.strategy.teardown()

@@ -19,6 +19,7 @@ from multigpu import dist
 from multigpu.context import Context
 from multigpu.device import backend_for, choose_device
 from multigpu.env import detect
+from multigpu.hang import start_watchdog
 from multigpu.log import warn_once
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
@@ -99,6 +100,9 @@ def init(
         owns_process_group=created,
         precision=mixed,
         probe=_probe(env_vars, env.rank, env.world_size, mixed.name, deterministic),
+        watchdog=start_watchdog(
+            rank=env.rank, world_size=env.world_size, timeout=wait, environ=env_vars
+        ),
     )
 
 

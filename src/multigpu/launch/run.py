@@ -17,9 +17,10 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 from multigpu.errors import UsageError
 from multigpu.launch.options import LaunchOptions
@@ -128,14 +129,24 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
         >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
         ...     code = launch(plan)
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     stream = sys.stderr if err is None else err
     args = parse_args(list(plan.torchrun_args))
     # The only write to os.environ in multigpu: workers inherit the agent's environment.
     os.environ.update(plan.env)
+    with tempfile.TemporaryDirectory(prefix="multigpu-trace-") as traces:
+        # Each worker keeps its last collectives there; read back if the launch fails.
+        os.environ["MULTIGPU_TRACE_DIR"] = traces
+        return _run_agent(run, args, stream, traces)
+
+
+def _run_agent(run: Callable[[Any], Any], args: Any, stream: TextIO, traces: str) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from multigpu.hang.trace import explain_traces
+
     try:
         run(args)
     except ChildFailedError as e:
@@ -153,6 +164,8 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
             stream.flush()
             return USAGE_EXIT_CODE
         stream.write(f"{e}\n")
+        for line in explain_traces(traces):
+            stream.write(line + "\n")
         stream.flush()
         return 1
     except SignalException as e:

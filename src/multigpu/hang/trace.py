@@ -1,0 +1,95 @@
+"""Trace files: each rank's last collectives on disk, read by the launcher after a failure.
+
+A worker that dies in native code — gloo aborting on a collective mismatch, a segfault, kill -9
+— writes nothing at the end; its trace file, updated at the start and end of every collective,
+still says what it was doing. The launcher lines the ranks' traces up by sequence number and
+names the first collective where they disagree. (Pure Python: the launcher imports it.)
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+TRACE_SLOT = 384
+"""Bytes per call in a trace file (one JSON line, space-padded)."""
+
+
+def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The calls kept in a trace file, oldest first (unreadable slots skipped).
+
+    Example:
+        >>> read_trace("/nonexistent")
+        []
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return []
+    calls = []
+    for start in range(0, len(data), TRACE_SLOT):
+        text = data[start : start + TRACE_SLOT].strip(b"\0 \n")
+        if text:
+            try:
+                calls.append(json.loads(text))
+            except ValueError:
+                continue  # a slot being rewritten when the process died
+    return sorted(calls, key=lambda c: int(c.get("seq", 0)))
+
+
+def _call(c: dict[str, Any]) -> str:
+    shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in c.get("shapes") or [])
+    what = f" {c.get('dtype', '')}{shapes}" if shapes else ""
+    return f"{c['op']} #{c['seq']}{what} at {c['site']}"
+
+
+def explain_traces(directory: str | os.PathLike[str]) -> list[str]:
+    """Lines saying where each rank's last collective was, and where the ranks first disagree.
+
+    Example:
+        >>> explain_traces("/nonexistent")
+        []
+    """
+    root = Path(directory)
+    traces: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(root.glob("rank-*.trace")) if root.is_dir() else []:
+        try:
+            rank = int(path.stem.split("-", 1)[1])
+        except ValueError:
+            continue
+        calls = read_trace(path)
+        if calls:
+            traces[rank] = calls
+    if not traces:
+        return []
+    lines = ["multigpu: each rank's last collective:"]
+    for rank, calls in sorted(traces.items()):
+        last = calls[-1]
+        state = "finished" if last.get("done") else "NOT finished"
+        lines.append(f"  rank {rank}: {_call(last)} ({state}; {last['seq']} calls in all)")
+    by_seq = {r: {int(c["seq"]): c for c in calls} for r, calls in traces.items()}
+    common = sorted(set.intersection(*(set(s) for s in by_seq.values())))
+    for seq in common:
+        kinds = {r: (s[seq]["op"], s[seq]["site"]) for r, s in by_seq.items()}
+        if len(set(kinds.values())) > 1:
+            detail = "; ".join(
+                f"rank {r}: {op} at {site}" for r, (op, site) in sorted(kinds.items())
+            )
+            lines.append(
+                f"  the ranks first disagree at collective #{seq} ({detail}): a collective that "
+                "only some ranks run (e.g. inside `if rank == 0:`), or one a rank skipped"
+            )
+            break
+    else:
+        counts = {r: calls[-1]["seq"] for r, calls in traces.items()}
+        if len(set(counts.values())) > 1:
+            lines.append(
+                "  the ranks made different numbers of collective calls ("
+                + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+                + "): one skipped a collective or stopped early"
+            )
+    return lines

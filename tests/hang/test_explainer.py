@@ -1,0 +1,55 @@
+"""The hang explainer end to end: real 2-process runs that hang or abort, and what is printed.
+
+Each script runs under ``multigpu run --cpu 2`` with a 10 s collective timeout, so the
+watchdog reports after 5 s and the job ends at about 10 s instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.launch._util import run_multigpu
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _run(script: str, tmp_path: Path) -> tuple[str, float]:
+    started = time.monotonic()
+    done = run_multigpu(
+        ["run", "--cpu", "2", str(SCRIPTS / script)], tmp_path, timeout=90, MULTIGPU_TIMEOUT="10"
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    return done.stdout + done.stderr, time.monotonic() - started
+
+
+def test_a_skipped_all_reduce_is_named_with_its_line_and_counts(tmp_path: Path) -> None:
+    out, seconds = _run("skip_allreduce.py", tmp_path)
+    assert "multigpu: hang: no collective has finished for 5 s" in out
+    assert "rank 0 (" in out and "waits in all_reduce #8 float32[3] at skip_allreduce.py:10" in out
+    assert "waits in barrier #8 at skip_allreduce.py:11" in out
+    assert "the ranks wait in different collectives" in out
+    assert "ran 8 times on rank 0, 7 times on rank 1: rank 1 skipped it" in out
+    assert "[rank 1] multigpu: hang report: at skip_allreduce.py:11" in out  # every rank's stack
+    assert seconds < 60
+
+
+def test_a_rank_busy_outside_collectives_is_found_where_it_is(tmp_path: Path) -> None:
+    out, seconds = _run("busy_rank.py", tmp_path)
+    assert "waits in all_reduce #2 float32[2] at busy_rank.py:20 in <module>()" in out
+    assert "rank 1 (" in out and "is in no collective: at busy_rank.py:13 in evaluate()" in out
+    assert "rank 1 is in no collective while rank 0 waits" in out
+    assert seconds < 60  # rank 1 would have been busy for 60 s: the timeout ended the job
+
+
+def test_a_collective_run_by_rank_0_alone_is_named_after_gloo_aborts(tmp_path: Path) -> None:
+    out, _ = _run("eval_on_rank0.py", tmp_path)
+    assert "multigpu: each rank's last collective:" in out
+    assert (
+        "rank 0: all_reduce #5 float32[] at eval_on_rank0.py:11 in evaluate() (NOT finished" in out
+    )
+    assert (
+        "the ranks first disagree at collective #5 (rank 0: all_reduce at eval_on_rank0.py:11"
+        in out
+    )
+    assert "rank 1: backward (DDP gradient all-reduce) at eval_on_rank0.py:18" in out
