@@ -25,6 +25,7 @@ from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.hang import Watchdog, active_log
+from multigpu.hang.stragglers import straggler_lines
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
@@ -375,7 +376,17 @@ class Context:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is None and self.is_distributed and not self._closed:
+            self._report_stragglers()  # a collective: only when every rank ends normally
         self.teardown()
+
+    def _report_stragglers(self) -> None:
+        recorder = active_log()
+        if recorder is None:
+            return
+        busy = self.gather((recorder.busy_s, recorder.steps))
+        for line in straggler_lines(busy):
+            self.print(line, file=sys.stderr)
 
     @contextlib.contextmanager
     def rank_zero_first(self) -> Iterator[None]:

@@ -53,3 +53,12 @@ def test_a_collective_run_by_rank_0_alone_is_named_after_gloo_aborts(tmp_path: P
         in out
     )
     assert "rank 1: backward (DDP gradient all-reduce) at eval_on_rank0.py:18" in out
+
+
+def test_a_slow_rank_is_named_at_the_end_of_the_run(tmp_path: Path) -> None:
+    done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "straggler.py")], tmp_path, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "rank 1: " in done.stderr and "x the median" in done.stderr and "a straggler" in done.stderr
+    )
+    assert "rank 0: " not in done.stderr.split("per rank:", 1)[1]

@@ -119,6 +119,11 @@ class CollectiveLog:
         self.site_counts: collections.Counter[str] = collections.Counter()
         self.in_flight: Call | None = None
         self.count = 0
+        # Time spent outside collectives (computing, loading data): a straggler has more of it,
+        # while the others spend the difference waiting inside collectives.
+        self.busy_s = 0.0
+        self.steps = 0
+        self._last_end: float | None = None
         self._depth = threading.local()
         self._lock = threading.Lock()
 
@@ -131,7 +136,11 @@ class CollectiveLog:
             return
         site = user_site(sys._getframe(2))
         tensors = tensors or []
+        now = time.monotonic()
         with self._lock:
+            if self._last_end is not None:
+                self.busy_s += now - self._last_end
+            self.steps += op.startswith("backward")
             self.count += 1
             call = Call(
                 seq=self.count,
@@ -139,7 +148,7 @@ class CollectiveLog:
                 site=site,
                 shapes=[list(t.shape) for t in tensors],
                 dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
-                started=time.monotonic(),
+                started=now,
             )
             self.recent.append(call)
             self.site_counts[f"{op} at {site}"] += 1
@@ -150,7 +159,7 @@ class CollectiveLog:
             yield
         finally:
             self._depth.value = depth
-            call.ended = time.monotonic()
+            call.ended = self._last_end = time.monotonic()
             with self._lock:
                 if self.in_flight is call:
                     self.in_flight = None
