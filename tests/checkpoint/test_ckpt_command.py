@@ -10,7 +10,8 @@ import torch
 
 import multigpu
 from multigpu.checkpoint.layout import STATE_FILE
-from tests.launch._util import run_multigpu
+from tests.checkpoint.test_portable import storages_recorded_as_cuda
+from tests.launch._util import popen_multigpu, run_multigpu
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +25,26 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _run_all(argvs: list[list[str]], cwd: Path) -> list[tuple[int, str, str]]:
+    """Run ``python -m multigpu`` once per argv, all at once: each is a fresh interpreter
+    importing torch, which dominates the time; returns (exit code, stdout, stderr) each."""
+    procs = [popen_multigpu(argv, cwd) for argv in argvs]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+
+
 def test_inspect_shows_tensors_step_and_health(checkpoints: Path) -> None:
-    done = run_multigpu(["ckpt", "inspect", str(checkpoints)], checkpoints)
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    (code, out, err), (_, as_json, _) = _run_all(
+        [
+            ["ckpt", "inspect", str(checkpoints)],
+            ["ckpt", "inspect", str(checkpoints / "step-00000001"), "--json"],
+        ],
+        checkpoints,
+    )
+    assert code == 0, err
     assert "model/0.weight" in out and "3×4" in out and "float32" in out
     assert "step 2, saved by 1 rank(s)" in out and "newest complete: step-00000002" in out
-    done = run_multigpu(
-        ["ckpt", "inspect", str(checkpoints / "step-00000001"), "--json"], checkpoints
-    )
-    info = json.loads(done.stdout)
+    info = json.loads(as_json)
     assert info["step"] == 1 and info["complete"] and info["total_numel"] == 4 * 3 + 3 + 3 * 2 + 2
     assert info["objects"] == {"model": "module"}
 
@@ -57,38 +68,47 @@ def test_inspect_of_a_corrupt_checkpoint_exits_1_and_names_the_problem(
 def test_convert_writes_a_plain_state_dict_and_refuses_to_overwrite(
     checkpoints: Path, tmp_path: Path
 ) -> None:
-    dst = tmp_path / "model.pt"
-    done = run_multigpu(["ckpt", "convert", str(checkpoints), str(dst)], tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "multigpu checkpoint step 2, object 'model'" in done.stdout
-    state = torch.load(dst, weights_only=True)
-    assert list(state) == ["0.weight", "0.bias", "1.weight", "1.bias"]
-    again = run_multigpu(["ckpt", "convert", str(checkpoints), str(dst)], tmp_path)
-    assert again.returncode == 2 and "pass --force" in again.stderr
-    ddp = tmp_path / "ddp.pt"
-    torch.save({f"module.{k}": v for k, v in state.items()}, ddp)
-    done = run_multigpu(["ckpt", "convert", str(ddp), str(tmp_path / "plain.pt")], tmp_path)
-    assert done.returncode == 0 and "stripped 'module.'" in done.stdout
-    assert list(torch.load(tmp_path / "plain.pt", weights_only=True)) == list(state)
+    state = torch.load(checkpoints / "step-00000002" / STATE_FILE)["objects"]["model"]
+    with storages_recorded_as_cuda():  # a DDP model's state dict saved on a GPU machine
+        torch.save({f"module.{k}": v for k, v in state.items()}, tmp_path / "ddp_cuda.pt")
+    (tmp_path / "existing.pt").write_bytes(b"keep me")
+    runs = _run_all(
+        [
+            ["ckpt", "convert", str(checkpoints), "model.pt"],
+            ["ckpt", "convert", str(checkpoints), "existing.pt"],
+            ["ckpt", "convert", "ddp_cuda.pt", "plain.pt"],
+        ],
+        tmp_path,
+    )
+    (code, out, err), (refused, _, why), (ddp_code, ddp_out, ddp_err) = runs
+    assert code == 0, err
+    assert "multigpu checkpoint step 2, object 'model'" in out
+    converted = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert list(converted) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert refused == 2 and "pass --force" in why
+    assert (tmp_path / "existing.pt").read_bytes() == b"keep me"
+    assert ddp_code == 0, ddp_err
+    assert "stripped 'module.'; mapped cuda:0 -> cpu" in ddp_out
+    plain = torch.load(tmp_path / "plain.pt")  # plain torch.load works here now: CPU storages
+    assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in state)
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["ckpt", "inspect", "missing.pt"], "does not exist"),
-        (["ckpt", "convert", "missing.pt", "out.pt"], "does not exist"),
-        (["ckpt", "inspect", "."], "directory without checkpoints"),
-        (["ckpt", "inspect", "legacy.pt"], "legacy pickle"),
-        (["ckpt", "frobnicate"], "invalid choice"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(
-    tmp_path: Path, argv: list[str], message: str
-) -> None:
+BAD_INPUT = [
+    (["ckpt", "inspect", "missing.pt"], "does not exist"),
+    (["ckpt", "convert", "missing.pt", "out.pt"], "does not exist"),
+    (["ckpt", "inspect", "."], "directory without checkpoints"),
+    (["ckpt", "inspect", "legacy.pt"], "legacy pickle"),
+    (["ckpt", "convert", "legacy.pt", "out.pt"], "--trust"),
+    (["ckpt", "frobnicate"], "invalid choice"),
+]
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
     torch.save({"x": Path("not a tensor")}, tmp_path / "legacy.pt")  # a pathlib object: not safe
     before = sorted(p.name for p in tmp_path.iterdir())
-    done = run_multigpu(argv, tmp_path)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+    runs = _run_all([argv for argv, _ in BAD_INPUT], tmp_path)
+    for (argv, message), (code, _out, err) in zip(BAD_INPUT, runs, strict=True):
+        lines = err.strip().splitlines()
+        assert code == 2, (argv, err)
+        assert len(lines) == 1 and message in lines[0], (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == before

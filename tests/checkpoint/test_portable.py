@@ -1,4 +1,7 @@
-"""``multigpu.load_weights``: checkpoints saved by every common set-up load into a plain model."""
+"""``multigpu.load_weights``: checkpoints saved by every common set-up load into a plain model.
+
+Refusals (legacy pickles, foreign files, ambiguity, misfits) are in ``test_portable_errors``.
+"""
 
 from __future__ import annotations
 
@@ -84,31 +87,14 @@ def test_a_cuda_saved_checkpoint_loads_on_this_cpu_only_machine(tmp_path: Path) 
     source = _model()
     with storages_recorded_as_cuda():
         torch.save(source.state_dict(), tmp_path / "cuda.pt")
-    with pytest.raises(RuntimeError, match="CUDA"):  # the file really claims CUDA storages
-        torch.load(tmp_path / "cuda.pt", weights_only=True)
+    # The file really claims CUDA storages: torch's own error on a machine without CUDA.
+    with pytest.raises(RuntimeError, match="Attempting to deserialize object on a CUDA device"):
+        torch.load(tmp_path / "cuda.pt")
     target = _model()
     report = multigpu.load_weights(target, tmp_path / "cuda.pt")
     assert _same(target, source)
     assert dict(report.devices_mapped) == {"cuda:0": "cpu"}
     assert "mapped cuda:0 -> cpu" in str(report)
-
-
-class Box:
-    """A legacy checkpoint: the state dict inside a custom object, needing full unpickling."""
-
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        self.state = state
-
-
-def test_a_legacy_pickle_needs_trust(tmp_path: Path) -> None:
-    source = _model()
-    torch.save({"model": Box(source.state_dict())}, tmp_path / "legacy.pt")
-    with pytest.raises(multigpu.CheckpointError, match=r"legacy pickle .*Box.*trust=True"):
-        multigpu.load_weights(_model(), tmp_path / "legacy.pt")
-    obj = torch.load(tmp_path / "legacy.pt", weights_only=False)
-    torch.save(obj["model"].state, tmp_path / "plain.pt")
-    report = multigpu.load_weights(_model(), tmp_path / "plain.pt", trust=True)
-    assert report.trusted
 
 
 def test_our_checkpoints_load_from_the_root_or_a_step_and_say_which(tmp_path: Path) -> None:

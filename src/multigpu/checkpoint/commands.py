@@ -31,7 +31,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``multigpu ckpt`` parser."""
+    """The ``multigpu ckpt`` parser.
+
+    Example:
+        >>> build_parser().parse_args(["convert", "a.pt", "b.pt", "--key", "ema"]).key
+        'ema'
+    """
     parser = _Parser(prog=PROG, description="Look into and convert checkpoints.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="{inspect,convert}")
     inspect = sub.add_parser(
@@ -75,19 +80,20 @@ def _print_summary(info: dict[str, Any]) -> None:
         state = "complete" if entry["complete"] else "BROKEN: " + "; ".join(entry["problems"])
         console.print(f"{entry['name']}: {state}", highlight=False)
     table = Table(title=f"{info['path']} — {info['kind']}")
-    for column in ("tensor", "shape", "dtype", "size"):
-        table.add_column(column, justify="right" if column == "size" else "left")
+    for column in ("tensor", "shape", "dtype", "bytes", "size"):
+        table.add_column(column, justify="right" if column in ("bytes", "size") else "left")
     for row in info["tensors"]:
         shape = "×".join(str(d) for d in row["shape"]) or "scalar"
-        table.add_row(row["name"], shape, row["dtype"], _size(row["bytes"]))
+        table.add_row(row["name"], shape, row["dtype"], f"{row['bytes']:,}", _size(row["bytes"]))
     if info["tensors"]:
         console.print(table)
     lines = [f"{len(info['tensors'])} tensors, {info['total_numel']:,} values, "
              f"{_size(info['total_bytes'])}"]  # fmt: skip
     if "step" in info:
+        epoch = f", epoch {info['epoch']}" if info.get("epoch") is not None else ""
         lines.append(
-            f"step {info['step']}, saved by {info.get('world_size')} rank(s), epoch "
-            f"{info.get('epoch')}, torch {info.get('torch_version')}"
+            f"step {info['step']}, saved by {info.get('world_size')} rank(s){epoch}, torch "
+            f"{info.get('torch_version')}"
         )
     if info.get("objects"):
         lines.append("objects: " + ", ".join(f"{n} ({k})" for n, k in info["objects"].items()))
@@ -119,14 +125,24 @@ def _convert(ns: argparse.Namespace) -> int:
     if dst.exists() and dst.is_dir():
         raise UsageError(f"{dst} is a directory; expected a file path such as {dst}/model.pt")
     state, report = read_weights(ns.src, key=ns.key, trust=ns.trust)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    atomic_write(dst, lambda fh: torch.save(tensors, fh))
+    # In place on our own copy, so the state dict keeps its _metadata (per-module versions).
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            state[name] = value.detach().cpu().contiguous()
+    atomic_write(dst, lambda fh: torch.save(state, fh))
     print(f"wrote {dst}: {report}")
     return 0
 
 
 def ckpt_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu ckpt``; returns the exit code."""
+    """Entry point of ``multigpu ckpt``; returns the exit code.
+
+    0: done; 1: ``inspect`` found a checkpoint incomplete or corrupt; 2: bad input.
+
+    Example:
+        >>> ckpt_main(["inspect", "runs/ckpt", "--json"])  # doctest: +SKIP
+        0
+    """
     try:
         ns = build_parser().parse_args(list(argv))
         return _inspect(ns) if ns.action == "inspect" else _convert(ns)

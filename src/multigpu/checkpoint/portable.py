@@ -4,8 +4,7 @@ Accepted: multigpu checkpoints (a checkpoint directory, one ``step-*`` directory
 ``state.pt``), plain state dicts, state dicts nested under a usual key (``state_dict``,
 ``model_state_dict``, ``model``, ``module``, ``net``), saved from DataParallel / DDP (``module.``
 keys), from ``torch.compile`` (``_orig_mod.``) or on CUDA (loaded on the CPU). Files are read
-with ``weights_only=True``; a legacy pickle needs ``trust=True``, because unpickling it can run
-any code the file holds.
+with ``weights_only=True``; a legacy pickle needs ``trust=True`` (see ``loading``).
 
 Environment variables read: none.
 """
@@ -15,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,37 +23,46 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.layout import (
-    FORMAT,
-    MANIFEST_FILE,
-    STATE_FILE,
-    find_latest,
-    list_checkpoints,
-    verify_checkpoint,
-)
+from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
+from multigpu.checkpoint.layout import FORMAT, MANIFEST_FILE
+from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.wrappers import unwrap_module
 
 log = logging.getLogger(__name__)
 
-PREFIXES = ("module.", "_orig_mod.")
-"""Key prefixes added by DataParallel/DDP and by torch.compile."""
 NESTED_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
 """Where training scripts usually put the model's state dict inside a checkpoint dict."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoadReport:
-    """What ``load_weights`` / ``read_weights`` found and changed; ``str()`` is one line."""
+    """What ``load_weights`` / ``read_weights`` found and changed; ``str()`` is one line.
+
+    Example:
+        >>> str(LoadReport(path=Path("m.pt"), source="plain state dict", tensors=4,
+        ...                prefixes_stripped=("module.",), devices_mapped={"cuda:0": "cpu"}))
+        "4 tensors from plain state dict (m.pt); stripped 'module.'; mapped cuda:0 -> cpu"
+    """
 
     path: Path
+    """The file read (a checkpoint directory resolves to its ``state.pt``)."""
     source: str
+    """Where the weights were found: "plain state dict", "dict key 'state_dict'", ..."""
     tensors: int
+    """How many entries the state dict had."""
     prefixes_stripped: tuple[str, ...] = ()
+    """Wrapper prefixes removed from the keys, outermost first."""
     devices_mapped: Mapping[str, str] = field(default_factory=dict)
+    """{device recorded in the file: device loaded to}, e.g. {"cuda:0": "cpu"}."""
     missing_keys: tuple[str, ...] = ()
+    """Model keys the file lacked (only with ``strict=False``)."""
     unexpected_keys: tuple[str, ...] = ()
+    """File keys the model lacks (only with ``strict=False``)."""
+    dtype_casts: tuple[str, ...] = ()
+    """Dtype conversions the model's own dtypes forced, e.g. "float16 -> float32 (4 tensors)"."""
     trusted: bool = False
+    """Whether the file was fully unpickled (``trust=True``)."""
 
     def __str__(self) -> str:
         parts = [f"{self.tensors} tensors from {self.source} ({self.path})"]
@@ -66,189 +73,123 @@ class LoadReport:
                 "mapped " + ", ".join(f"{a} -> {b}" for a, b in sorted(self.devices_mapped.items()))
             )
         if self.missing_keys:
-            parts.append(f"missing {len(self.missing_keys)}: {', '.join(self.missing_keys[:5])}")
+            parts.append(f"missing {len(self.missing_keys)}: {_few(self.missing_keys)}")
         if self.unexpected_keys:
-            parts.append(
-                f"unexpected {len(self.unexpected_keys)}: {', '.join(self.unexpected_keys[:5])}"
-            )
+            parts.append(f"unexpected {len(self.unexpected_keys)}: {_few(self.unexpected_keys)}")
+        if self.dtype_casts:
+            parts.append("cast " + ", ".join(self.dtype_casts))
         if self.trusted:
             parts.append("loaded as a trusted pickle")
         return "; ".join(parts)
 
 
-def load_file(
-    path: Path, *, trust: bool = False, map_location: str | torch.device = "cpu"
-) -> tuple[Any, dict[str, str]]:
-    """``torch.load`` a file; return the object and ``{recorded device: device loaded to}``.
-
-    Raises:
-        CheckpointError: a legacy pickle without ``trust``, or not a PyTorch file.
-    """
-    seen: Counter[str] = Counter()
-    target = torch.device(map_location)
-
-    def record(storage: Any, location: str) -> Any:
-        seen[location] += 1  # the device the file says this storage was saved from
-        return storage if target.type == "cpu" else storage.to(target)
-
-    try:
-        obj = torch.load(path, map_location=record, weights_only=not trust)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"{path} is a legacy pickle that weights_only loading refuses{_why(e)}; "
-            "unpickling it can run any code it holds: if you trust its source, pass trust=True "
-            "(CLI: --trust)"
-        ) from e
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise CheckpointError(
-            f"{path} is not a readable PyTorch file ({type(e).__name__}: {e}); expected a file "
-            "written by torch.save or a multigpu checkpoint"
-        ) from e
-    mapped = {loc: str(target) for loc in seen if loc != str(target)}
-    return obj, mapped
+def _few(names: tuple[str, ...] | list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
-def _why(error: Exception) -> str:
-    """The "Unsupported global: GLOBAL module.Class" part of torch's long message, if any."""
-    for line in str(error).splitlines():
-        if "Unsupported global" in line or "Unsupported operand" in line:
-            text = line.strip().removeprefix("WeightsUnpickler error: ")
-            return f" ({text.split(' was not', 1)[0]})"
-    return ""
-
-
-def resolve(path: str | os.PathLike[str]) -> Path:
-    """The file to read for ``path``: a checkpoint root → its newest complete ``state.pt``.
-
-    Raises:
-        UsageError: the path does not exist or is a directory that holds no checkpoint.
-        CheckpointError: the checkpoint is incomplete or corrupt (its problems named).
-    """
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
-    if p.is_file():
-        return p
-    if (p / MANIFEST_FILE).exists() or (p / STATE_FILE).exists():
-        status = verify_checkpoint(p)
-        if not status.complete:
-            raise CheckpointError(f"checkpoint {p} is not usable: {'; '.join(status.problems)}")
-        return p / STATE_FILE
-    if list_checkpoints(p, checksums=False):
-        latest = find_latest(p)
-        if latest is None:
-            raise CheckpointError(f"{p} holds checkpoints but none is complete")
-        return latest.path / STATE_FILE
-    raise UsageError(
-        f"{p} is a directory without a checkpoint; expected a step-XXXXXXXX directory, a "
-        "directory of them, or a file"
-    )
-
-
-def _is_tensor_dict(obj: Any) -> bool:
+def _is_state_dict(obj: Any) -> bool:
+    # A module's get_extra_state() may be any object; everything else in a state dict is a tensor.
     return (
         isinstance(obj, Mapping)
         and bool(obj)
-        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+        and all(
+            isinstance(k, str) and (isinstance(v, torch.Tensor) or k.endswith("_extra_state"))
+            for k, v in obj.items()
+        )
+    )
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, Mapping):
+        return f"a dict with keys {sorted(str(k) for k in obj)[:8]}"
+    return f"a {type(obj).__name__}"
+
+
+def _as_state_dict(obj: Any, where: str) -> Mapping[str, Any]:
+    if isinstance(obj, nn.Module):  # torch.save(model): only readable with trust=True
+        return obj.state_dict()
+    if _is_state_dict(obj):
+        return obj
+    raise UsageError(
+        f"{where} holds {_describe(obj)}, not a model state dict (names -> tensors); pass "
+        "key=NAME (CLI: --key NAME) naming the model's entry"
     )
 
 
 def _module_kinds(state_file: Path) -> dict[str, str]:
-    manifest = state_file.parent / MANIFEST_FILE
     try:
-        objects = json.loads(manifest.read_text()).get("objects", {})
+        objects = json.loads((state_file.parent / MANIFEST_FILE).read_text()).get("objects", {})
         return {name: info.get("kind", "object") for name, info in objects.items()}
     except (OSError, ValueError, AttributeError):
         return {}
 
 
-def extract_state_dict(obj: Any, state_file: Path, key: str | None) -> tuple[dict[str, Any], str]:
-    """Find the model's state dict inside a loaded object; return it and where it was.
-
-    Raises:
-        UsageError: ``key`` is not there, or the choice is ambiguous (the candidates named).
-    """
-    if isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj:
-        objects = obj["objects"]
-        step = obj.get("step")
-        if key is not None:
-            if key not in objects:
-                raise UsageError(
-                    f"key={key!r} is not in the checkpoint; it holds {sorted(objects)}"
-                )
-            return dict(objects[key]), f"multigpu checkpoint step {step}, object {key!r}"
-        kinds = _module_kinds(state_file)
-        modules = [n for n, v in objects.items() if kinds.get(n) == "module"] or [
-            n for n, v in objects.items() if _is_tensor_dict(v)
+def _from_our_checkpoint(
+    obj: Mapping[str, Any], state_file: Path, key: str | None
+) -> tuple[Mapping[str, Any], str]:
+    objects, step = obj["objects"], obj.get("step")
+    kinds = _module_kinds(state_file)
+    if key is None:
+        modules = [n for n in objects if kinds.get(n) == "module"] or [
+            n for n, v in objects.items() if _is_state_dict(v)
         ]
-        if "model" in modules:
+        if "model" in modules:  # the name Checkpointer's users give the model they train
             modules = ["model"]
         if len(modules) != 1:
+            listed = ", ".join(f"{n} ({kinds.get(n, '?')})" for n in objects) or "nothing"
             raise UsageError(
-                f"the checkpoint holds {len(modules)} models ({', '.join(modules) or 'none'}); "
-                "pass key=NAME (CLI: --key NAME) to choose one"
+                f"{state_file} holds {len(modules)} models among {listed}; pass key=NAME "
+                "(CLI: --key NAME) to choose one"
             )
-        return dict(objects[modules[0]]), f"multigpu checkpoint step {step}, object {modules[0]!r}"
-    if key is not None:
-        if not isinstance(obj, Mapping) or key not in obj:
-            have = sorted(obj) if isinstance(obj, Mapping) else type(obj).__name__
-            raise UsageError(f"key={key!r} is not in {state_file}; it holds {have}")
-        return dict(obj[key]), f"dict key {key!r}"
-    if _is_tensor_dict(obj):
-        return dict(obj), "plain state dict"
-    if isinstance(obj, Mapping):
-        nested = [k for k in NESTED_KEYS if _is_tensor_dict(obj.get(k))]
-        if len(nested) == 1:
-            return dict(obj[nested[0]]), f"dict key {nested[0]!r}"
-        keys = sorted(str(k) for k in obj)
+        key = modules[0]
+    if key not in objects:
         raise UsageError(
-            f"{state_file} holds a dict with keys {keys[:10]} and no single state dict; pass "
-            "key=NAME (CLI: --key NAME) to choose one"
+            f"key={key!r} is not in {state_file}; it holds {sorted(objects)}: pass one of those"
         )
-    raise UsageError(f"{state_file} holds a {type(obj).__name__}, not a state dict")
+    where = f"object {key!r} (kind {kinds.get(key, '?')}) of {state_file}"
+    return _as_state_dict(objects[key], where), f"multigpu checkpoint step {step}, object {key!r}"
 
 
-def strip_common_prefixes(state: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Strip ``module.`` / ``_orig_mod.`` while EVERY key starts with the same one.
+def extract_state_dict(
+    obj: Any, state_file: Path, key: str | None
+) -> tuple[Mapping[str, Any], str]:
+    """Find the model's state dict inside a loaded object; return it and where it was.
 
     Example:
-        >>> strip_common_prefixes({"module._orig_mod.w": 1})
-        ({'w': 1}, ('module.', '_orig_mod.'))
+        >>> extract_state_dict({"epoch": 3, "state_dict": {"w": torch.ones(1)}}, Path("x"), None)
+        ({'w': tensor([1.])}, "dict key 'state_dict'")
+
+    Raises:
+        UsageError: ``key`` is not there or holds no state dict, or the choice is ambiguous
+            (the candidates named).
     """
-    out, stripped = dict(state), []
-    while out:
-        prefix = next((p for p in PREFIXES if all(k.startswith(p) for k in out)), None)
-        if prefix is None:
-            break
-        out = {k[len(prefix) :]: v for k, v in out.items()}
-        stripped.append(prefix)
-    return out, tuple(stripped)
-
-
-def _strip_each(key: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in PREFIXES:
-            if key.startswith(prefix):
-                key, changed = key[len(prefix) :], True
-    return key
-
-
-def match_keys(
-    state: Mapping[str, Any], wanted: set[str]
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Strip wrapper prefixes from ``state``'s keys only when that matches ``wanted`` better."""
-    if set(state) == wanted:
-        return dict(state), ()
-    candidate = {_strip_each(k): v for k, v in state.items()}
-    if len(candidate) == len(state) and len(set(candidate) & wanted) > len(set(state) & wanted):
-        stripped = sorted(
-            {p for k in state for p in PREFIXES if p in k and _strip_each(k) != k},
-            key=PREFIXES.index,
+    if isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj:
+        return _from_our_checkpoint(obj, state_file, key)
+    if key is not None:
+        if not isinstance(obj, Mapping) or key not in obj:
+            raise UsageError(
+                f"key={key!r} is not in {state_file}, which holds {_describe(obj)}; pass one of "
+                "its keys"
+            )
+        return _as_state_dict(obj[key], f"key {key!r} of {state_file}"), f"dict key {key!r}"
+    if isinstance(obj, nn.Module):
+        return obj.state_dict(), f"pickled {type(obj).__name__} module"
+    if _is_state_dict(obj):
+        return obj, "plain state dict"
+    if isinstance(obj, Mapping):
+        usual = [k for k in NESTED_KEYS if _is_state_dict(obj.get(k))]
+        usual = usual or [k for k in NESTED_KEYS if isinstance(obj.get(k), nn.Module)]
+        if len(usual) == 1:
+            return _as_state_dict(obj[usual[0]], ""), f"dict key {usual[0]!r}"
+        found = usual or [str(k) for k, v in obj.items() if _is_state_dict(v)]
+        raise UsageError(
+            f"{state_file} holds {_describe(obj)} with state dicts under {found or 'no key'}; "
+            "pass key=NAME (CLI: --key NAME) to choose one"
         )
-        return candidate, tuple(stripped)
-    return dict(state), ()
+    raise UsageError(
+        f"{state_file} holds {_describe(obj)}, not a state dict; expected a dict of tensors, "
+        "a checkpoint dict holding one, or a multigpu checkpoint"
+    )
 
 
 def read_weights(
@@ -258,13 +199,58 @@ def read_weights(
     trust: bool = False,
     map_location: str | torch.device = "cpu",
 ) -> tuple[dict[str, Any], LoadReport]:
-    """The model state dict in ``path`` (prefixes shared by all keys stripped) and a report."""
+    """The model state dict in ``path`` (prefixes shared by all keys stripped) and a report.
+
+    Without a model to match, only a prefix that EVERY key has is stripped (repeatedly).
+
+    Example:
+        >>> state, report = read_weights("ddp.pt")  # doctest: +SKIP
+        >>> print(report)  # doctest: +SKIP
+        4 tensors from plain state dict (ddp.pt); stripped 'module.'
+    """
     file = resolve(path)
     obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    state, source = extract_state_dict(obj, file, key)
-    state, stripped = strip_common_prefixes(state)
-    report = LoadReport(file, source, len(state), stripped, mapped, trusted=trust)
+    found, source = extract_state_dict(obj, file, key)
+    state, stripped = strip_common_prefixes(found)
+    report = LoadReport(
+        path=file,
+        source=source,
+        tensors=len(state),
+        prefixes_stripped=stripped,
+        devices_mapped=mapped,
+        trusted=trust,
+    )
     return state, report
+
+
+def _check_fit(
+    state: Mapping[str, Any], current: Mapping[str, Any], strict: bool, file: Path, name: str
+) -> None:
+    """Refuse before anything is copied: torch's load_state_dict copies the matching tensors
+    first and raises about the rest afterwards, leaving a half-loaded model."""
+    shapes = [
+        f"{k} {tuple(v.shape)} vs {tuple(current[k].shape)}"
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)
+        and isinstance(current.get(k), torch.Tensor)
+        and not nn.parameter.is_lazy(current[k])
+        and v.shape != current[k].shape
+    ]
+    missing = [k for k in current if k not in state]
+    unexpected = [k for k in state if k not in current]
+    problems = [f"shapes differ (file vs model): {_few(shapes, 3)}"] if shapes else []
+    if strict and missing:
+        problems.append(f"missing {len(missing)}: {_few(missing)}")
+    if strict and unexpected:
+        problems.append(f"unexpected {len(unexpected)}: {_few(unexpected)}")
+    if problems:
+        hint = (
+            "pass key=NAME for another object" if shapes else "pass strict=False to load the rest"
+        )
+        raise CheckpointError(
+            f"the weights in {file} do not fit {name}: {'; '.join(problems)}; check that it is "
+            f"the same architecture, or {hint}"
+        )
 
 
 def load_weights(
@@ -277,6 +263,10 @@ def load_weights(
     map_location: str | torch.device = "cpu",
 ) -> LoadReport:
     """Load the weights in ``path`` into ``model`` (its plain module, if wrapped).
+
+    ``module.`` (DataParallel/DDP) and ``_orig_mod.`` (torch.compile) prefixes, nested or
+    combined, are stripped only when that makes the keys match the model. On a mismatch nothing
+    is copied. The report is logged at INFO.
 
     Args:
         model: the model (DDP/DP/compiled wrappers are looked through).
@@ -297,28 +287,39 @@ def load_weights(
 
     Example:
         >>> report = multigpu.load_weights(model, "runs/ckpt")   # doctest: +SKIP
-        >>> print(report)  # 4 tensors from multigpu checkpoint step 300, object 'model' (...)
+        >>> print(report)  # doctest: +SKIP
+        4 tensors from multigpu checkpoint step 300, object 'model' (runs/ckpt/step-00000300/...)
     """
     target = unwrap_module(model)
     file = resolve(path)
     obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    state, source = extract_state_dict(obj, file, key)
-    state, stripped = match_keys(state, set(target.state_dict()))
+    found, source = extract_state_dict(obj, file, key)
+    current = target.state_dict()
+    state, stripped = match_keys(found, set(current))
+    _check_fit(state, current, strict, file, type(target).__name__)
+    casts = Counter(
+        f"{str(v.dtype).removeprefix('torch.')} -> {str(current[k].dtype).removeprefix('torch.')}"
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)
+        and isinstance(current.get(k), torch.Tensor)
+        and v.dtype != current[k].dtype
+    )
     try:
         result = target.load_state_dict(state, strict=strict)
     except RuntimeError as e:
         raise CheckpointError(
-            f"the weights in {file} do not fit {type(target).__name__}: {str(e).strip()}"
+            f"the weights in {file} do not fit {type(target).__name__}: {' '.join(str(e).split())}"
         ) from e
     report = LoadReport(
-        file,
-        source,
-        len(state),
-        stripped,
-        mapped,
-        tuple(result.missing_keys),
-        tuple(result.unexpected_keys),
-        trust,
+        path=file,
+        source=source,
+        tensors=len(state),
+        prefixes_stripped=stripped,
+        devices_mapped=mapped,
+        missing_keys=tuple(result.missing_keys),
+        unexpected_keys=tuple(result.unexpected_keys),
+        dtype_casts=tuple(f"{pair} ({n} tensors)" for pair, n in sorted(casts.items())),
+        trusted=trust,
     )
     log.info("load_weights: %s", report)
     return report

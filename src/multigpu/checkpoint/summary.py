@@ -19,7 +19,8 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     verify_checkpoint,
 )
-from multigpu.checkpoint.portable import extract_state_dict, load_file
+from multigpu.checkpoint.loading import load_file
+from multigpu.checkpoint.portable import extract_state_dict
 from multigpu.errors import CheckpointError, UsageError
 
 
@@ -61,6 +62,10 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
     ``tensors`` (name, shape, dtype, numel, bytes of the model's tensors), ``total_numel``,
     ``total_bytes``, ``devices_mapped``; for our checkpoints also ``step``, ``world_size``,
     ``epoch``, ``objects``, ``problems``, ``torch_version``; for a root ``checkpoints``.
+
+    Example:
+        >>> summarize("runs/ckpt")["newest_complete"]  # doctest: +SKIP
+        'step-00000300'
 
     Raises:
         UsageError: the path does not exist or holds no checkpoint.
