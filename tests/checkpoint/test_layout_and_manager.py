@@ -88,8 +88,8 @@ def test_a_broken_newest_checkpoint_is_skipped_with_a_warning(
     assert "step-00000004" in warning and what in warning
 
 
-def test_a_leftover_temp_dir_is_ignored_and_cleaned_by_the_next_save(
-    tmp_path: Path, ctx: multigpu.Context
+def test_a_leftover_temp_dir_is_skipped_with_a_warning_and_cleaned_by_the_next_save(
+    tmp_path: Path, ctx: multigpu.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = torch.nn.Linear(3, 2)
     ckpt = ctx.checkpointer(tmp_path, every_steps=1, model=model)
@@ -97,8 +97,12 @@ def test_a_leftover_temp_dir_is_ignored_and_cleaned_by_the_next_save(
     stale = tmp_path / ".tmp-step-00000002-dead"
     stale.mkdir()
     (stale / STATE_FILE).write_bytes(b"half")
+    caplog.set_level(logging.WARNING)
     status = find_latest(tmp_path)
     assert status is not None and status.step == 1
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert ".tmp-step-00000002-dead" in warning and "did not finish" in warning
+    assert "using the previous complete checkpoint" in warning
     _steps(ckpt, model, 1)
     assert not stale.exists()
     assert [s.step for s in list_checkpoints(tmp_path)] == [1, 2]

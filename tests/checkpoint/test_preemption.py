@@ -50,3 +50,5 @@ def test_sigterm_to_one_worker_saves_a_checkpoint_on_every_rank_and_exits_143(
     latest = find_latest(tmp_path / "ckpt")
     assert latest is not None and latest.step is not None and latest.step >= 6, text
     assert latest.manifest is not None and latest.manifest["world_size"] == 2
+    # Both ranks saved that same step (one line each), though only rank 1 got the signal.
+    assert text.count(f"saved step {latest.step} on SIGTERM") == 2, text

@@ -38,6 +38,7 @@ MANIFEST_FILE = "manifest.json"
 COMMIT_FILE = "COMMITTED"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_TMP_DIR = re.compile(r"^\.tmp-step-(\d{8,})-")
 _CHUNK = 1 << 20
 
 
@@ -223,7 +224,8 @@ def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
     """The newest complete checkpoint under ``directory``, or None.
 
     Newer directories that are incomplete or corrupt are skipped with a WARNING naming each one
-    and what is wrong with it, and the one used instead.
+    and what is wrong with it, and the one used instead; so are newer temporary directories
+    (``.tmp-step-*``: a save that was interrupted, or one still being written).
 
     Example:
         >>> find_latest("/nonexistent") is None
@@ -237,12 +239,33 @@ def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
         ((s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None),
         reverse=True,
     )
+    chosen: CheckpointStatus | None = None
     for _, path in steps:
         status = verify_checkpoint(path)
         if status.complete:
-            if skipped:
-                log.warning("using the previous complete checkpoint %s", status.path)
-            return status
+            chosen = status
+            break
         log.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
         skipped.append(status)
-    return None
+    unfinished = _warn_unfinished_saves(root, chosen)
+    if chosen is not None and (skipped or unfinished):
+        log.warning("using the previous complete checkpoint %s", chosen.path)
+    return chosen
+
+
+def _warn_unfinished_saves(root: Path, chosen: CheckpointStatus | None) -> bool:
+    """Warn about each temp dir newer than ``chosen``; return whether there was one."""
+    newest = chosen.step if chosen is not None and chosen.step is not None else -1
+    found = False
+    for path in sorted(root.iterdir()):
+        match = _TMP_DIR.match(path.name)
+        if match and int(match.group(1)) > newest and path.is_dir():
+            found = True
+            log.warning(
+                "skipping %s: a save of step %d that did not finish (no %s; it is removed "
+                "by the next save)",
+                path,
+                int(match.group(1)),
+                COMMIT_FILE,
+            )
+    return found

@@ -65,7 +65,8 @@ def to_cpu(value: Any, *, clone: bool) -> Any:
     """``value`` with every tensor on the CPU (copied when ``clone``), containers rebuilt.
 
     Example:
-        >>> t = torch.ones(2); c = to_cpu({"a": [t]}, clone=True)["a"][0]; c.add_(1); float(t[0])
+        >>> t = torch.ones(2); c = to_cpu({"a": [t]}, clone=True)["a"][0]
+        >>> _ = c.add_(1); float(t[0])
         1.0
     """
     if isinstance(value, torch.Tensor):
