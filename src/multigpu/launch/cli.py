@@ -1,4 +1,4 @@
-"""The ``multigpu`` command line (argparse only): run, train, verify, ckpt and gpus.
+"""The ``multigpu`` command line (argparse only): run, train, verify, ckpt, slurm and gpus.
 
 ``multigpu run`` is torchrun's own parser (``torch.distributed.run.get_args_parser``) with
 multigpu's options added, so every torchrun flag keeps its name, spellings and meaning.
@@ -25,7 +25,7 @@ from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
-SUBCOMMANDS = ("run", "train", "verify", "ckpt", "gpus")
+SUBCOMMANDS = ("run", "train", "verify", "ckpt", "slurm", "gpus")
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level ``multigpu`` parser with its subcommands."""
     parser = _Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{run,train,verify,ckpt,gpus}"
+        dest="command", required=True, metavar="{run,train,verify,ckpt,slurm,gpus}"
     )
     run = build_run_parser()
     sub.add_parser(
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(see 'multigpu verify --help')",
     )
     sub.add_parser("ckpt", help="inspect or convert checkpoints (see 'multigpu ckpt --help')")
+    sub.add_parser("slurm", help="write an sbatch script (see 'multigpu slurm --help')")
     gpus = sub.add_parser("gpus", help="list this machine's GPUs")
     gpus.add_argument("--json", action="store_true", help="print a JSON list")
     return parser
@@ -247,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             from multigpu.diagnostics.verify import verify_main
 
             return verify_main(args[1:])
+        if args and args[0] == "slurm":
+            from multigpu.launch.slurm import slurm_main
+
+            return slurm_main(args[1:])
         if args and args[0] == "ckpt":
             from multigpu.checkpoint.commands import ckpt_main
 

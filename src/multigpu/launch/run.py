@@ -26,6 +26,7 @@ from multigpu.errors import UsageError
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.plan import LaunchPlan, build_plan, choose_devices
 from multigpu.launch.ports import check_port_free
+from multigpu.launch.slurm import with_slurm_topology
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def prepare(
     from multigpu.gpus import claim_gpus, list_gpus, parse_gpu_request, select_gpus
 
     env = os.environ if environ is None else environ
+    options = with_slurm_topology(options, env)  # `srun multigpu run`: one launcher per node
     cores = usable_cores()
     if options.gpus is not None:
         parse_gpu_request(options.gpus)  # bad syntax ("0,0", "x") before looking at hardware
