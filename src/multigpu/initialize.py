@@ -25,6 +25,7 @@ from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
 from multigpu.seed import seed_everything
 from multigpu.strategies import Strategy, resolve_strategy
+from multigpu.versions import check_same_versions
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def init(
         make_deterministic(device, env_vars)
     mixed = Precision(precision, device)
     created = dist.init_process_group(env, device, chosen_backend, wait)
+    check_same_versions()
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,
