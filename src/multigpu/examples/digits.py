@@ -25,6 +25,8 @@ import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
 from multigpu.examples.run_state import RunState, parameter_sha256
+from multigpu.hang import active_log
+from multigpu.hang.stragglers import SLOW, slowest
 from multigpu.precision import PRECISIONS
 from multigpu.strategies import STRATEGY_NAMES
 
@@ -172,6 +174,11 @@ def _finish_epoch(
         "test_accuracy": round(evaluate(ctx, model, test_set, args.eval_batch_size), 6),
         "samples_per_second": round(done["samples"] / max(done["seconds"], 1e-9), 1),
     }
+    recorder = active_log()
+    if recorder is not None and ctx.is_distributed:  # step time outside collectives, per rank
+        found = slowest(ctx.gather((recorder.busy_s, recorder.steps)))
+        if found is not None:
+            record["slowest_rank"], record["slowest_ratio"] = found
     run.history.append(record)
     return record
 
@@ -222,9 +229,16 @@ def _checkpointing(
 
 
 def _epoch_line(record: dict[str, Any], epochs: int) -> str:
+    ratio = record.get("slowest_ratio", 0.0)
+    straggler = (
+        f"  straggler: rank {record['slowest_rank']} {ratio:.2f}x the median step time"
+        if ratio >= SLOW
+        else ""
+    )
     return (
         f"epoch {record['epoch']:>3}/{epochs}  loss {record['loss']:.4f}  "
         f"test acc {record['test_accuracy']:.4f}  {record['samples_per_second']:.0f} samples/s"
+        f"{straggler}"
     )
 
 

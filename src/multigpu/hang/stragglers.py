@@ -44,3 +44,20 @@ def straggler_lines(busy: Sequence[tuple[float, int]]) -> list[str]:
         "its device (clock, temperature, other jobs) or an uneven share of work"
     )
     return lines
+
+
+def slowest(busy: Sequence[tuple[float, int]]) -> tuple[int, float] | None:
+    """(rank, its busy time per step / the median) of the slowest rank, or None.
+
+    Example:
+        >>> slowest([(1.0, 100), (1.5, 100)])
+        (1, 1.2)
+    """
+    per_step = [b / s for b, s in busy if s > 0]
+    if len(per_step) != len(busy) or len(busy) < 2:
+        return None
+    median = statistics.median(per_step)
+    if median <= 0:
+        return None
+    rank = max(range(len(per_step)), key=per_step.__getitem__)
+    return rank, round(per_step[rank] / median, 2)
