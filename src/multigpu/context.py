@@ -24,7 +24,7 @@ from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
-from multigpu.hang import Watchdog, active_log
+from multigpu.hang import Watchdog, active_log, report_lost_peers
 from multigpu.hang.stragglers import straggler_lines
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
@@ -378,6 +378,7 @@ class Context:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None and self.is_distributed and not self._closed:
             self._report_stragglers()  # a collective: only when every rank ends normally
+        report_lost_peers(exc[1])  # after a failed collective: which ranks still answer
         self.teardown()
 
     def _report_stragglers(self) -> None:

@@ -19,7 +19,7 @@ from multigpu import dist
 from multigpu.context import Context
 from multigpu.device import backend_for, choose_device
 from multigpu.env import detect
-from multigpu.hang import start_watchdog
+from multigpu.hang import peers, start_watchdog
 from multigpu.log import warn_once
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
@@ -91,6 +91,8 @@ def init(
     mixed = Precision(precision, device)
     created = dist.init_process_group(env, device, chosen_backend, wait)
     check_same_versions()
+    if env.world_size > 1:  # a liveness port per rank: after a failure, who is lost
+        peers.start(env.rank, dist.gather_objects_small, env.master_addr)
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,

@@ -27,6 +27,9 @@ CASES: dict[str, list[str]] = {
     "master-port-in-use": ["run", "--cpu", "2", "--master-port", "{port}", "s.py"],
     "endpoint-in-use": ["run", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:{port}", "s.py"],
     "unknown-subcommand": ["frobnicate", "s.py"],
+    "iface-missing": ["run", "--cpu", "2", "--iface", "nope", "s.py"],
+    "timeout-not-seconds": ["run", "--timeout", "0", "s.py"],
+    "train-iface-missing": ["train", "--iface", "nope", "--epochs", "1"],
     "train-cpu-zero": ["train", "--cpu", "0", "--epochs", "1"],
     "train-batch-not-divisible": ["train", "--cpu", "2", "--batch-size", "63", "--out", "out"],
 }
@@ -45,6 +48,9 @@ EXPECTED = {
     "master-port-in-use": "already in use",
     "endpoint-in-use": "already in use",
     "unknown-subcommand": "frobnicate",
+    "iface-missing": "--iface nope: no such network interface on this machine",
+    "timeout-not-seconds": "--timeout 0 is not a number of seconds",
+    "train-iface-missing": "expected one of: ",
     "train-cpu-zero": "--cpu 0",
     "train-batch-not-divisible": "--batch-size 63 is not divisible",
 }

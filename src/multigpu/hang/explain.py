@@ -29,8 +29,8 @@ def describe(call: Mapping[str, Any]) -> str:
 def _where(rank: int, report: Mapping[str, Any] | None) -> str:
     if report is None:
         return (
-            f"  rank {rank}: no report — its process died, or it is stuck in native code that "
-            "holds the GIL"
+            f"  rank {rank}: no report — its process died, its host is unreachable, or it is "
+            "stuck in native code that holds the GIL"
         )
     host = report.get("host", "?")
     flight = report.get("in_flight")

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch.options import BACKENDS, LaunchOptions, cpu_count_arg
 from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
+from multigpu.launch.timeouts import seconds_arg
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
@@ -29,7 +30,7 @@ SUBCOMMANDS = ("run", "train", "verify", "ckpt", "slurm", "gpus")
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
-) | {"help", "json"}
+) | {"help", "json", "iface", "timeout"}
 
 DEVICE_HELP = (
     "Devices. Default: every free GPU when the machine has GPUs; on a CPU-only machine ONE "
@@ -81,6 +82,21 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         default="auto",
         help="process-group backend for the workers (default auto: nccl on GPUs, gloo on CPU)",
+    )
+    group.add_argument(
+        "--iface",
+        metavar="NAME",
+        help="network interface that connects the nodes: gloo and NCCL use it "
+        "(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) and the agent advertises its address "
+        "(--local-addr) unless given",
+    )
+    group.add_argument(
+        "--timeout",
+        type=seconds_arg,
+        metavar="SECONDS",
+        help="bound on every wait: the workers' collectives (MULTIGPU_TIMEOUT) and the "
+        "launcher's rendezvous join, store calls and exit barrier (default MULTIGPU_TIMEOUT "
+        "or 300)",
     )
     group.add_argument(
         "--dry-run",
@@ -171,6 +187,8 @@ def options_from_namespace(
         cpu=values.get("cpu"),
         backend=values.get("backend") or "auto",
         dry_run=bool(values.get("dry_run")),
+        iface=values.get("iface"),
+        timeout=values.get("timeout"),
         one_process=one_process,
         torchrun=MappingProxyType(torchrun),
     )

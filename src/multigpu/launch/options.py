@@ -2,7 +2,7 @@
 
 torchrun's own options are kept as the user gave them (canonical long spelling → value) so that
 they can be passed on to ``torch.distributed.run`` unchanged; multigpu's options (``--gpus``,
-``--cpu``, ``--backend``, ``--dry-run``) are fields of their own.
+``--cpu``, ``--backend``, ``--iface``, ``--timeout``, ``--dry-run``) are fields of their own.
 
 Environment variables read: none (torchrun's parser reads its ``PET_*`` defaults itself).
 """
@@ -56,6 +56,10 @@ class LaunchOptions:
     """``--backend``: the workers' process-group backend (auto: nccl on GPUs, gloo on CPU)."""
     dry_run: bool = False
     """``--dry-run``: print the plan and start nothing."""
+    iface: str | None = None
+    """``--iface NAME``: the network interface for gloo/NCCL and the agent's address."""
+    timeout: float | None = None
+    """``--timeout SECONDS``: the bound on every wait (None: ``MULTIGPU_TIMEOUT`` or 300 s)."""
     one_process: bool = False
     """One process sees every chosen GPU (``multigpu train --strategy dp``)."""
     torchrun: Mapping[str, Any] = field(default_factory=_empty)

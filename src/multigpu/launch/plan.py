@@ -4,7 +4,8 @@ Everything here is a pure function of the options, the environment and the machi
 (GPUs, cores), so ``--dry-run`` and the tests see exactly what a real launch would do.
 
 Environment variables read (from the ``environ`` passed in): ``OMP_NUM_THREADS``,
-``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them).
+``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them),
+``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from typing import TYPE_CHECKING, Literal
 from multigpu.errors import UsageError
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
 from multigpu.launch.ports import is_local_address
+from multigpu.launch.timeouts import (
+    DEFAULT_TIMEOUT_S,
+    describe_timeout,
+    rendezvous_conf,
+    resolve_timeout,
+)
 
 if TYPE_CHECKING:
     from multigpu.gpus import GPUInfo
@@ -66,6 +73,8 @@ class LaunchPlan:
     """Variables set for the workers on top of the user's environment."""
     store_port: tuple[str, int] | None = None
     """(how it was chosen, port) when this node hosts the rendezvous store on a fixed port."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """The bound on every wait: collectives, rendezvous, store calls, exit barrier."""
     notes: tuple[str, ...] = ()
     """One-line explanations of defaults that were applied."""
 
@@ -91,6 +100,7 @@ class LaunchPlan:
             f"processes: {self.nproc_per_node} per node, {threads}",
             "torchrun:  " + shlex.join(["torchrun", *self.torchrun_args]),
             "env:       " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()) or "-"),
+            "timeout:   " + describe_timeout(self.timeout_s),
         ]
         lines += [f"note:      {n}" for n in self.notes]
         return "\n".join(lines)
@@ -202,6 +212,7 @@ def build_plan(
     cores: int,
     gpus: Sequence[GPUInfo] = (),
     cuda_visible_devices: str | None = None,
+    iface_address: str | None = None,
 ) -> LaunchPlan:
     """Build the launch plan from the options and the devices chosen.
 
@@ -212,9 +223,12 @@ def build_plan(
         cores: CPU cores this process may use.
         gpus: the GPUs claimed for the run (``GPUClaim.gpus``), for ``cuda``.
         cuda_visible_devices: ``GPUClaim.cuda_visible_devices``, for ``cuda``.
+        iface_address: the IPv4 address of ``--iface``, advertised by the agent as
+            ``--local-addr`` unless the user gave one.
 
     Raises:
-        UsageError: ``--nproc-per-node`` contradicts the number of GPUs chosen.
+        UsageError: ``--nproc-per-node`` contradicts the number of GPUs chosen; a bad
+            ``MULTIGPU_TIMEOUT``.
 
     Example:
         >>> opts = LaunchOptions(script="train.py", cpu=2)
@@ -252,28 +266,48 @@ def build_plan(
         # torch 2.13: restarted workers may read the dead attempt's gloo address from the
         # agent's shared store and fail to connect; a store per attempt avoids it.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if options.iface:
+        # gloo and NCCL otherwise pick the interface the hostname resolves to (127.0.1.1 on
+        # many Linux installations, or the wrong network on machines with several).
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = options.iface
+    timeout_s = resolve_timeout(options.timeout, environ)
+    if options.timeout is not None:
+        env["MULTIGPU_TIMEOUT"] = f"{options.timeout:g}"
 
     return LaunchPlan(
         device=request.kind,
         gpus=tuple(gpus) if request.kind == "cuda" else (),
         nproc_per_node=nproc,
         threads_per_process=threads,
-        torchrun_args=tuple(_torchrun_args(options, nproc)),
+        torchrun_args=tuple(_torchrun_args(options, nproc, timeout_s, iface_address)),
         env=MappingProxyType(env),
         store_port=store_port(options),
+        timeout_s=timeout_s,
         notes=tuple(notes),
     )
 
 
-def _torchrun_args(options: LaunchOptions, nproc: int) -> list[str]:
+def _torchrun_args(
+    options: LaunchOptions, nproc: int, timeout_s: float, iface_address: str | None
+) -> list[str]:
     # torchrun's parser is the reference for its option spellings; imported late because it
     # imports torch, which the pure planning functions above do not need.
     from torch.distributed.run import get_args_parser
 
+    # A store on a free port: two single-node jobs never fight over torchrun's 29500.
+    standalone = options.max_nodes == 1 and not any(options.given(d) for d in RDZV_DESTS)
+    given = dict(options.torchrun)
+    if iface_address and not options.given("local_addr"):
+        given["local_addr"] = iface_address  # the address other nodes reach this one at
+    if options.max_nodes > 1 or options.timeout is not None:
+        # Only then: on one node no rendezvous waits for anyone, and the plan stays short.
+        static = given.get("rdzv_backend", "static") == "static"
+        static = static and not (standalone or given.get("standalone"))  # standalone is c10d
+        conf = str(given.get("rdzv_conf") or "")
+        given["rdzv_conf"] = rendezvous_conf(conf, timeout_s, static=static)
     args = [f"--nproc-per-node={nproc}"]
-    args += torchrun_argv(options.torchrun, get_args_parser()._actions, skip={"nproc_per_node"})
-    if options.max_nodes == 1 and not any(options.given(d) for d in RDZV_DESTS):
-        # A store on a free port: two single-node jobs never fight over torchrun's 29500.
+    args += torchrun_argv(given, get_args_parser()._actions, skip={"nproc_per_node"})
+    if standalone:
         args.append("--standalone")
     return [*args, options.script, *options.script_args]
 

@@ -23,10 +23,13 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TextIO
 
 from multigpu.errors import UsageError
+from multigpu.launch.agent_errors import describe_agent_error
+from multigpu.launch.network import check_interface
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.plan import LaunchPlan, build_plan, choose_devices
 from multigpu.launch.ports import check_port_free
 from multigpu.launch.slurm import with_slurm_topology
+from multigpu.launch.timeouts import bounded_waits
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +86,8 @@ def prepare(
 
     Raises:
         UsageError: any bad input (contradicting options, missing script, too few GPUs,
-            a port in use); nothing has been started or written.
+            a port in use, an interface that does not exist); nothing has been started or
+            written.
 
     Example:
         >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
@@ -99,6 +103,7 @@ def prepare(
     gpus = list_gpus(env)
     request = choose_devices(options, gpu_count=len(gpus), cores=cores)
     check_script(options)
+    address = check_interface(options.iface) if options.iface else None
     with ExitStack() as stack:
         if request.kind == "cuda":
             gpu_request = parse_gpu_request(request.gpus)
@@ -112,9 +117,10 @@ def prepare(
                 cores=cores,
                 gpus=claim.gpus,
                 cuda_visible_devices=claim.cuda_visible_devices,
+                iface_address=address,
             )
         else:
-            plan = build_plan(options, request, environ=env, cores=cores)
+            plan = build_plan(options, request, environ=env, cores=cores, iface_address=address)
         if plan.store_port is not None:
             check_port_free(plan.store_port[1], option=plan.store_port[0])
         yield plan
@@ -140,10 +146,13 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="multigpu-trace-") as traces:
         # Each worker keeps its last collectives there; read back if the launch fails.
         os.environ["MULTIGPU_TRACE_DIR"] = traces
-        return _run_agent(run, args, stream, traces)
+        with bounded_waits(plan.timeout_s):  # torch's agent waits up to 15 min without it
+            return _run_agent(run, args, stream, traces, plan.timeout_s)
 
 
-def _run_agent(run: Callable[[Any], Any], args: Any, stream: TextIO, traces: str) -> int:
+def _run_agent(
+    run: Callable[[Any], Any], args: Any, stream: TextIO, traces: str, timeout_s: float
+) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -174,7 +183,7 @@ def _run_agent(run: Callable[[Any], Any], args: Any, stream: TextIO, traces: str
         logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
         return 128 + int(e.sigval)
     except Exception as e:  # rendezvous and agent errors: one line, not torch's traceback
-        stream.write(f"multigpu: error: the launch failed: {type(e).__name__}: {e}\n")
+        stream.write(f"multigpu: error: {describe_agent_error(e, args, timeout_s)}\n")
         stream.flush()
         logger.debug("launch failure", exc_info=True)
         return 1

@@ -1,5 +1,14 @@
-"""Helpers to test distributed code on CPU with real gloo processes."""
+"""Helpers to test distributed code: real gloo processes, and test hosts in namespaces."""
 
 from multigpu.testing.distributed import DistributedTestError, free_port, run_distributed
+from multigpu.testing.hosts import Host, HostsError, hosts_available, virtual_hosts
 
-__all__ = ["DistributedTestError", "free_port", "run_distributed"]
+__all__ = [
+    "DistributedTestError",
+    "Host",
+    "HostsError",
+    "free_port",
+    "hosts_available",
+    "run_distributed",
+    "virtual_hosts",
+]

@@ -1,0 +1,95 @@
+"""One line for an error of torchrun's agent (rendezvous, store), naming the node and the fix.
+
+torch says "The connection to the C10d store has failed. See inner exception for details." and
+leaves the user to dig the address out of a traceback. Here the message names the rendezvous
+endpoint, this machine, what was waited for and for how long, and what to check.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+
+def root_cause(error: BaseException) -> str:
+    """The first line of the innermost exception of ``error``'s chain.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise TimeoutError("no answer from (h, 1)")
+        ...     except TimeoutError as e:
+        ...         raise RuntimeError("store failed") from e
+        ... except RuntimeError as e:
+        ...     print(root_cause(e))
+        TimeoutError: no answer from (h, 1)
+    """
+    seen: set[int] = set()
+    while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(":. ")
+
+
+def endpoint_of(args: Any) -> str:
+    """The rendezvous endpoint torchrun uses for parsed torchrun ``args``.
+
+    Example:
+        >>> from argparse import Namespace
+        >>> endpoint_of(Namespace(rdzv_endpoint="", master_addr="n0", master_port=29500))
+        'n0:29500'
+    """
+    endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
+    if endpoint:
+        return endpoint
+    return f"{getattr(args, 'master_addr', '127.0.0.1')}:{getattr(args, 'master_port', 29500)}"
+
+
+def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> str:
+    """The one-line message for ``error`` raised by ``torch.distributed.run.run(args)``.
+
+    Example:
+        >>> from argparse import Namespace
+        >>> args = Namespace(rdzv_endpoint="node0:29400", nnodes="2")
+        >>> describe_agent_error(RuntimeError("boom"), args, 60)
+        'the launch failed: RuntimeError: boom'
+    """
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
+
+    endpoint = endpoint_of(args)
+    here = socket.gethostname()
+    cause = root_cause(error)
+    if isinstance(error, RendezvousTimeoutError):
+        return (
+            f"not every node joined the rendezvous at {endpoint} within {timeout_s:g} s "
+            f"({cause}); expected --nnodes {getattr(args, 'nnodes', '?')}: start `multigpu run` "
+            "with the same --rdzv-endpoint, --rdzv-id and --nnodes on every node, or raise "
+            "--timeout"
+        )
+    if isinstance(error, RendezvousClosedError):
+        return (
+            f"the rendezvous at {endpoint} is closed: another node's launcher ended the job "
+            f"({cause}); start every node again with a new --rdzv-id"
+        )
+    text = f"{type(error).__name__}: {error} {cause}".lower()
+    store_lost = isinstance(error, RendezvousConnectionError) or any(
+        word in text for word in ("connect", "timed out", "timeout", "no route", "broken pipe")
+    )
+    if store_lost:
+        host = endpoint.rsplit(":", 1)[0]
+        return (
+            f"the rendezvous store at {endpoint} is unreachable from {here} ({cause}; waited "
+            f"up to --timeout {timeout_s:g} s): {host} is down or cut off, or its `multigpu run` "
+            "is not started or has ended (the node at that address hosts the store; the job "
+            "cannot go on without it, restarts included); check the address and port, the "
+            "network between the nodes (--iface) and that every node gives the same "
+            "--rdzv-endpoint"
+        )
+    return f"the launch failed: {type(error).__name__}: {error}"

@@ -1,0 +1,241 @@
+"""``--timeout SECONDS``: one bound for every wait of a job — the workers' and the launcher's.
+
+torch 2.13's own bounds are far too long for anyone watching a job, and one wait has none:
+
+=============================  ==============  ==================================================
+wait                           torch 2.13      with ``--timeout T`` (default 300 s)
+=============================  ==============  ==================================================
+a collective                   30 min          T (``MULTIGPU_TIMEOUT`` for the workers)
+all nodes joining (c10d)       600 s           T (``join_timeout``)
+one store call (c10d)          60 s            T (``read_timeout``; also connecting to the store)
+node 0's store (static)        900 s           T (``timeout``)
+more nodes after the minimum   30 s            min(30, T/3) (``last_call_timeout``)
+closing the rendezvous         30 s            min(30, T) (``close_timeout``)
+other nodes finishing          300 s           T (the exit barrier; torchrun has no option)
+a store whose host vanished    ~15 min, deaf   T + 5 s (the kernel's ``TCP_USER_TIMEOUT``)
+                               to SIGTERM
+=============================  ==============  ==================================================
+
+The last row is the trap: when the host of the rendezvous store vanishes (link cut, power
+loss), a store call of torch 2.13's TCPStore client waits for an answer until the kernel gives
+up on the connection — about 15 minutes — whatever its own timeout says, and the agent, stuck in
+native code, ignores SIGTERM (measured here: still waiting after 150 s with a 10 s store
+timeout). A kernel TCP_USER_TIMEOUT on the launcher's TCP sockets makes such a call fail after
+T + 5 s instead, and torch's own error path ends the agent. It never touches a healthy
+connection: it only counts data that the other side has not acknowledged. The 5 s let the
+workers' own timeout (T) fire first, so their report of which rank is lost comes first.
+
+One rule covers the exit barrier too: no node waits for another longer than T. So a node
+whose workers end more than T after those of the node that hosts the store is cut off when that
+node's launcher exits, as with torch's 300 s; give long final work (a big save on one rank) a
+larger --timeout.
+
+The last call (elastic ``--nnodes MIN:MAX``: how long to wait for more nodes once MIN have
+joined) must end inside the join deadline, or a job with fewer than MAX nodes never starts —
+hence T/3 when T is short. Rendezvous options the user gave in ``--rdzv-conf`` win over these.
+
+Environment variables read: ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import math
+import os
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+
+from multigpu.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 300.0
+"""The default bound: the workers' default collective timeout (``multigpu.dist``), 10x below
+torch's 30 minutes yet above any collective of a healthy job (a checkpoint gather included)."""
+
+SHORT_WAIT_S = 30
+"""torch's default for the waits that only add to a rendezvous (last call, close)."""
+
+STORE_GRACE_S = 5.0
+"""How much later than the workers' timeout a launcher's store call to a vanished host fails."""
+
+
+def seconds_arg(text: str) -> float:
+    """argparse ``type`` of ``--timeout``: a positive number of seconds.
+
+    Example:
+        >>> seconds_arg("30")
+        30.0
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(
+            f"--timeout {text} is not a number of seconds; expected a positive number, "
+            "e.g. --timeout 120"
+        )
+    return value
+
+
+def resolve_timeout(given: float | None, environ: Mapping[str, str]) -> float:
+    """The job's bound: ``--timeout``, else ``MULTIGPU_TIMEOUT``, else 300 s.
+
+    Example:
+        >>> resolve_timeout(None, {"MULTIGPU_TIMEOUT": "60"}), resolve_timeout(None, {})
+        (60.0, 300.0)
+    """
+    if given is not None:
+        return given
+    raw = environ.get("MULTIGPU_TIMEOUT", "")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        return seconds_arg(raw)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(
+            f"MULTIGPU_TIMEOUT={raw!r} is not a number of seconds; expected a positive number; "
+            "unset it or use --timeout SECONDS"
+        ) from e
+
+
+def _parse_conf(text: str) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def rendezvous_conf(given: str, timeout_s: float, *, static: bool) -> str:
+    """``--rdzv-conf`` with the bounds of ``timeout_s`` added where the user set none.
+
+    Example:
+        >>> rendezvous_conf("join_timeout=900", 60, static=False)
+        'join_timeout=900,read_timeout=60,last_call_timeout=20,close_timeout=30'
+        >>> rendezvous_conf("", 10, static=True)
+        'timeout=10'
+    """
+    seconds = math.ceil(timeout_s)  # torch reads these with int()
+    short = min(SHORT_WAIT_S, seconds)
+    last_call = max(1, min(SHORT_WAIT_S, seconds // 3))  # ends before the join deadline
+    if static:
+        ours = {"timeout": seconds}
+    else:
+        ours = {
+            "join_timeout": seconds,
+            "read_timeout": seconds,
+            "last_call_timeout": last_call,
+            "close_timeout": short,
+        }
+    conf = _parse_conf(given)
+    for key, value in ours.items():
+        conf.setdefault(key, str(value))
+    return ",".join(f"{k}={v}" if v else k for k, v in conf.items())
+
+
+@contextlib.contextmanager
+def exit_barrier(timeout_s: float) -> Iterator[None]:
+    """Bound torchrun's exit barrier (the wait for the other nodes' workers) by ``timeout_s``.
+
+    ``torch.distributed.run`` gives no option for it (300 s), but ``launch_agent`` builds its
+    agent through the module name ``LocalElasticAgent``, so for the time of the block that name
+    makes agents with our barrier timeout.
+    """
+    import torch.distributed.launcher.api as launcher_api
+
+    original = launcher_api.LocalElasticAgent
+    bounded = functools.partial(original, exit_barrier_timeout=timeout_s)
+    setattr(launcher_api, "LocalElasticAgent", bounded)  # noqa: B010 (a module attribute)
+    try:
+        yield
+    finally:
+        setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010
+
+
+class StoreCallBound:
+    """A thread that gives every TCP socket of this process a kernel ``TCP_USER_TIMEOUT``.
+
+    Sockets are found in ``/proc/self/fd`` every ``poll_s`` (torch opens them in native code,
+    out of our reach), each handled once. A no-op where Linux's option does not exist.
+    """
+
+    def __init__(self, timeout_s: float, poll_s: float = 0.5) -> None:
+        self.millis = int(timeout_s * 1000)
+        self.poll_s = poll_s
+        self.done: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="multigpu-store-bound", daemon=True)
+
+    def __enter__(self) -> StoreCallBound:
+        if hasattr(socket, "TCP_USER_TIMEOUT") and os.path.isdir("/proc/self/fd"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.apply()
+            except Exception as e:  # never let the guard take the launcher down
+                logger.debug("store call bound: %s", e)
+            if self._stop.wait(self.poll_s):
+                return
+
+    def apply(self) -> int:
+        """Set the option on every TCP socket not seen before; return how many were set."""
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile (or the listing's own fd)
+            if not target.startswith("socket:") or target in self.done:
+                continue
+            self.done.add(target)
+            count += self._set(int(fd))
+        return count
+
+    def _set(self, fd: int) -> int:
+        try:
+            # A duplicate of the descriptor: closing it leaves torch's socket open.
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return 0
+        with sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (
+                socket.AF_INET,
+                socket.AF_INET6,
+            ):
+                return 0
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.millis)
+        return 1
+
+
+@contextlib.contextmanager
+def bounded_waits(timeout_s: float) -> Iterator[None]:
+    """Inside the block, torchrun's agent waits at most about ``timeout_s`` anywhere.
+
+    Example:
+        >>> with bounded_waits(60):  # doctest: +SKIP
+        ...     torch.distributed.run.run(args)
+    """
+    with exit_barrier(timeout_s), StoreCallBound(timeout_s + STORE_GRACE_S):
+        yield
+
+
+def describe_timeout(timeout_s: float) -> str:
+    """One line for ``--dry-run``.
+
+    Example:
+        >>> describe_timeout(300)
+        '300 s for any collective, rendezvous, store call or exit barrier (--timeout)'
+    """
+    return f"{timeout_s:g} s for any collective, rendezvous, store call or exit barrier (--timeout)"

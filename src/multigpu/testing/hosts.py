@@ -1,0 +1,249 @@
+"""Test hosts: 2–3 "machines" on one Linux box, each a set of namespaces joined by a bridge.
+
+Multi-node code needs machines with their own addresses, hostnames and links that can be cut.
+``virtual_hosts(n)`` makes them from Linux namespaces (root only):
+
+- a **network namespace** per host, with ``lo`` up (it is down in a new namespace, and torch's
+  stores and gloo use it) and an ``eth0`` that is one end of a veth pair whose other end is
+  plugged into a bridge in the root namespace. The bridge has no address, so the hosts reach
+  each other and nothing else: no packet of theirs can leave the box;
+- a **UTS namespace** with the host's own hostname and a **mount namespace** in which a private
+  hosts file (every host's name → its address) is bind-mounted over ``/etc/hosts``. Without
+  them every namespace shares the box's hostname, which resolves to 127.0.0.1, and c10d's
+  "am I the store host" check, the agent's MASTER_ADDR and gloo's interface choice all go wrong.
+  The box's own ``/etc`` is never written.
+
+A small anchor process per host holds its UTS and mount namespaces; ``Host.run`` enters all
+three with ``nsenter``. Everything — processes started in the hosts, anchors, veths, namespaces,
+bridge — is removed when the ``with`` block ends, also on errors. Names carry this process's pid,
+so leftovers of a test run that was killed are recognised and removed by the next one.
+
+Example:
+    >>> from multigpu.testing.hosts import hosts_available, virtual_hosts
+    >>> if hosts_available() is None:                                   # doctest: +SKIP
+    ...     with virtual_hosts(2) as (a, b):
+    ...         out = a.run(["ping", "-c1", b.address]).wait()
+
+Environment variables read: none (``Host.run`` passes the ``env`` it is given).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multigpu.testing import netns
+
+INTERFACE = "eth0"
+"""The name of each host's network interface (inside its namespace)."""
+
+_COUNTER = itertools.count()
+
+
+class HostsError(RuntimeError):
+    """The test hosts could not be created (an ``ip`` command failed)."""
+
+
+@functools.lru_cache(maxsize=1)
+def hosts_available() -> str | None:
+    """None when ``virtual_hosts`` can work here; otherwise the reason it cannot (for a skip).
+
+    Example:
+        >>> reason = hosts_available()
+        >>> reason is None or isinstance(reason, str)
+        True
+    """
+    if not hasattr(os, "geteuid") or not Path("/proc/self/ns/net").exists():
+        return "test hosts need Linux namespaces"
+    if os.geteuid() != 0:
+        return "test hosts need root (network namespaces, veth, bridge)"
+    for tool in ("ip", "nsenter", "unshare", "mount", "hostname"):
+        if shutil.which(tool) is None:
+            return f"test hosts need the command {tool!r} (iproute2 / util-linux)"
+    probe = subprocess.run(
+        ["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        return f"cannot create namespaces here: {probe.stderr.strip() or probe.returncode}"
+    return None
+
+
+@dataclass
+class Host:
+    """One test machine: its name (= hostname), address on the bridge and namespaces."""
+
+    name: str
+    """The hostname inside the host; resolves to ``address`` on every host."""
+    address: str
+    """Its IPv4 address on the test subnet (on ``interface``)."""
+    interface: str = INTERFACE
+    """Its network interface (inside its namespace), e.g. for ``--iface``."""
+    netns: str = ""
+    """The name of its network namespace (``ip netns``)."""
+    veth: str = ""
+    """The bridge-side end of its link, in the root namespace (down = link cut)."""
+    anchor: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    """The process holding its UTS and mount namespaces."""
+    started: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        **popen: Any,
+    ) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside this host (its network, hostname and hosts file).
+
+        Args:
+            argv: the command.
+            env: its whole environment (default: this process's).
+            cwd: its working directory (default: this process's).
+            **popen: more ``subprocess.Popen`` arguments (``stdout``, ``text``, ...).
+
+        Example:
+            >>> host.run(["hostname"], stdout=subprocess.PIPE).communicate()  # doctest: +SKIP
+            (b'node0\\n', None)
+        """
+        if self.anchor is None or self.anchor.poll() is not None:
+            raise HostsError(f"host {self.name} is not running (its anchor process ended)")
+        wd = os.fspath(cwd) if cwd is not None else os.getcwd()
+        # nsenter execs the command itself (no fork without --pid): Popen.pid is its pid.
+        enter = ["nsenter", f"--target={self.anchor.pid}", "--net", "--uts", "--mount"]
+        proc = subprocess.Popen(
+            [*enter, f"--wd={wd}", "--", *argv],
+            env=dict(os.environ if env is None else env),
+            **popen,
+        )
+        self.started.append(proc)
+        return proc
+
+    def pids(self) -> list[int]:
+        """Every process in this host's network namespace except its anchor.
+
+        torchrun starts workers in sessions of their own, so a host's processes are found by
+        namespace, not by process group.
+        """
+        if self.anchor is None:
+            return []
+        return [p for p in netns.pids_in_netns_of(self.anchor.pid) if p != self.anchor.pid]
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process of this host (the host "dies"); return their pids."""
+        killed: list[int] = []
+        for _ in range(20):  # a process may fork while we kill: repeat until none is left
+            found = self.pids()
+            if not found:
+                break
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for proc in self.started:
+            if proc.poll() is None:
+                with suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+        return sorted(set(killed))
+
+    def cut_link(self) -> None:
+        """Unplug this host from the bridge: its packets are dropped, nothing is told to anyone.
+
+        The bridge-side end goes down; the host's own ``eth0`` keeps its address and routes, as
+        when a cable or a switch port fails.
+        """
+        netns.ip("link", "set", self.veth, "down")
+
+    def restore_link(self) -> None:
+        """Plug the host back in."""
+        netns.ip("link", "set", self.veth, "up")
+
+
+def _token() -> str:
+    # Interface names have at most 15 characters: "mg" + pid in hex + "x" + counter + suffix.
+    return f"mg{os.getpid():x}x{next(_COUNTER)}"
+
+
+def _hosts_file(hosts: Sequence[Host]) -> str:
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    lines += [f"{h.address} {h.name}" for h in hosts]
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def virtual_hosts(
+    n: int = 2, *, subnet: str | None = None, names: Sequence[str] | None = None
+) -> Iterator[list[Host]]:
+    """Create ``n`` test hosts on a private bridge; remove everything when the block ends.
+
+    Args:
+        n: how many hosts (1–50).
+        subnet: an IPv4 /24 for them (default: a free ``10.231.X.0/24``, one that no address
+            or route of this machine uses). Host i gets ``.11 + i``.
+        names: their hostnames (default ``node0``, ``node1``, ...).
+
+    Raises:
+        HostsError: not possible here (see ``hosts_available``) or an ``ip`` command failed.
+
+    Example:
+        >>> with virtual_hosts(2) as hosts:                            # doctest: +SKIP
+        ...     print([(h.name, h.address) for h in hosts])
+        [('node0', '10.231.7.11'), ('node1', '10.231.7.12')]
+    """
+    reason = hosts_available()
+    if reason is not None:
+        raise HostsError(reason)
+    if not 1 <= n <= 50:
+        raise HostsError(f"virtual_hosts(n={n}); expected 1 to 50 hosts")
+    names = list(names) if names is not None else [f"node{i}" for i in range(n)]
+    if len(names) != n or len(set(names)) != n:
+        raise HostsError(f"names={names!r}; expected {n} distinct hostnames")
+    netns.remove_stale()
+    net = ipaddress.ip_network(subnet) if subnet else netns.free_subnet()
+    token = _token()
+    bridge = f"{token}b"
+    hosts = [
+        Host(
+            name=name,
+            address=str(net.network_address + 11 + i),
+            netns=f"{token}n{i}",
+            veth=f"{token}v{i}",
+        )
+        for i, name in enumerate(names)
+    ]
+    with ExitStack() as cleanup:
+        workdir = Path(tempfile.mkdtemp(prefix="multigpu-hosts-"))
+        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        hosts_file = workdir / "hosts"
+        hosts_file.write_text(_hosts_file(hosts))
+        cleanup.callback(netns.ip_quiet, "link", "del", bridge)
+        netns.ip("link", "add", bridge, "type", "bridge")
+        netns.ip("link", "set", bridge, "up")
+        for host in hosts:
+            cleanup.callback(netns.ip_quiet, "netns", "del", host.netns)
+            cleanup.callback(netns.ip_quiet, "link", "del", host.veth)
+            cleanup.callback(_stop, host)
+            netns.plug(host.netns, host.veth, bridge, INTERFACE, f"{host.address}/{net.prefixlen}")
+            host.anchor = netns.start_anchor(host.netns, host.name, hosts_file)
+        yield hosts
+
+
+def _stop(host: Host) -> None:
+    host.kill_all()
+    if host.anchor is not None:
+        netns.stop_anchor(host.anchor)

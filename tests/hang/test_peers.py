@@ -1,0 +1,57 @@
+"""The liveness probe behind "rank 2 (n2, ...): its process has ended": real sockets, one process.
+
+The "unreachable from here" finding needs a host that does not answer: tests/multinode.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from multigpu.hang import peers
+
+
+@pytest.fixture
+def directory() -> Iterator[None]:
+    """This process as rank 0 of 3: rank 1 listens (alive), rank 2's port is closed (ended)."""
+    alive = socket.create_server(("127.0.0.1", 0))
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        closed_port = gone.getsockname()[1]
+    table = [("me", "127.0.0.1", 1), ("n1", "127.0.0.1", alive.getsockname()[1]),
+             ("n2", "127.0.0.1", closed_port)]  # fmt: skip
+    peers.start(0, lambda mine: [mine if r == 0 else row for r, row in enumerate(table)])
+    try:
+        yield
+    finally:
+        alive.close()
+        peers._peers.clear()
+        if peers._listener is not None:
+            peers._listener.close()
+
+
+def test_probe_tells_alive_from_ended(directory: None) -> None:
+    assert peers._peers[0].host == socket.gethostname() and peers._peers[0].port > 0
+    found = peers.probe(timeout_s=1.0)
+    assert found[1] == "answers"
+    assert found[2].startswith("its process has ended")
+    assert 0 not in found  # never itself
+
+
+def test_one_line_after_a_failed_collective_only(directory: None) -> None:
+    out = io.StringIO()
+    error = RuntimeError("[gloo/transport/tcp/pair.cc:1] Timed out waiting 1000ms for recv")
+    peers.report_lost_peers(error, out)
+    line = out.getvalue()
+    assert line.count("\n") == 1
+    assert line.startswith(f"multigpu: rank 0 ({socket.gethostname()}): a collective failed "
+                           "(Timed out waiting 1000ms for recv); rank 2 (n2, 127.0.0.1): "
+                           "its process has ended")  # fmt: skip
+    assert "rank 1" not in line  # it answers: not lost
+    out = io.StringIO()
+    peers.report_lost_peers(ValueError("a bug in the script"), out)
+    peers.report_lost_peers(None, out)  # the script ended normally
+    assert out.getvalue() == ""
