@@ -96,14 +96,25 @@ def init_process_group(
         env.rank,
         env.world_size,
     )
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timeout,
-        **kwargs,
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            **kwargs,
+        )
+    except RuntimeError as e:  # DistStoreError: a rank that never came ("wait timeout ...")
+        if "timeout" not in str(e).lower():
+            raise
+        raise EnvError(
+            f"rank {env.rank} of {env.world_size} ({env.num_nodes} node(s)) waited "
+            f"{timeout.total_seconds():g} s for the other ranks to join the process group at "
+            f"{env.master_addr}:{env.master_port}; expected all {env.world_size} to join: a node "
+            "did not start or failed before joining (see its output), or the nodes were started "
+            "with different --nnodes / --nproc-per-node; start every node with the same options"
+        ) from e
     return True
 
 

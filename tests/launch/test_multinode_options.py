@@ -6,7 +6,10 @@ Pure planning, plus the two run-time bounds on real objects (a socket, torch's l
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 from torch.distributed.elastic.rendezvous.api import (
@@ -26,6 +29,7 @@ from multigpu.launch.timeouts import (
     resolve_timeout,
 )
 from multigpu.launch.train import split_launch_args
+from tests.launch._util import child_env
 from tests.launch.test_plan import plan_for
 
 C10D = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400"]
@@ -45,7 +49,7 @@ def test_c10d_and_elastic_options_pass_through_with_bounded_waits() -> None:
     assert args.node_rank == 1 and not args.standalone  # several nodes: no --standalone
     assert _conf(plan) == {
         "join_timeout": "300", "read_timeout": "300", "last_call_timeout": "30",
-        "close_timeout": "30",
+        "close_timeout": "30", "keep_alive_interval": "5", "keep_alive_max_attempt": "3",
     }  # fmt: skip
     assert plan.timeout_s == 300 and "MULTIGPU_TIMEOUT" not in plan.env
     elastic = plan_for("--cpu", "1", "--nnodes", "1:2", "--rdzv-backend", "c10d",
@@ -61,7 +65,7 @@ def test_timeout_sets_the_workers_and_every_launcher_wait() -> None:
     # The user's rendezvous settings win; ours fill the rest (torch reads whole seconds).
     assert _conf(plan) == {
         "join_timeout": "900", "is_host": "1", "read_timeout": "13", "last_call_timeout": "4",
-        "close_timeout": "13",
+        "close_timeout": "13", "keep_alive_interval": "1", "keep_alive_max_attempt": "3",
     }  # fmt: skip
     static = plan_for("--cpu", "1", "--nnodes", "2", "--master-addr", "n0", "--timeout", "7",
                       "t.py")  # fmt: skip
@@ -79,10 +83,12 @@ def test_timeout_sets_the_workers_and_every_launcher_wait() -> None:
 def test_timeout_helpers() -> None:
     assert resolve_timeout(3.0, {"MULTIGPU_TIMEOUT": "9"}) == 3.0
     assert rendezvous_conf("", 600, static=False) == (
-        "join_timeout=600,read_timeout=600,last_call_timeout=30,close_timeout=30"
+        "join_timeout=600,read_timeout=600,last_call_timeout=30,close_timeout=30,"
+        "keep_alive_interval=5,keep_alive_max_attempt=3"
     )
     assert rendezvous_conf("", 2, static=False) == (
-        "join_timeout=2,read_timeout=2,last_call_timeout=1,close_timeout=2"
+        "join_timeout=2,read_timeout=2,last_call_timeout=1,close_timeout=2,"
+        "keep_alive_interval=1,keep_alive_max_attempt=3"
     )
     for bad in ("0", "-1", "x", "inf"):
         with pytest.raises(UsageError, match=f"--timeout {bad} is not a number of seconds"):
@@ -151,6 +157,33 @@ def test_agent_errors_name_the_endpoint_and_the_fix() -> None:
     here = socket.gethostname()
     assert line.startswith(f"the rendezvous store at node0:29400 is unreachable from {here} (")
     assert "--timeout 5 s" in line and "--iface" in line and "\n" not in line
+    closed = RendezvousConnectionError("Failed to recv, got 0 bytes. Connection was likely closed.")
+    line = describe_agent_error(closed, args, 5)
+    assert line.startswith(f"the rendezvous store at node0:29400 closed its connection to {here}")
+    assert "the `multigpu run` on node0 has ended" in line and "(this node: 2)" in line
     line = describe_agent_error(RendezvousTimeoutError("join"), args, 60)
     assert "not every node joined the rendezvous at node0:29400 within 60 s" in line
     assert "--nnodes 2" in line
+
+
+def test_a_port_held_by_a_program_that_is_not_a_store_is_named_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    # torch's store client would wait for such a program forever, whatever its timeout.
+    script = tmp_path / "t.py"
+    script.write_text("print('never')\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "multigpu", "run", "--cpu", "1", "--nnodes", "2",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "2",
+             str(script)],
+            env=child_env({}), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"a program listens at 127.0.0.1:{port} but does not answer as a rendezvous store" in (
+        done.stderr
+    )
+    assert "never" not in done.stdout

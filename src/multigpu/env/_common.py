@@ -145,7 +145,8 @@ def check(env: ClusterEnv, names: Names, *, fix: str) -> ClusterEnv:
     if env.num_nodes > env.world_size:
         raise EnvError(
             f"{names.num_nodes}={env.num_nodes} exceeds {names.world_size}={env.world_size}; "
-            f"expected every node to run at least one process; {fix}"
+            f"expected every node to run at least one process (nodes started with different "
+            f"--nnodes disagree like this: give every node the same --nnodes); {fix}"
         )
     if not env.master_addr:
         raise EnvError(f"MASTER_ADDR is empty; expected a host name or IP address; {fix}")

@@ -82,8 +82,17 @@ def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> s
     store_lost = isinstance(error, RendezvousConnectionError) or any(
         word in text for word in ("connect", "timed out", "timeout", "no route", "broken pipe")
     )
+    host = endpoint.rsplit(":", 1)[0]
+    if store_lost and any(w in text for w in ("likely closed", "connection reset", "eof")):
+        # The store answered before and then hung up: its host's launcher ended.
+        return (
+            f"the rendezvous store at {endpoint} closed its connection to {here} ({cause}): "
+            f"the `multigpu run` on {host} has ended — see its output; when it timed out "
+            "waiting for the other nodes, the nodes disagree on --nnodes (this node: "
+            f"{getattr(args, 'nnodes', '?')}), --rdzv-id or --rdzv-endpoint: start every node "
+            "with the same ones"
+        )
     if store_lost:
-        host = endpoint.rsplit(":", 1)[0]
         return (
             f"the rendezvous store at {endpoint} is unreachable from {here} ({cause}; waited "
             f"up to --timeout {timeout_s:g} s): {host} is down or cut off, or its `multigpu run` "

@@ -355,3 +355,26 @@ def _endpoint_port(endpoint: str) -> tuple[str, int] | None:
         return None  # torchrun's default port applies; it reports a bad endpoint itself
     port = int(port_text)
     return f"--rdzv-endpoint {endpoint}", port
+
+
+def rendezvous_endpoint(options: LaunchOptions) -> tuple[str, int] | None:
+    """(host, port) this node's agent will connect to on several nodes; None on one node.
+
+    Example:
+        >>> rendezvous_endpoint(LaunchOptions(script="t.py", torchrun={
+        ...     "nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400"}))
+        ('node0', 29400)
+    """
+    if options.max_nodes == 1 or options.get("standalone"):
+        return None
+    endpoint = str(options.get("rdzv_endpoint", "") or "")
+    if endpoint:
+        host, sep, port_text = endpoint.rpartition(":")
+        return (host.strip("[]"), int(port_text)) if sep and port_text.isdigit() else None
+    host = str(options.get("master_addr", "") or "127.0.0.1")
+    return host, int(options.get("master_port", 29500) or 29500)
+
+
+def endpoint_option(options: LaunchOptions) -> str:
+    """How the user named the rendezvous endpoint, for messages."""
+    return "--rdzv-endpoint" if options.get("rdzv_endpoint") else "--master-addr/--master-port"

@@ -8,6 +8,7 @@ Environment variables read: none.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 
@@ -76,3 +77,45 @@ def check_port_free(port: int, *, option: str) -> None:
                     "another port"
                 ) from e
             return
+
+
+def check_store_answers(host: str, port: int, *, option: str, wait_s: float) -> None:
+    """Raise UsageError when something listens at ``host:port`` but is not a rendezvous store.
+
+    torch 2.13's TCPStore client waits forever, whatever its timeout, for a reply from a
+    program that accepts the connection but never answers (measured: still waiting after 90 s
+    with ``--timeout 8``) — e.g. another program that holds the port on the store's node, which
+    makes torch's agent fall back from hosting the store to being its client. So the launcher
+    first connects as a store client itself, in a thread it can give up on. Nothing listening
+    yet is fine (the store's node may start later; the rendezvous timeout bounds that wait), and
+    a real store answers in milliseconds.
+
+    Example:
+        >>> check_store_answers("127.0.0.1", 1, option="--rdzv-endpoint", wait_s=1)
+    """
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    try:
+        socket.create_connection((host, port), timeout=min(wait_s, 3.0)).close()
+    except OSError:
+        return  # nothing there (yet), or unreachable: the agent's bounded waits report it
+    answered = threading.Event()
+
+    def probe() -> None:
+        # An error is an answer too: the agent meets it again and reports it.
+        with contextlib.suppress(Exception):
+            TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait_s),
+                     wait_for_workers=False)  # fmt: skip
+        answered.set()
+
+    threading.Thread(target=probe, daemon=True, name="multigpu-store-probe").start()
+    if not answered.wait(wait_s):
+        raise UsageError(
+            f"{option}: a program listens at {host}:{port} but does not answer as a rendezvous "
+            f"store within {wait_s:g} s (torch would wait for it forever); expected the port free "
+            f"on the store's node, or held by this job's store: stop the program that holds port "
+            f"{port} on {host} (`ss -ltnp 'sport = :{port}'` shows it) or choose another port"
+        )

@@ -26,8 +26,14 @@ from multigpu.errors import UsageError
 from multigpu.launch.agent_errors import describe_agent_error
 from multigpu.launch.network import check_interface
 from multigpu.launch.options import LaunchOptions
-from multigpu.launch.plan import LaunchPlan, build_plan, choose_devices
-from multigpu.launch.ports import check_port_free
+from multigpu.launch.plan import (
+    LaunchPlan,
+    build_plan,
+    choose_devices,
+    endpoint_option,
+    rendezvous_endpoint,
+)
+from multigpu.launch.ports import check_port_free, check_store_answers
 from multigpu.launch.slurm import with_slurm_topology
 from multigpu.launch.timeouts import bounded_waits
 
@@ -123,6 +129,10 @@ def prepare(
             plan = build_plan(options, request, environ=env, cores=cores, iface_address=address)
         if plan.store_port is not None:
             check_port_free(plan.store_port[1], option=plan.store_port[0])
+        endpoint = rendezvous_endpoint(options)
+        if endpoint is not None:
+            check_store_answers(*endpoint, option=endpoint_option(options),
+                                wait_s=min(plan.timeout_s, 10.0))  # fmt: skip
         yield plan
 
 

@@ -10,6 +10,7 @@ all nodes joining (c10d)       600 s           T (``join_timeout``)
 one store call (c10d)          60 s            T (``read_timeout``; also connecting to the store)
 node 0's store (static)        900 s           T (``timeout``)
 more nodes after the minimum   30 s            min(30, T/3) (``last_call_timeout``)
+a dead node leaves (c10d)      15 s            3 x min(5, max(1, T/10)) (3 missed keep-alives)
 closing the rendezvous         30 s            min(30, T) (``close_timeout``)
 other nodes finishing          300 s           T (the exit barrier; torchrun has no option)
 a store whose host vanished    ~15 min, deaf   T + 5 s (the kernel's ``TCP_USER_TIMEOUT``)
@@ -32,7 +33,12 @@ larger --timeout.
 
 The last call (elastic ``--nnodes MIN:MAX``: how long to wait for more nodes once MIN have
 joined) must end inside the join deadline, or a job with fewer than MAX nodes never starts —
-hence T/3 when T is short. Rendezvous options the user gave in ``--rdzv-conf`` win over these.
+hence T/3 when T is short. For the same reason a dead node must be dropped from the rendezvous
+sooner than torch's 15 s when T is short: after a node is lost, the survivors' next rendezvous
+first waits for the dead node's keep-alives to expire, then for the last call, and both must end
+inside the join deadline (measured here: with T = 15 and torch's keep-alive, 1 of 2 elastic
+restarts after a node loss timed out). Rendezvous options the user gave in ``--rdzv-conf`` win
+over these.
 
 Environment variables read: ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
 """
@@ -116,8 +122,10 @@ def rendezvous_conf(given: str, timeout_s: float, *, static: bool) -> str:
     """``--rdzv-conf`` with the bounds of ``timeout_s`` added where the user set none.
 
     Example:
-        >>> rendezvous_conf("join_timeout=900", 60, static=False)
-        'join_timeout=900,read_timeout=60,last_call_timeout=20,close_timeout=30'
+        >>> rendezvous_conf("join_timeout=900", 60, static=False).split(",")
+        ... # doctest: +NORMALIZE_WHITESPACE
+        ['join_timeout=900', 'read_timeout=60', 'last_call_timeout=20', 'close_timeout=30',
+         'keep_alive_interval=5', 'keep_alive_max_attempt=3']
         >>> rendezvous_conf("", 10, static=True)
         'timeout=10'
     """
@@ -132,6 +140,8 @@ def rendezvous_conf(given: str, timeout_s: float, *, static: bool) -> str:
             "read_timeout": seconds,
             "last_call_timeout": last_call,
             "close_timeout": short,
+            "keep_alive_interval": min(5, max(1, seconds // 10)),
+            "keep_alive_max_attempt": 3,
         }
     conf = _parse_conf(given)
     for key, value in ours.items():
