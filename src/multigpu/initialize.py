@@ -1,7 +1,8 @@
 """``multigpu.init()``: detect the job, pick the device, start the group, seed, give a Context.
 
 Environment variables read: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
-``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``,
+``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_COMPRESSION`` (through
+``resolve_strategy``), ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``,
 ``MULTIGPU_DETERMINISTIC``, ``CUBLAS_WORKSPACE_CONFIG``, and (for ``multigpu verify``)
 ``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS``.
 """
@@ -76,7 +77,7 @@ def init(
     device = choose_device(env, accelerator)
     chosen_backend = backend_for(device, backend or env_vars.get("MULTIGPU_BACKEND"))
     resolved = resolve_strategy(
-        strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size
+        strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size, env_vars
     )
     resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm)
     wait = dist.resolve_timeout(timeout)
@@ -103,7 +104,7 @@ def init(
         seed=seed,
         owns_process_group=created,
         precision=mixed,
-        probe=_probe(env_vars, env.rank, env.world_size, mixed.name, deterministic),
+        probe=_probe(env_vars, env.rank, env.world_size, mixed.name, deterministic, resolved),
         watchdog=start_watchdog(
             rank=env.rank, world_size=env.world_size, timeout=wait, environ=env_vars
         ),
@@ -126,9 +127,16 @@ def make_deterministic(device: torch.device, environ: Mapping[str, str]) -> None
 
 
 def _probe(
-    environ: Mapping[str, str], rank: int, world_size: int, precision: str, deterministic: bool
+    environ: Mapping[str, str],
+    rank: int,
+    world_size: int,
+    precision: str,
+    deterministic: bool,
+    strategy: Strategy,
 ) -> VerifyProbe | None:
     probe = VerifyProbe.from_environ(environ, rank, world_size)
     if probe is not None:
-        probe.info.update(precision=precision, deterministic=deterministic)
+        # Gradient compression in effect (none at world size 1): verify names it on a FAIL.
+        compression = strategy.describe().get("compression", "none") if world_size > 1 else "none"
+        probe.info.update(precision=precision, deterministic=deterministic, compression=compression)
     return probe

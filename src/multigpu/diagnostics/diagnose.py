@@ -2,8 +2,9 @@
 
 ``find_reasons`` names what breaks world-size invariance when ``multigpu verify`` fails
 (Dropout, a per-rank batch size, a world-size dependent dataset, different step counts, no
-``ctx.loader``, BatchNorm without synchronisation...); ``find_notes`` says what could not be
-checked (no losses, no model, a script that ended early) and is shown on PASS too.
+``ctx.loader``, BatchNorm without synchronisation, gradient compression...); ``find_notes``
+says what could not be checked (no losses, no model, a script that ended early) and is shown
+on PASS too.
 Each is one line: what was seen, why it matters, what to do.
 
 Environment variables read: none.
@@ -97,6 +98,13 @@ def find_reasons(runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]
             f"({_by_world_size(runs, lambda r: f'{r.dtype}/{r.precision}')}): results of "
             "different precisions cannot match"
         )
+    if any(_compression(run) != "none" for run in runs):
+        reasons.append(
+            f"gradient compression ({_by_world_size(runs, _compression)}): the all-reduced "
+            "gradients are rounded (bf16, fp16) or approximated (powersgd), and one process "
+            "sends nothing to compress; verify without it (--compression none, "
+            "MULTIGPU_COMPRESSION unset) or accept the difference (--rtol 1e-2 for bf16/fp16)"
+        )
     batchnorm = _batchnorm_layers(runs[0]) if runs else []
     if batchnorm and any(not c.tensors_ok for c in comparisons):
         reasons.append(
@@ -131,6 +139,11 @@ def _loader_reasons(runs: Sequence[RunRecord]) -> list[str]:
                 f"keep the {what} the same at every world size"
             )
     return reasons
+
+
+def _compression(run: RunRecord) -> str:
+    # Records of older versions have no "compression": nothing was compressed then.
+    return str(run.main.get("compression") or "none")
 
 
 def _batchnorm_layers(run: RunRecord) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang import active_log
 from multigpu.hang.stragglers import SLOW, slowest
 from multigpu.precision import PRECISIONS
-from multigpu.strategies import STRATEGY_NAMES
+from multigpu.strategies import COMPRESSIONS, STRATEGY_NAMES, DDPStrategy
 
 
 class DigitsCNN(nn.Module):
@@ -84,11 +85,16 @@ def evaluate(ctx: Context, model: nn.Module, dataset: TensorDataset, batch_size:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train and evaluate; return the metrics (written to ``--out`` by rank 0)."""
     started = time.perf_counter()
-    with multigpu.init(strategy=args.strategy, seed=args.seed, precision=args.precision) as ctx:
+    strategy = _strategy(args)
+    with multigpu.init(strategy=strategy, seed=args.seed, precision=args.precision) as ctx:
         train_set, test_set = load_digits_split()
         model = DigitsCNN()
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         model, optimizer = ctx.setup(model, optimizer)
+        # One process sends nothing: nothing is compressed whatever was asked.
+        compression = (
+            ctx.strategy.describe().get("compression", "none") if ctx.is_distributed else "none"
+        )
         loader = ctx.loader(
             train_set, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps
         )
@@ -96,10 +102,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"digits: {len(train_set)} train / {len(test_set)} test samples, {ctx.world_size} "
             f"process(es) on {ctx.device.type}, strategy {ctx.strategy.name}, global batch "
             f"{args.batch_size} ({loader.batch_size} per rank x {args.accumulation_steps} "
-            f"micro-step(s)), precision {ctx.precision.name}"
+            f"micro-step(s)), precision {ctx.precision.name}, gradient compression {compression}"
         )
         run = RunState()
         checkpointer, resumed = _checkpointing(ctx, args, model, optimizer, loader, run)
+        if resumed is not None and compression == "powersgd":
+            ctx.print(
+                "note: PowerSGD's error feedback and warm start are not in checkpoints; they "
+                "start afresh here, so this run ends close to, not equal to, an uninterrupted one"
+            )
+        step_seconds: list[float] = []  # per optimizer step (all its micro-batches), this run
+        in_step = 0.0
         progress = _progress(ctx, args.progress)
         task = progress.add_task("train", total=args.epochs * len(loader)) if progress else None
         while len(run.history) < args.epochs:
@@ -113,6 +126,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         ctx.backward(loss)
                         stepped = ctx.step(optimizer)  # steps and zeroes the gradients
                     now = time.perf_counter()
+                    in_step += now - tick
+                    if stepped:
+                        step_seconds.append(in_step)
+                        in_step = 0.0
                     run.add_step(
                         float(loss.detach()),
                         stepped=stepped,
@@ -143,9 +160,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "strategy": ctx.strategy.name,
             "precision": ctx.precision.name,
+            "compression": compression,
             "accumulation_steps": args.accumulation_steps,
             "device": ctx.device.type,
             "samples_per_second": round(run.train_samples / max(run.train_seconds, 1e-9), 1),
+            "step_ms_median": round(1e3 * statistics.median(step_seconds), 3)
+            if step_seconds
+            else None,
             "seconds": round(time.perf_counter() - started, 3),
             "final_loss": history[-1]["loss"],
             "param_sha256": parameter_sha256(ctx.unwrap(model)),
@@ -160,6 +181,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"{metrics['seconds']:.1f} s ({metrics['samples_per_second']:.0f} samples/s)"
         )
     return metrics
+
+
+def _strategy(args: argparse.Namespace) -> str | DDPStrategy:
+    """``--strategy``, as a ``DDPStrategy`` carrying ``--compression`` when that is given."""
+    if args.strategy in ("single", "dp") and args.compression not in (None, "none"):
+        raise multigpu.UsageError(
+            f"--compression {args.compression} compresses DDP's gradient all-reduce, which "
+            f"--strategy {args.strategy} does not have; use --strategy ddp (or auto), or "
+            "leave out --compression"
+        )
+    if args.compression is None or args.strategy in ("single", "dp"):
+        return str(args.strategy)
+    return DDPStrategy(compression=args.compression)
 
 
 def _finish_epoch(
@@ -299,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=STRATEGY_NAMES,
         default="auto",
         help="auto (ddp above one process), single, dp (legacy), ddp",
+    )
+    p.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        help="compress DDP's gradient all-reduce (default MULTIGPU_COMPRESSION, else none)",
     )
     p.add_argument("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
     p.add_argument(

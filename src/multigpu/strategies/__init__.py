@@ -1,32 +1,62 @@
-"""Strategies: how a model is placed and wrapped (single, dp, ddp) and how ``auto`` picks one."""
+"""Strategies: how a model is placed and wrapped (single, dp, ddp) and how ``auto`` picks one.
+
+Environment variables read: ``MULTIGPU_COMPRESSION`` (by ``resolve_strategy``: the gradient
+compression of a ``ddp`` strategy that was not given one in code).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
+
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy, unwrap_module
+from multigpu.strategies.compression import COMPRESSION_ENV, COMPRESSIONS, parse_compression
 from multigpu.strategies.ddp import DDPStrategy
 from multigpu.strategies.dp import DataParallelStrategy
 from multigpu.strategies.single import SingleDeviceStrategy
 
+log = logging.getLogger(__name__)
+
 STRATEGY_NAMES = ("auto", "single", "dp", "ddp")
 
 
-def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
+def resolve_strategy(
+    strategy: str | Strategy, world_size: int, environ: Mapping[str, str] | None = None
+) -> Strategy:
     """Turn a name (or an instance) into a Strategy; ``auto`` is ``ddp`` above one process.
 
     ``auto`` never picks ``dp``: DataParallel is legacy and must be asked for by name.
+    ``MULTIGPU_COMPRESSION`` (in ``environ``, default ``os.environ``) sets the gradient
+    compression of a ``ddp`` strategy whose code did not choose one; it is checked whatever the
+    strategy, and has nothing to compress without DDP (one process, or ``dp``).
+
+    Example:
+        >>> resolve_strategy("auto", 2, {"MULTIGPU_COMPRESSION": "fp16"}).describe()["compression"]
+        'fp16'
     """
+    env = os.environ if environ is None else environ
+    compression = None
+    if env.get(COMPRESSION_ENV, "").strip():
+        compression = parse_compression(env[COMPRESSION_ENV], given_as=COMPRESSION_ENV)
     if isinstance(strategy, Strategy):
+        if isinstance(strategy, DDPStrategy) and strategy.compression is None:
+            strategy.compression = compression
         return strategy
     name = str(strategy).lower()
     if name == "auto":
         name = "ddp" if world_size > 1 else "single"
+    if name in ("single", "dp") and compression not in (None, "none"):
+        log.debug(
+            "%s=%s ignored: strategy %s sends no gradients", COMPRESSION_ENV, compression, name
+        )
     if name == "single":
         return SingleDeviceStrategy()
     if name == "dp":
         return DataParallelStrategy()
     if name == "ddp":
-        return DDPStrategy()
+        return DDPStrategy(compression=compression)
     raise UsageError(
         f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} "
         "or a Strategy instance"
@@ -34,6 +64,8 @@ def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
 
 
 __all__ = [
+    "COMPRESSIONS",
+    "COMPRESSION_ENV",
     "STRATEGY_NAMES",
     "DDPStrategy",
     "DataParallelStrategy",

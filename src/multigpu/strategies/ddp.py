@@ -15,6 +15,11 @@ from torch.nn.parallel import DistributedDataParallel
 from multigpu.errors import UsageError
 from multigpu.precision import AutocastModule
 from multigpu.strategies.base import Strategy
+from multigpu.strategies.compression import (
+    check_powersgd_options,
+    parse_compression,
+    register_compression,
+)
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 
 
@@ -28,10 +33,16 @@ class DDPStrategy(Strategy):
         gradient_as_bucket_view: gradients alias the communication buckets (saves memory).
         broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0 each forward
             (torch's default, True, when not given).
+        compression: compress the gradient all-reduce: ``"fp16"``, ``"bf16"``, ``"powersgd"`` or
+            ``"none"`` (see ``multigpu.strategies.compression``). None (not given): the value of
+            ``MULTIGPU_COMPRESSION``, else none.
+        powersgd_rank: rank of PowerSGD's approximation (1 sends least; 2-4 keep more).
+        powersgd_start_iter: steps all-reduced uncompressed before PowerSGD starts (>= 2).
         **ddp_kwargs: anything else ``DistributedDataParallel`` accepts.
 
     Example:
         >>> ctx = multigpu.init(strategy=DDPStrategy(find_unused_parameters=True))  # doctest: +SKIP
+        >>> ctx = multigpu.init(strategy=DDPStrategy(compression="powersgd"))  # doctest: +SKIP
     """
 
     name = "ddp"
@@ -44,9 +55,19 @@ class DDPStrategy(Strategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         broadcast_buffers: bool | None = None,
+        compression: str | None = None,
+        powersgd_rank: int = 1,
+        powersgd_start_iter: int = 10,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
+        check_powersgd_options(powersgd_rank, powersgd_start_iter)
+        self.compression = None if compression is None else parse_compression(compression)
+        """The gradient compression; None until given (``resolve_strategy`` fills it in)."""
+        self.powersgd_rank = powersgd_rank
+        self.powersgd_start_iter = powersgd_start_iter
+        self.hook_states: list[Any] = []
+        """Each wrapped model's PowerSGD state (``compression_stats()``), in wrapping order."""
         for owned in ("module", "device_ids", "output_device", "process_group"):
             if owned in ddp_kwargs:
                 raise UsageError(
@@ -76,6 +97,14 @@ class DDPStrategy(Strategy):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(module, device_ids=device_ids, **self.options)
         self._wrapped.append(weakref.ref(ddp))
+        state = register_compression(
+            ddp,
+            self.compression or "none",
+            powersgd_rank=self.powersgd_rank,
+            powersgd_start_iter=self.powersgd_start_iter,
+        )
+        if state is not None:
+            self.hook_states.append(state)
         return ddp
 
     @contextlib.contextmanager
@@ -111,7 +140,13 @@ class DDPStrategy(Strategy):
                 if attr in ddp.__dict__:
                     delattr(ddp, attr)
         self._wrapped.clear()
+        self.hook_states.clear()  # PowerSGD's states hold the process group
         gc.collect()
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, **self.options}
+        described: dict[str, Any] = {"strategy": self.name, **self.options}
+        described["compression"] = self.compression or "none"
+        if self.compression == "powersgd":
+            described["powersgd_rank"] = self.powersgd_rank
+            described["powersgd_start_iter"] = self.powersgd_start_iter
+        return described

@@ -1,0 +1,200 @@
+"""Gradient compression for DDP: torch's communication hooks, chosen by name.
+
+DDP all-reduces every gradient each optimizer step; on a slow link between machines that
+transfer is the step time. A communication hook (``torch.distributed.algorithms.ddp_comm_hooks``)
+changes what is sent:
+
+- ``"fp16"``: each gradient bucket is cast to float16 (divided by the world size first, so the sum
+  cannot overflow), all-reduced and cast back: half the bytes, about 3 decimal digits kept.
+  Gradients beyond ±65504 become inf.
+- ``"bf16"``: the same with bfloat16 (float32's range, about 2 decimal digits). torch refuses its
+  ``bf16_compress_hook`` on a build without CUDA/NCCL (a ``TypeError`` naming CUDA 11+ and NCCL
+  2.10+) although gloo all-reduces bfloat16 correctly; on gloo the same few lines of hook run
+  under another name (``_bf16_gloo_hook``), on other backends torch's own.
+- ``"powersgd"``: PowerSGD (Vogels et al., 2019), ``powerSGD_hook``: each gradient matrix M (n×m) is
+  sent as two rank-r factors P (n×r) and Q (m×r), with error feedback (what the approximation
+  missed is added to the next step's gradient) and warm start (last step's Q is reused). Vectors
+  such as biases go uncompressed. The first ``start_iter`` steps all-reduce uncompressed (torch
+  needs at least 2: DDP rebuilds its buckets after the first). torch's ``batched_powerSGD_hook``
+  is not offered: in torch 2.13 it fails on every device with an ``AssertionError`` in
+  ``_orthogonalize`` (it passes a 2-D tensor where a batch of matrices is expected).
+
+Compressed gradients differ from the exact mean, so results no longer match between world sizes
+(at world size 1 there is nothing to send and nothing is compressed). PowerSGD's error feedback
+and warm start live in the hook's state, which checkpoints do not hold: a resumed run starts them
+afresh (and the first ``start_iter`` steps after it are uncompressed again), so it ends close to,
+not bitwise equal to, an uninterrupted run.
+
+Environment variables read: none here; ``MULTIGPU_COMPRESSION`` (``COMPRESSION_ENV``) is read by
+``multigpu.strategies.resolve_strategy``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from multigpu.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
+"""Accepted by ``DDPStrategy(compression=)``, ``MULTIGPU_COMPRESSION`` and ``--compression``."""
+
+COMPRESSION_ENV = "MULTIGPU_COMPRESSION"
+"""The environment variable that turns compression on without code (for ``ddp`` strategies)."""
+
+
+def parse_compression(value: str | None, *, given_as: str = "compression") -> str:
+    """The canonical name of a compression; None and ``""`` mean ``"none"``.
+
+    Args:
+        value: what the user gave (case and surrounding spaces do not matter).
+        given_as: how the user gave it, for the error message (``MULTIGPU_COMPRESSION``...).
+
+    Raises:
+        UsageError: ``value`` is not one of ``COMPRESSIONS``.
+
+    Example:
+        >>> parse_compression(" BF16 "), parse_compression(None)
+        ('bf16', 'none')
+    """
+    name = (value or "none").strip().lower()
+    if name not in COMPRESSIONS:
+        raise UsageError(
+            f"{given_as}={value!r} is not a gradient compression; expected one of "
+            f"{', '.join(COMPRESSIONS)} (e.g. {given_as}=fp16)"
+        )
+    return name
+
+
+def check_powersgd_options(rank: int, start_iter: int) -> None:
+    """Refuse PowerSGD settings torch would reject later, inside the first backward pass.
+
+    Raises:
+        UsageError: ``rank`` < 1, or ``start_iter`` < 2.
+
+    Example:
+        >>> check_powersgd_options(1, 10)
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UsageError(
+            f"powersgd_rank={rank!r}; expected an integer >= 1 (the rank of the gradient "
+            "approximation: 1 sends least, 2-4 keep more accuracy)"
+        )
+    if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
+        raise UsageError(
+            f"powersgd_start_iter={start_iter!r}; expected an integer >= 2: PowerSGD's error "
+            "feedback cannot start before DDP has rebuilt its buckets after the first step"
+        )
+
+
+def register_compression(
+    ddp: DistributedDataParallel,
+    name: str,
+    *,
+    powersgd_rank: int = 1,
+    powersgd_start_iter: int = 10,
+    backend: str | None = None,
+) -> powerSGD_hook.PowerSGDState | None:
+    """Register the communication hook of compression ``name`` on ``ddp``; return its state.
+
+    Called right after wrapping (``ctx.setup``), so a combination that cannot work is refused
+    there, before the first step, not in the middle of training.
+
+    Args:
+        ddp: a freshly wrapped model (no hook registered yet).
+        name: one of ``COMPRESSIONS`` (``"none"`` registers nothing).
+        powersgd_rank: PowerSGD's approximation rank.
+        powersgd_start_iter: steps all-reduced uncompressed before PowerSGD starts.
+        backend: the backend to choose the hook for (default: that of ``ddp``'s group).
+
+    Returns:
+        The ``PowerSGDState`` for ``"powersgd"`` (``compression_stats()`` gives the numbers of
+        gradient elements before and after compression), else None.
+
+    Raises:
+        UsageError: torch refuses the hook on this build or backend.
+
+    Example:
+        >>> state = register_compression(ddp, "powersgd", powersgd_start_iter=2)  # doctest: +SKIP
+        >>> # ... 60 steps of Linear(32, 64), ReLU, Linear(64, 4) (2,372 parameters), then:
+        >>> state.compression_stats()  # doctest: +SKIP
+        (10.224137931034482, 137576, 13456)
+    """
+    name = parse_compression(name)
+    if name == "none":
+        return None
+    group = ddp.process_group
+    backend = backend or str(tdist.get_backend(group))
+    hook = comm_hook(name, backend)
+    state: Any = None
+    if name == "powersgd":
+        check_powersgd_options(powersgd_rank, powersgd_start_iter)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=powersgd_start_iter,
+            random_seed=0,  # every rank draws the same initial Q
+        )
+    try:
+        ddp.register_comm_hook(state, hook)
+    except (TypeError, RuntimeError, ValueError) as e:
+        raise UsageError(
+            f"compression={name!r} cannot run on backend {backend} with this torch build: {e}; "
+            "use another compression (fp16 or powersgd) or none"
+        ) from e
+    log.debug("gradient compression %s registered (backend %s)", name, backend)
+    return state
+
+
+def comm_hook(name: str, backend: str) -> Callable[..., Any]:
+    """The communication hook of compression ``name`` (not ``"none"``) on ``backend``.
+
+    Example:
+        >>> comm_hook("fp16", "nccl").__name__, comm_hook("bf16", "gloo").__name__
+        ('fp16_compress_hook', '_bf16_gloo_hook')
+    """
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook
+    if name == "bf16":
+        return _bf16_gloo_hook if backend == "gloo" else default_hooks.bf16_compress_hook
+    if name == "powersgd":
+        return powerSGD_hook.powerSGD_hook
+    raise UsageError(
+        f"compression={name!r} has no hook; expected one of {', '.join(COMPRESSIONS[1:])}"
+    )
+
+
+def _bf16_gloo_hook(
+    process_group: tdist.ProcessGroup | None, bucket: tdist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """torch's ``bf16_compress_hook`` under another name, for gloo (see the module docstring).
+
+    torch refuses the original by its name when the build lacks CUDA and NCCL; gloo itself
+    all-reduces bfloat16 (checked by the tests on 2 real processes).
+    """
+    group = process_group if process_group is not None else tdist.group.WORLD
+    buffer = bucket.buffer()
+    # Divide before the sum, as torch does: the reduced value is then the mean.
+    compressed = buffer.to(torch.bfloat16).div_(tdist.get_world_size(group))
+    work = tdist.all_reduce(compressed, group=group, async_op=True)
+    assert work is not None  # for mypy: async_op=True always returns the work
+
+    def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        buffer.copy_(fut.value()[0])  # in place: no second float32 copy of the bucket
+        return buffer
+
+    return work.get_future().then(decompress)
+
+
+# DDP checks a hook's annotations against the real objects (``GradBucket``, ``Future[Tensor]``);
+# under ``from __future__ import annotations`` they are strings, which it would refuse.
+_bf16_gloo_hook.__annotations__["bucket"] = tdist.GradBucket
+_bf16_gloo_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
