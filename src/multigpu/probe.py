@@ -14,7 +14,8 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
 - ``params.pt`` (rank 0): the unwrapped models' ``state_dict`` on CPU (``model{i}.`` prefixed
   when there are several).
 
-Environment variables read: ``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS``.
+Environment variables read: ``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS`` (and, through
+``multigpu.bench_record``, ``MULTIGPU_BENCH_DIR`` and ``MULTIGPU_BENCH_STEPS``).
 """
 
 from __future__ import annotations
@@ -60,10 +61,13 @@ class VerifyProbe:
     def from_environ(
         cls, environ: Mapping[str, str], rank: int, world_size: int
     ) -> VerifyProbe | None:
-        """The probe for this worker, or None outside ``multigpu verify``."""
+        """This worker's probe: under ``multigpu verify`` this class, under ``multigpu bench
+        scaling`` a ``BenchProbe``; else None."""
         directory = environ.get("MULTIGPU_VERIFY_DIR")
         if not directory:
-            return None
+            from multigpu.bench_record import BenchProbe  # `bench scaling` times the steps
+
+            return BenchProbe.from_bench_environ(environ, rank, world_size)
         steps = int(environ.get("MULTIGPU_VERIFY_STEPS", "0") or 0)
         return cls(Path(directory), steps, rank, world_size)
 

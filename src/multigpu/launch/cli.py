@@ -1,4 +1,4 @@
-"""The ``multigpu`` command line (argparse only): run, train, verify, ckpt, slurm and gpus.
+"""The ``multigpu`` command line (argparse only): run, train, verify, bench, ckpt, slurm, gpus.
 
 ``multigpu run`` is torchrun's own parser (``torch.distributed.run.get_args_parser``) with
 multigpu's options added, so every torchrun flag keeps its name, spellings and meaning.
@@ -26,7 +26,7 @@ from multigpu.launch.timeouts import seconds_arg
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
-SUBCOMMANDS = ("run", "train", "verify", "ckpt", "slurm", "gpus")
+SUBCOMMANDS = ("run", "train", "verify", "bench", "ckpt", "slurm", "gpus")
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
@@ -74,8 +74,9 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--cpu",
         type=cpu_count_arg,
-        metavar="N",
-        help="run N processes on the CPU (gloo), sharing the cores (OMP_NUM_THREADS = cores // N)",
+        metavar="N|auto",
+        help="run N processes on the CPU (gloo), sharing the cores (OMP_NUM_THREADS = cores // N); "
+        "auto: the split `multigpu bench scaling` measured fastest here (else 1 process)",
     )
     group.add_argument(
         "--backend",
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level ``multigpu`` parser with its subcommands."""
     parser = _Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{run,train,verify,ckpt,slurm,gpus}"
+        dest="command", required=True, metavar="{run,train,verify,bench,ckpt,slurm,gpus}"
     )
     run = build_run_parser()
     sub.add_parser(
@@ -168,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(see 'multigpu verify --help')",
     )
     sub.add_parser("ckpt", help="inspect or convert checkpoints (see 'multigpu ckpt --help')")
+    sub.add_parser("bench", help="collective bandwidth and scaling (see 'multigpu bench --help')")
     sub.add_parser("slurm", help="write an sbatch script (see 'multigpu slurm --help')")
     gpus = sub.add_parser("gpus", help="list this machine's GPUs")
     gpus.add_argument("--json", action="store_true", help="print a JSON list")
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             from multigpu.launch.slurm import slurm_main
 
             return slurm_main(args[1:])
+        if args and args[0] == "bench":
+            from multigpu.diagnostics.bench.cli import bench_main
+
+            return bench_main(args[1:])
         if args and args[0] == "ckpt":
             from multigpu.checkpoint.commands import ckpt_main
 

@@ -50,8 +50,9 @@ class LaunchOptions:
     """Arguments passed to the script unchanged."""
     gpus: str | None = None
     """``--gpus`` as typed (``auto``, ``N`` or ``i,j``); None when not given."""
-    cpu: int | None = None
-    """``--cpu N``: N CPU processes on gloo; None when not given."""
+    cpu: int | Literal["auto"] | None = None
+    """``--cpu N``: N CPU processes on gloo; ``"auto"``: the split ``multigpu bench scaling``
+    measured fastest; None when not given."""
     backend: Backend = "auto"
     """``--backend``: the workers' process-group backend (auto: nccl on GPUs, gloo on CPU)."""
     dry_run: bool = False
@@ -104,20 +105,22 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
-def cpu_count_arg(text: str) -> int:
-    """argparse ``type`` of ``--cpu``: a whole number of processes >= 1.
+def cpu_count_arg(text: str) -> int | Literal["auto"]:
+    """argparse ``type`` of ``--cpu``: a whole number of processes >= 1, or ``auto``.
 
     Example:
-        >>> cpu_count_arg("2")
-        2
+        >>> cpu_count_arg("2"), cpu_count_arg("auto")
+        (2, 'auto')
     """
+    if text.strip().lower() == "auto":
+        return "auto"  # resolved by the plan from the measured split (diagnostics.bench.cache)
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1 or str(value) != text.strip():
         raise argparse.ArgumentTypeError(
-            f"--cpu {text} is not a number of processes; expected a whole number >= 1; "
+            f"--cpu {text} is not a number of processes; expected a whole number >= 1 or auto; "
             "use e.g. --cpu 2 for two CPU processes"
         )
     return value

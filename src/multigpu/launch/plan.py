@@ -5,7 +5,8 @@ Everything here is a pure function of the options, the environment and the machi
 
 Environment variables read (from the ``environ`` passed in): ``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them),
-``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
+``MULTIGPU_TIMEOUT`` (the default of ``--timeout``); for ``--cpu auto``, the split saved by
+``multigpu bench scaling`` (``MULTIGPU_CACHE_DIR``, ``XDG_CACHE_HOME``: see its ``cache``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,11 @@ def choose_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> Dev
                 f"--nproc-per-node {nproc_text} contradicts --cpu {options.cpu}; expected the "
                 "same number of processes; drop --nproc-per-node (--cpu N sets it)"
             )
+        if isinstance(options.cpu, str):  # --cpu auto: the split `bench scaling` measured here
+            from multigpu.diagnostics.bench.cache import cpu_auto_split
+
+            n, why = cpu_auto_split(options.script, is_module=options.is_module, cores=cores)
+            return DeviceRequest(kind="cpu", processes=_cpu(options, n).processes, note=why)
         return _cpu(options, options.cpu)
     if options.gpus is not None:
         return DeviceRequest(kind="cuda", processes=0, gpus=options.gpus)

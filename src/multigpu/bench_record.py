@@ -1,0 +1,87 @@
+"""The worker side of ``multigpu bench scaling``: when each optimizer step of a script ends.
+
+A ``VerifyProbe`` — the recorder ``multigpu verify`` uses, fed by the Context (``ctx.setup``
+hooks the optimizers' steps, ``ctx.loader`` reports the loaders) — that keeps, instead of
+losses and parameters, the time at which each optimizer step ends and the samples one step
+consumes (the global batch of the first shuffling ``ctx.loader``). ``VerifyProbe.from_environ``
+returns one when ``MULTIGPU_BENCH_DIR`` is set. After ``MULTIGPU_BENCH_STEPS`` steps it writes
+its record and stops the script cleanly (``VerifyStop``, a ``SystemExit(0)``); a script that
+ends sooner is recorded at teardown. On CUDA each step's time is taken after
+``torch.cuda.synchronize()``, so it is the GPU's time, not the launch queue's.
+
+File ``bench-rank{r}.json`` in ``MULTIGPU_BENCH_DIR``: ``{"rank", "world_size", "steps",
+"step_ends" (seconds since init at the end of each step), "samples_per_step" (null without
+``ctx.loader``), "threads" (torch's intra-op threads), "device"}``.
+
+Environment variables read: ``MULTIGPU_BENCH_DIR``, ``MULTIGPU_BENCH_STEPS``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from multigpu.checkpoint.atomic import atomic_write
+from multigpu.probe import VerifyProbe, VerifyStop
+
+BENCH_FILE = "bench-rank{rank}.json"
+"""One rank's record (the reader, ``multigpu.diagnostics.bench.scaling``, repeats the name)."""
+
+
+class BenchProbe(VerifyProbe):
+    """Times the optimizer steps for ``multigpu bench scaling`` (see the module doc)."""
+
+    def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:
+        super().__init__(directory, steps, rank, world_size)
+        self._started = time.perf_counter()
+        self.step_ends: list[float] = []
+        self._cuda = False
+
+    @classmethod
+    def from_bench_environ(
+        cls, environ: Mapping[str, str], rank: int, world_size: int
+    ) -> BenchProbe | None:
+        """The probe for this worker, or None outside ``multigpu bench scaling``."""
+        directory = environ.get("MULTIGPU_BENCH_DIR")
+        if not directory:
+            return None
+        return cls(Path(directory), int(environ.get("MULTIGPU_BENCH_STEPS") or 0), rank, world_size)
+
+    def watch_model(self, model: nn.Module) -> None:
+        super().watch_model(model)
+        self._cuda = self._cuda or any(p.is_cuda for p in model.parameters())
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        pass  # reading the loss would synchronise a GPU at every micro-step
+
+    def _on_step(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize()
+        self.step_ends.append(time.perf_counter() - self._started)
+        self.steps += 1
+        if self.max_steps and self.steps >= self.max_steps:
+            self.write()
+            raise VerifyStop()
+
+    def write(self) -> None:
+        """Write this rank's record once."""
+        if self.written:
+            return
+        self.written = True
+        training = [info for info in self.loaders if info.get("shuffle")] or self.loaders
+        record = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "steps": self.steps,
+            "step_ends": self.step_ends,
+            "samples_per_step": training[0]["global_batch_size"] if training else None,
+            "threads": torch.get_num_threads(),
+            "device": "cuda" if self._cuda else "cpu",
+        }
+        text = json.dumps(record).encode()
+        atomic_write(self.directory / BENCH_FILE.format(rank=self.rank), lambda fh: fh.write(text))

@@ -1,0 +1,88 @@
+"""The PNG of ``multigpu bench scaling``: speed-up against world size, and the CPU splits.
+
+matplotlib is an optional extra (``pip install 'multigpu[plot]'``); without it no plot is
+written and the caller prints one line saying so. Only the object API (``Figure``) is used, so
+no GUI backend or global pyplot state is touched.
+
+Environment variables read: none (matplotlib reads its own ``MPLCONFIGDIR``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+NO_MATPLOTLIB = (
+    "no plot: matplotlib is not installed (pip install 'multigpu[plot]' or 'matplotlib>=3.5')"
+)
+
+
+def _value(row: Mapping[str, Any]) -> float | None:
+    value = row["samples_per_second"]
+    return value if value is not None else row["steps_per_second"]
+
+
+def write_plot(document: Mapping[str, Any], path: Path) -> bool:
+    """Draw the scaling result into ``path`` (PNG); False when matplotlib is missing.
+
+    Example:
+        >>> write_plot(doc, Path("runs/scaling.png"))  # doctest: +SKIP
+        True
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    splits = [r for r in document["splits"] if _value(r) is not None]
+    fig = Figure(figsize=(8.0, 3.3) if splits else (4.4, 3.3), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 2 if splits else 1, squeeze=False)[0]
+    unit = "samples/s" if document["samples_per_step"] else "steps/s"
+    rows = [r for r in document["scaling"] if r["speedup"] is not None]
+    ax = axes[0]
+    if rows:
+        sizes = [r["processes"] for r in rows]
+        ideal = [n / sizes[0] for n in sizes]
+        ax.plot(sizes, ideal, "--", color="0.6", label="ideal (linear)")
+        ax.plot(sizes, [r["speedup"] for r in rows], "o-", color="C0", label="measured")
+        for r in rows:
+            ax.annotate(
+                f"{r['efficiency']:.0%}",
+                (r["processes"], r["speedup"]),
+                textcoords="offset points",
+                xytext=(0, -14),
+                ha="center",
+                fontsize=8,
+            )
+        ax.set_xticks(sizes)
+    what = "processes x 1 thread" if document["device"] == "cpu" else "GPUs"
+    ax.set_xlabel(f"world size ({what})")
+    ax.set_ylabel("speed-up (labels: efficiency)")
+    ax.set_title("strong scaling, fixed global batch", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    if splits:
+        best = document.get("recommendation") or {}
+        labels = [f"{r['processes']}x{r['threads']}" for r in splits]
+        values = [float(_value(r) or 0.0) for r in splits]
+        colors = [
+            "C2"
+            if (r["processes"], r["threads"]) == (best.get("processes"), best.get("threads"))
+            else "C7"
+            for r in splits
+        ]
+        bars = axes[1].bar(labels, values, color=colors)
+        axes[1].bar_label(bars, fmt="%.0f", fontsize=8)
+        axes[1].margins(y=0.12)  # room for the labels above the tallest bar
+        axes[1].set_xlabel("processes x threads")
+        axes[1].set_ylabel(unit)
+        axes[1].set_title(f"splits of {document['cores']} cores (green: fastest)", fontsize=9)
+        axes[1].grid(alpha=0.3, axis="y")
+    target = ("-m " if document["is_module"] else "") + Path(document["target"]).name
+    fig.suptitle(
+        f"multigpu bench scaling: {target} ({document['device']}, torch {document['torch']})",
+        fontsize=10,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return True

@@ -1,0 +1,311 @@
+"""``multigpu bench scaling``: samples/s, speed-up and efficiency of a script at each world size.
+
+Each configuration is one ``python -m multigpu run --cpu P script ...`` (``--gpus P`` on GPUs)
+with ``MULTIGPU_BENCH_DIR`` / ``MULTIGPU_BENCH_STEPS`` set, so that ``multigpu.init()`` records
+when each optimizer step ends (``multigpu.bench_record``) and stops the script after
+``--warmup`` + ``--steps`` steps. Throughput = samples per step (the global batch of the
+script's ``ctx.loader``) / the median time between two optimizer steps after the warm-up — the
+median, so that an evaluation at an epoch's end or a noisy neighbour does not count as training
+speed; the mean-based figure is in the JSON too. With several ranks, the slowest rank's median.
+
+On CPUs: the scaling rows run N processes x 1 thread (adding a process adds a core); the split
+rows run every P x T with P·T = the usable cores; the fastest split is saved for ``--cpu auto``
+(``cache``). Configurations are interleaved across ``--repeats`` and the median taken.
+
+Environment variables read: none directly; children get the caller's environment plus
+``MULTIGPU_BENCH_DIR``, ``MULTIGPU_BENCH_STEPS``, and on CPU ``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS`` and ``GLOO_SOCKET_IFNAME=lo``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multigpu.diagnostics.bench.runner import run_child
+from multigpu.diagnostics.bench.scaling_options import ScalingOptions
+from multigpu.diagnostics.bench.splits import core_splits, split_label
+from multigpu.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+BENCH_FILE = "bench-rank{rank}.json"
+"""Written by ``multigpu.bench_record`` (repeated here: diagnostics never imports that side)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One way to run the script: processes and (on CPU) threads per process."""
+
+    processes: int
+    """Worker processes (GPUs on ``cuda``)."""
+    threads: int | None
+    """OMP threads per process on CPU; None on GPUs."""
+
+    @property
+    def label(self) -> str:
+        """``"2x1"`` on CPU, ``"2 GPUs"`` on GPUs."""
+        if self.threads is None:
+            return f"{self.processes} GPU(s)"
+        return split_label(self.processes, self.threads)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What one run gave (None throughputs when it failed: see ``error``)."""
+
+    samples_per_second: float | None = None
+    """Samples per step / the median step time (None without ``ctx.loader``)."""
+    samples_per_second_mean: float | None = None
+    """Samples per step / the mean step time over the timed window."""
+    steps_per_second: float | None = None
+    """1 / the median step time."""
+    samples_per_step: int | None = None
+    """The global batch of the script's training loader."""
+    timed_steps: int = 0
+    """Steps timed (after the warm-up)."""
+    wall_s: float = 0.0
+    """The run's wall time, start-up included."""
+    error: str = ""
+    """Why the run gave no figure (empty when it did)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """A configuration's figures over the repeats (medians) and its place in the table."""
+
+    processes: int
+    threads: int | None
+    samples_per_second: float | None
+    steps_per_second: float | None
+    step_ms: float | None
+    samples_per_second_mean: float | None
+    timed_steps: int = 0
+    """Steps timed per run (the fewest over the repeats; below --steps: the script ended)."""
+    runs: list[float | None] = field(default_factory=list)
+    """Each repeat's samples/s (steps/s without a loader), in order."""
+    best: float | None = None
+    """The highest of ``runs``: other processes only ever slow a run down, so it is the
+    closest to an idle machine's figure (the medians are what is reported and compared)."""
+    speedup: float | None = None
+    efficiency: float | None = None
+    error: str = ""
+    """Why every run failed (empty when one gave a figure)."""
+    failed_runs: list[str] = field(default_factory=list)
+    """The errors of the repeats that failed while others gave a figure."""
+
+
+def step_stats(records: Sequence[Mapping[str, Any]], warmup: int) -> Measurement:
+    """Throughput from every rank's record (see the module doc for the definitions).
+
+    Example:
+        >>> recs = [{"step_ends": [0.0, 1.0, 1.5, 2.0, 2.5], "samples_per_step": 10}]
+        >>> step_stats(recs, warmup=1).samples_per_second
+        20.0
+    """
+    medians, means = [], []
+    timed = 0
+    for record in records:
+        ends = list(record.get("step_ends", []))
+        if len(ends) < warmup + 1:
+            return Measurement(
+                error=f"the script made only {len(ends)} optimizer step(s); at least "
+                f"--warmup + 1 = {warmup + 1} are needed (pass its optimizer to ctx.setup, "
+                "and give it enough data)"
+            )
+        window = ends[warmup - 1 :]
+        gaps = [b - a for a, b in itertools.pairwise(window)]
+        medians.append(statistics.median(gaps))
+        means.append((window[-1] - window[0]) / len(gaps))
+        timed = len(gaps)
+    median, mean = max(medians), max(means)  # the slowest rank sets the pace
+    samples = records[0].get("samples_per_step")
+    return Measurement(
+        samples_per_second=samples / median if samples else None,
+        samples_per_second_mean=samples / mean if samples else None,
+        steps_per_second=1 / median,
+        samples_per_step=samples,
+        timed_steps=timed,
+    )
+
+
+def child_env(
+    environ: Mapping[str, str], directory: Path, total_steps: int, threads: int | None
+) -> dict[str, str]:
+    """One run's environment: the caller's plus the recorder's variables and the threads.
+
+    Example:
+        >>> env = child_env({}, Path("/tmp/r"), 10, threads=2)
+        >>> env["MULTIGPU_BENCH_STEPS"], env["OMP_NUM_THREADS"]
+        ('10', '2')
+    """
+    env = dict(environ)
+    env.update(MULTIGPU_BENCH_DIR=str(directory), MULTIGPU_BENCH_STEPS=str(total_steps))
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: loopback, whatever the hostname says
+    return env
+
+
+def run_command(options: ScalingOptions, config: Config) -> list[str]:
+    """The ``multigpu run`` command line of one configuration.
+
+    Example:
+        >>> opts = ScalingOptions(target="t.py", is_module=False)
+        >>> run_command(opts, Config(processes=2, threads=1))[3:]
+        ['run', '--cpu', '2', 't.py']
+    """
+    devices = ["--cpu" if config.threads is not None else "--gpus", str(config.processes)]
+    target = ["-m", options.target] if options.is_module else [options.target]
+    return [sys.executable, "-m", "multigpu", "run", *devices, *target, *options.script_args]
+
+
+def measure(options: ScalingOptions, config: Config, directory: Path) -> Measurement:
+    """Run one configuration once and read its records."""
+    directory.mkdir(parents=True, exist_ok=True)
+    env = child_env(os.environ, directory, options.warmup + options.steps, config.threads)
+    run = run_child(run_command(options, config), env, timeout=options.timeout, logs=directory)
+    if run.returncode != 0:
+        why = run.reason or "see the launcher's output (run the command with `multigpu run`)"
+        return Measurement(wall_s=run.seconds, error=f"exit code {run.returncode}: {why}")
+    records = []
+    for rank in range(config.processes):
+        path = directory / BENCH_FILE.format(rank=rank)
+        if path.is_file():
+            records.append(json.loads(path.read_text()))
+    if len(records) != config.processes:
+        return Measurement(
+            wall_s=run.seconds,
+            error="no step record: the script must call multigpu.init() (records are taken there)",
+        )
+    stats = step_stats(records, options.warmup)
+    return dataclasses.replace(stats, wall_s=run.seconds)
+
+
+def configurations(
+    options: ScalingOptions, device: str, cores: int
+) -> tuple[list[Config], list[Config]]:
+    """(the scaling rows' configurations, the split rows'), in the order they run.
+
+    Example:
+        >>> configurations(ScalingOptions(target="t", is_module=True), "cpu", 2)[1]
+        [Config(processes=1, threads=2), Config(processes=2, threads=1)]
+    """
+    if device == "cuda":
+        return [Config(processes=n, threads=None) for n in options.nproc], []
+    scaling = [Config(processes=n, threads=1) for n in options.nproc]
+    splits = (
+        [Config(processes=p, threads=t) for p, t in core_splits(cores)] if options.splits else []
+    )
+    return scaling, splits
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    ok = [v for v in values if v is not None]
+    return statistics.median(ok) if ok else None
+
+
+def summarize(config: Config, runs: Sequence[Measurement]) -> Row:
+    """A configuration's row: medians over its repeats (speed-up filled in later)."""
+    steps = _median([m.steps_per_second for m in runs])
+    figures = [m.samples_per_second or m.steps_per_second for m in runs]
+    errors = [m.error for m in runs if m.error]
+    return Row(
+        processes=config.processes,
+        threads=config.threads,
+        samples_per_second=_median([m.samples_per_second for m in runs]),
+        steps_per_second=steps,
+        step_ms=1000 / steps if steps else None,
+        samples_per_second_mean=_median([m.samples_per_second_mean for m in runs]),
+        timed_steps=min((m.timed_steps for m in runs if not m.error), default=0),
+        runs=figures,
+        best=max((f for f in figures if f is not None), default=None),
+        error=errors[0] if len(errors) == len(runs) else "",
+        failed_runs=errors if len(errors) < len(runs) else [],
+    )
+
+
+def throughput(row: Row) -> float | None:
+    """samples/s, or steps/s for a script without ``ctx.loader``."""
+    return row.samples_per_second if row.samples_per_second is not None else row.steps_per_second
+
+
+def with_speedups(rows: Sequence[Row]) -> list[Row]:
+    """Speed-up against the first row and efficiency = speed-up / (processes / its processes).
+
+    Example:
+        >>> a = Row(processes=1, threads=1, samples_per_second=100.0, steps_per_second=1.0,
+        ...         step_ms=1000.0, samples_per_second_mean=100.0)
+        >>> b = Row(processes=2, threads=1, samples_per_second=150.0, steps_per_second=1.5,
+        ...         step_ms=666.7, samples_per_second_mean=150.0)
+        >>> [r.efficiency for r in with_speedups([a, b])]
+        [1.0, 0.75]
+    """
+    base = throughput(rows[0]) if rows else None
+    out = []
+    for row in rows:
+        value = throughput(row)
+        if base is None or value is None:
+            out.append(row)
+            continue
+        speedup = value / base
+        efficiency = speedup / (row.processes / rows[0].processes)
+        out.append(dataclasses.replace(row, speedup=speedup, efficiency=efficiency))
+    return out
+
+
+def run_all(
+    options: ScalingOptions, configs: Sequence[Config], root: Path
+) -> dict[Config, list[Measurement]]:
+    """Run every configuration ``--repeats`` times, interleaved (a noisy neighbour spreads out)."""
+    results: dict[Config, list[Measurement]] = {c: [] for c in configs}
+    for repeat in range(options.repeats):
+        for config in configs:
+            m = measure(options, config, root / f"{config.label.replace(' ', '')}-{repeat}")
+            results[config].append(m)
+            figure = (
+                f"{m.samples_per_second:.0f} samples/s"
+                if m.samples_per_second
+                else f"{m.steps_per_second:.2f} steps/s"
+                if m.steps_per_second
+                else m.error
+            )
+            log.info(
+                "bench scaling: %s, run %d/%d: %s (%.1f s with start-up)",
+                config.label,
+                repeat + 1,
+                options.repeats,
+                figure,
+                m.wall_s,
+            )
+    return results
+
+
+def check_device(options: ScalingOptions) -> str:
+    """``"cuda"`` when the machine has GPUs (and not ``--cpu``), else ``"cpu"``.
+
+    Raises:
+        UsageError: --nproc asks for more GPUs than the machine has.
+    """
+    if options.cpu:
+        return "cpu"
+    from multigpu.gpus import list_gpus
+
+    count = len(list_gpus())
+    if count == 0:
+        return "cpu"
+    if max(options.nproc) > count:
+        raise UsageError(
+            f"--nproc {','.join(map(str, options.nproc))} asks for {max(options.nproc)} GPUs but "
+            f"this machine shows {count}; use world sizes up to {count}, or --cpu"
+        )
+    return "cuda"

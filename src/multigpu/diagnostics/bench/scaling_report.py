@@ -1,0 +1,235 @@
+"""What ``multigpu bench scaling`` prints and writes: tables, scaling.json, scaling.csv.
+
+Environment variables read: none (rich reads the terminal's width itself).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from multigpu.diagnostics.bench.splits import busy_note
+
+CSV_COLUMNS = (
+    "table",
+    "processes",
+    "threads",
+    "samples_per_second",
+    "steps_per_second",
+    "step_ms",
+    "samples_per_second_mean",
+    "timed_steps",
+    "speedup",
+    "efficiency",
+    "error",
+)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _threads(row: Mapping[str, Any]) -> str:
+    return (
+        f"{row['processes']} GPU(s)"
+        if row["threads"] is None
+        else f"{row['processes']}x{row['threads']}"
+    )
+
+
+def _unit(document: Mapping[str, Any]) -> str:
+    return "samples/s" if document["samples_per_step"] else "steps/s"
+
+
+def _value(row: Mapping[str, Any]) -> float | None:
+    value = row["samples_per_second"]
+    return value if value is not None else row["steps_per_second"]
+
+
+def _note(row: Mapping[str, Any], document: Mapping[str, Any]) -> str:
+    if row["error"]:
+        return "failed (below)"
+    if row.get("failed_runs"):
+        return "a run failed (below)"
+    if row["timed_steps"] < document["steps"]:
+        return f"{row['timed_steps']} steps (below)"
+    return ""
+
+
+def problem_lines(document: Mapping[str, Any]) -> list[str]:
+    """Whole lines for the rows that failed or timed fewer steps than asked (unwrapped).
+
+    Example:
+        >>> problem_lines({"steps": 50, "scaling": [], "splits": [{"processes": 1, "threads": 2,
+        ...     "error": "exit code 2: boom", "timed_steps": 0}]})
+        ['1x2: exit code 2: boom']
+    """
+    lines = []
+    for row in [*document["scaling"], *document["splits"]]:
+        label = _threads(row)
+        if row["error"]:
+            lines.append(f"{label}: {row['error']}")
+            continue
+        for error in row.get("failed_runs", []):
+            lines.append(f"{label}: 1 of {len(row['runs'])} runs failed (left out): {error}")
+        if row["timed_steps"] < document["steps"]:
+            lines.append(
+                f"{label}: only {row['timed_steps']} of {document['steps']} steps timed: the "
+                "script ended sooner (more epochs, or fewer --steps)"
+            )
+    return list(dict.fromkeys(lines))  # a configuration in both tables is named once
+
+
+def headline(document: Mapping[str, Any]) -> str:
+    """The first line: what ran where, and how it was timed.
+
+    Example:
+        >>> headline({"target": "train.py", "is_module": False, "script_args": [], "device": "cpu",
+        ...           "cores": 2, "torch": "2.13.0", "steps": 50, "warmup": 5, "repeats": 1,
+        ...           "samples_per_step": 64})[:48]
+        'bench scaling: train.py on CPU (2 cores), torch '
+    """
+    target = ("-m " if document["is_module"] else "") + document["target"]
+    target = " ".join([target, *document["script_args"]])
+    where = f"CPU ({document['cores']} cores)" if document["device"] == "cpu" else "GPUs"
+    batch = document["samples_per_step"]
+    return (
+        f"bench scaling: {target} on {where}, torch {document['torch']}; {document['steps']} "
+        f"timed optimizer steps after {document['warmup']} warm-up, {document['repeats']} "
+        f"run(s) per configuration (medians); "
+        + (f"global batch {batch} samples" if batch else "no ctx.loader batch recorded: steps/s")
+    )
+
+
+def _best_column(document: Mapping[str, Any]) -> list[str]:
+    return ["best run"] if document["repeats"] > 1 else []
+
+
+def _figures(row: Mapping[str, Any], document: Mapping[str, Any]) -> list[str]:
+    spec = ".0f" if document["samples_per_step"] else ".2f"
+    figures = [_fmt(_value(row), spec)]
+    if document["repeats"] > 1:
+        figures.append(_fmt(row.get("best"), spec))
+    return figures
+
+
+def scaling_table(document: Mapping[str, Any]) -> Table:
+    """World size, processes x threads, throughput, step time, speed-up, efficiency."""
+    title = "Scaling: N processes x 1 thread" if document["device"] == "cpu" else "Scaling: N GPUs"
+    table = Table(title=f"{title} (strong scaling, fixed global batch)", title_justify="left")
+    columns = ["world size", "processes", _unit(document), *_best_column(document)]
+    for column in (*columns, "step (ms)", "speed-up", "efficiency", "note"):
+        table.add_column(column, justify="left" if column == "note" else "right")
+    for row in document["scaling"]:
+        efficiency = row["efficiency"]
+        table.add_row(
+            str(row["processes"]),
+            _threads(row),
+            *_figures(row, document),
+            _fmt(row["step_ms"], ".2f"),
+            _fmt(row["speedup"], ".2f"),
+            "-" if efficiency is None else f"{efficiency:.0%}",
+            _note(row, document),
+        )
+    return table
+
+
+def splits_table(document: Mapping[str, Any]) -> Table:
+    """Every processes x threads split of the cores, relative to 1 process x all cores."""
+    best = document["recommendation"] or {}
+    table = Table(
+        title=f"CPU splits of {document['cores']} cores: processes x threads", title_justify="left"
+    )
+    first = document["splits"][0] if document["splits"] else None
+    base = f"vs {_threads(first)}" if first else "vs first"
+    columns = ("split", _unit(document), *_best_column(document), "step (ms)", base, "note")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "note" else "right")
+    for row in document["splits"]:
+        fastest = (row["processes"], row["threads"]) == (best.get("processes"), best.get("threads"))
+        table.add_row(
+            _threads(row),
+            *_figures(row, document),
+            _fmt(row["step_ms"], ".2f"),
+            _fmt(row["speedup"], ".2f"),
+            _note(row, document) or ("fastest" if fastest else ""),
+        )
+    return table
+
+
+def recommendation_line(document: Mapping[str, Any]) -> str | None:
+    """The line naming the fastest split and where it was saved (None when none was measured).
+
+    Example:
+        >>> recommendation_line({"recommendation": {"processes": 1, "threads": 2,
+        ...     "throughput": 9000.0, "cache": None}, "samples_per_step": 64})
+        'fastest split: 1 process(es) x 2 thread(s), 9000 samples/s'
+    """
+    rec = document.get("recommendation")
+    if not rec:
+        return None
+    line = (
+        f"fastest split: {rec['processes']} process(es) x {rec['threads']} thread(s), "
+        f"{rec['throughput']:.0f} {_unit(document)}"
+    )
+    if rec.get("best_runs_favour"):
+        rows = {_threads(r): r for r in document["splits"]}
+        other = rows[rec["best_runs_favour"]]
+        line += (
+            f"; but the fastest single runs favour {rec['best_runs_favour']} "
+            f"({other['best']:.0f} {_unit(document)}): other processes slowed the runs "
+            "unevenly; rerun on an idle machine"
+        )
+    if rec["cache"]:
+        line += (
+            f"; saved to {rec['cache']}: `multigpu run --cpu auto` and `multigpu train --cpu "
+            "auto` use it"
+        )
+    return line
+
+
+def print_report(document: Mapping[str, Any], file: TextIO | None = None) -> None:
+    """Print the headline, the scaling table, the split table and the recommendation."""
+    console = Console(
+        file=file or sys.stdout,
+        width=max(100, shutil.get_terminal_size().columns),
+        soft_wrap=True,
+        highlight=False,
+    )
+    console.print(headline(document), markup=False)
+    busy = busy_note(document.get("load_before")) if document["device"] == "cpu" else None
+    if busy:
+        console.print(busy, markup=False)
+    console.print(scaling_table(document))
+    if document["splits"]:
+        console.print(splits_table(document))
+    for problem in problem_lines(document):
+        console.print(problem, markup=False)
+    line = recommendation_line(document)
+    if line:
+        console.print(line, markup=False)
+    for name, path in document.get("files", {}).items():
+        console.print(f"{name}: {path}", markup=False)
+
+
+def write_files(document: Mapping[str, Any], out: Path) -> dict[str, str]:
+    """Write ``scaling.json`` and ``scaling.csv`` into ``out``; return {kind: path}."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out / "scaling.json", out / "scaling.csv"
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for table in ("scaling", "splits"):
+            rows: Sequence[Mapping[str, Any]] = document[table]
+            for row in rows:
+                writer.writerow({"table": table, **row})
+    return {"json": str(json_path), "csv": str(csv_path)}

@@ -1,0 +1,93 @@
+"""The ways to split a machine's CPU cores into processes × threads, and the fastest of them.
+
+``multigpu bench scaling`` measures every split ``p × t`` with ``p · t = cores`` (on 2 cores:
+1 × 2 and 2 × 1) and recommends the one with the most samples per second.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+def core_splits(cores: int) -> list[tuple[int, int]]:
+    """Every (processes, threads) with ``processes * threads == cores``, fewest processes first.
+
+    Example:
+        >>> core_splits(2)
+        [(1, 2), (2, 1)]
+        >>> core_splits(12)[:3]
+        [(1, 12), (2, 6), (3, 4)]
+    """
+    return [(p, cores // p) for p in range(1, cores + 1) if cores % p == 0]
+
+
+def fastest(measured: Mapping[tuple[int, int], float | None]) -> tuple[int, int] | None:
+    """The split with the highest throughput (None when none was measured); ties: fewer processes.
+
+    Example:
+        >>> fastest({(1, 2): 900.0, (2, 1): 1200.0, (4, 1): None})
+        (2, 1)
+    """
+    ok = {split: value for split, value in measured.items() if value is not None}
+    if not ok:
+        return None
+    return max(sorted(ok), key=lambda split: ok[split])
+
+
+def split_label(processes: int, threads: int) -> str:
+    """``"2x1"``: processes x threads, the key used in tables, JSON and the cache.
+
+    Example:
+        >>> split_label(1, 2)
+        '1x2'
+    """
+    return f"{processes}x{threads}"
+
+
+BUSY_LOAD = 0.5
+"""A 1-minute load average at or above this before a benchmark means other work shared the CPU."""
+
+
+def load_before() -> float | None:
+    """The 1-minute load average now (None where the system does not say).
+
+    Example:
+        >>> (load_before() or 0.0) >= 0.0
+        True
+    """
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note(load: float | None) -> str | None:
+    """A warning line when the machine was busy before the benchmark started, else None.
+
+    Example:
+        >>> busy_note(3.2)[:45]
+        'note: the load average was 3.2 when the bench'
+    """
+    if load is None or load < BUSY_LOAD:
+        return None
+    return (
+        f"note: the load average was {load:g} when the benchmark started: other processes were "
+        "using the CPU, so CPU figures (multi-threaded ones most) are lower and noisier than on "
+        "an idle machine"
+    )
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), as the launcher counts them.
+
+    Example:
+        >>> usable_cores() >= 1
+        True
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
