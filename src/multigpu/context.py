@@ -167,7 +167,7 @@ class Context:
         if recorder is None:
             self._steps.backward(loss, **kwargs)
             return
-        with recorder.record("backward (DDP gradient all-reduce)", [loss]):
+        with recorder.record("backward (DDP gradient all-reduce)"):  # no shapes: not the loss's
             self._steps.backward(loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from multigpu.hang.explain import explain
 from multigpu.hang.recorder import CollectiveLog
 from multigpu.hang.trace import explain_traces, read_trace
@@ -47,3 +49,14 @@ def test_a_trace_file_keeps_the_last_calls_and_whether_they_finished(tmp_path: P
     lines = explain_traces(tmp_path)
     assert "rank 0: barrier #7" in lines[1] and "(finished; 7 calls" in lines[1]
     assert "the ranks first disagree at collective #7" in lines[3]
+
+
+def test_a_call_that_raised_is_reported_failed_not_finished(tmp_path: Path) -> None:
+    log = CollectiveLog(size=4, trace_path=str(tmp_path / "rank-0.trace"))
+    _run(log, ["all_reduce"] * 2)
+    with pytest.raises(RuntimeError), log.record("barrier"):
+        raise RuntimeError("Timed out waiting 10000ms for recv operation to complete")
+    last = read_trace(tmp_path / "rank-0.trace")[-1]
+    assert last["op"] == "barrier" and not last["done"] and last["failed"] == "RuntimeError"
+    lines = explain_traces(tmp_path)
+    assert "rank 0: barrier #3 at " in lines[1] and "(failed: RuntimeError; 3 calls" in lines[1]

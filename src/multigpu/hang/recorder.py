@@ -70,6 +70,8 @@ class Call:
     dtype: str = ""
     started: float = 0.0
     ended: float | None = None
+    failed: str | None = None
+    """The exception that ended the call (e.g. gloo's timeout), None when it returned."""
 
     def describe(self) -> str:
         """``all_reduce #12 float32[4, 3] at train.py:40 in step()``."""
@@ -157,6 +159,11 @@ class CollectiveLog:
         self._depth.value = depth + 1
         try:
             yield
+        except BaseException as e:
+            # A call that raised (a timeout, a lost peer) did not finish: say so in the trace,
+            # or the launcher's summary would call a timed-out collective "finished".
+            call.failed = type(e).__name__
+            raise
         finally:
             self._depth.value = depth
             call.ended = self._last_end = time.monotonic()
@@ -175,7 +182,8 @@ class CollectiveLog:
                 "site": call.site,
                 "shapes": call.shapes[:2],
                 "dtype": call.dtype,
-                "done": call.ended is not None,
+                "done": call.ended is not None and call.failed is None,
+                "failed": call.failed,
             }
         ).encode()[: TRACE_SLOT - 1]
         try:

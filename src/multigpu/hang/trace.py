@@ -69,7 +69,10 @@ def explain_traces(directory: str | os.PathLike[str]) -> list[str]:
     lines = ["multigpu: each rank's last collective:"]
     for rank, calls in sorted(traces.items()):
         last = calls[-1]
-        state = "finished" if last.get("done") else "NOT finished"
+        if last.get("failed"):
+            state = f"failed: {last['failed']}"
+        else:
+            state = "finished" if last.get("done") else "NOT finished"
         lines.append(f"  rank {rank}: {_call(last)} ({state}; {last['seq']} calls in all)")
     by_seq = {r: {int(c["seq"]): c for c in calls} for r, calls in traces.items()}
     common = sorted(set.intersection(*(set(s) for s in by_seq.values())))
