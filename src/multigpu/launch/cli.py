@@ -1,4 +1,5 @@
-"""The ``multigpu`` command line (argparse only): run, train, verify, bench, ckpt, slurm, gpus.
+"""The ``multigpu`` command line (argparse only): run, train, verify, doctor, bench, ckpt, slurm,
+gpus.
 
 ``multigpu run`` is torchrun's own parser (``torch.distributed.run.get_args_parser``) with
 multigpu's options added, so every torchrun flag keeps its name, spellings and meaning.
@@ -26,7 +27,7 @@ from multigpu.launch.timeouts import seconds_arg
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
-SUBCOMMANDS = ("run", "train", "verify", "bench", "ckpt", "slurm", "gpus")
+SUBCOMMANDS = ("run", "train", "verify", "doctor", "bench", "ckpt", "slurm", "gpus")
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
@@ -152,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level ``multigpu`` parser with its subcommands."""
     parser = _Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{run,train,verify,bench,ckpt,slurm,gpus}"
+        dest="command", required=True, metavar="{run,train,verify,doctor,bench,ckpt,slurm,gpus}"
     )
     run = build_run_parser()
     sub.add_parser(
@@ -167,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="check that a script gives the same results at every world size "
         "(see 'multigpu verify --help')",
+    )
+    sub.add_parser(
+        "doctor",
+        help="check this machine (or every node of a job) for distributed training, with the "
+        "fixes (see 'multigpu doctor --help')",
     )
     sub.add_parser("ckpt", help="inspect or convert checkpoints (see 'multigpu ckpt --help')")
     sub.add_parser("bench", help="collective bandwidth and scaling (see 'multigpu bench --help')")
@@ -268,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             from multigpu.diagnostics.verify import verify_main
 
             return verify_main(args[1:])
+        if args and args[0] == "doctor":
+            from multigpu.diagnostics.doctor.cli import doctor_main
+
+            return doctor_main(args[1:])
         if args and args[0] == "slurm":
             from multigpu.launch.slurm import slurm_main
 

@@ -1,0 +1,265 @@
+"""``multigpu doctor [--json]``: run the checks, print the table (or JSON), exit 0 / 1 / 2.
+
+On its own, the doctor checks this machine and starts its own 2-process all-reduce; inside a
+job launched by torchrun or ``multigpu run`` (``RANK``/``WORLD_SIZE`` set, world size > 1) it
+runs on every rank, probes across them and compares the nodes (see ``ranks``).
+
+This process never initialises CUDA when on its own: GPUs come from NVML / nvidia-smi and the
+CUDA facts from a child process. A launched rank is a worker, and asks torch.cuda itself.
+
+Environment variables read: the whole environment is checked (see the check modules:
+``OMP_NUM_THREADS``, ``LOCAL_WORLD_SIZE``, ``CUDA_VISIBLE_DEVICES``, ``GLOO_SOCKET_IFNAME``,
+``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ``MASTER_PORT``, torchrun/SLURM/MPI variables);
+``MULTIGPU_DEVICE`` (``cpu``: a launched rank stays on the CPU, as ``multigpu run --cpu`` asks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+from multigpu.diagnostics.options import _number  # verify's "N >= low" argparse type
+from multigpu.errors import UsageError
+
+if TYPE_CHECKING:
+    from multigpu.diagnostics.doctor.checks import Check
+    from multigpu.env import ClusterEnv
+
+PROG = "multigpu doctor"
+Backend = Literal["auto", "gloo", "nccl"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorOptions:
+    """What ``multigpu doctor`` was asked to do."""
+
+    as_json: bool = False
+    """Print one JSON document instead of the table."""
+    probe: bool = True
+    """Run the all-reduce probe (``--no-probe``: skip it)."""
+    backend: Backend = "auto"
+    """The probe's backend: auto = nccl when GPUs are visible, else gloo."""
+    nproc: int | None = None
+    """Processes of the probe on its own (default 2; for nccl at most the GPUs)."""
+    timeout: float = 60.0
+    """Seconds the probe (start-up included) and each collective may take."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; see '{PROG} --help'")
+
+
+def build_doctor_parser() -> argparse.ArgumentParser:
+    """The parser of ``multigpu doctor``."""
+    p = _Parser(
+        prog=PROG,
+        allow_abbrev=False,
+        description="Check this machine for distributed training and say how to fix what is "
+        "wrong: versions of Python, torch, CUDA, NCCL and the driver; GPUs (free memory, "
+        "utilisation, processes, topology); cores and threads per process; /dev/shm; network "
+        "interfaces and MTUs; the launch environment and the rendezvous port. Then a short "
+        "all-reduce between 2 processes proves the process group works and reports its bus "
+        "bandwidth. Every row is OK, WARN, FAIL or SKIP; every WARN and FAIL says the fix. "
+        "Run on every node with `multigpu run [--nnodes N ...] -m multigpu doctor`, the ranks "
+        "all-reduce across each other and rank 0 compares their versions and MTUs. "
+        "Exit code: 0 when nothing FAILs, 1 when something does, 2 for a usage error.",
+    )
+    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON document")
+    p.add_argument("--no-probe", dest="probe", action="store_false", help="skip the all-reduce")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="the all-reduce's backend (default auto: nccl when GPUs are visible, else gloo)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=_number(int, 2),
+        metavar="N",
+        help="processes of the all-reduce on one machine (default 2, or the GPUs if fewer)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_number(float, 1),
+        default=60.0,
+        metavar="SECONDS",
+        help="bound on the all-reduce, start-up included, and on each collective (default 60)",
+    )
+    return p
+
+
+def parse_doctor_args(argv: Sequence[str]) -> DoctorOptions:
+    """Parse ``multigpu doctor``'s options (``--help`` raises SystemExit(0) after printing).
+
+    Raises:
+        UsageError: an unknown option or a bad value (the CLI exits with 2).
+
+    Example:
+        >>> parse_doctor_args(["--json", "--backend", "gloo"]).backend
+        'gloo'
+    """
+    ns = build_doctor_parser().parse_args(list(argv))
+    return DoctorOptions(
+        as_json=ns.as_json, probe=ns.probe, backend=ns.backend, nproc=ns.nproc, timeout=ns.timeout
+    )
+
+
+def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
+    """``multigpu doctor ARGV``: print the checks; 0 when none FAILs, else 1.
+
+    Raises:
+        UsageError: bad options (the CLI prints one line and exits with 2).
+
+    Example:
+        >>> doctor_main(["--no-probe", "--json"])  # doctest: +SKIP
+        0
+    """
+    from multigpu.diagnostics.doctor.render import document, print_json, print_table
+
+    options = parse_doctor_args(argv)
+    env_vars = os.environ if environ is None else environ
+    launched = _launched(env_vars)
+    if options.nproc is not None and launched:
+        raise UsageError(
+            f"--nproc {options.nproc} was given to a doctor started by a launcher; expected it "
+            "only when the doctor starts its own probe: under a launcher the probe runs across "
+            "the launched ranks; drop --nproc (choose the processes with the launcher's options)"
+        )
+    rows, env, facts = _local(env_vars)
+    ranks: list[dict[str, Any]] = []
+    if launched and env is not None:
+        from multigpu.diagnostics.doctor.ranks import run_ranks
+
+        backend, device = _rank_device(options, facts, env.local_rank, env_vars)
+        shared = {k: facts[k] for k in ("rank", "host", "versions", "iface", "mtu")}
+        rows, ranks = run_ranks(
+            shared,
+            rows,
+            backend=backend,
+            device=device,
+            timeout=options.timeout,
+            store=f"{env.master_addr}:{env.master_port}",
+            probe=options.probe,
+        )
+    else:
+        rows.append(
+            _probe_row(options, facts, one_rank=env is not None and env.source == "torchrun")
+        )
+    doc = document(
+        rows,
+        host=socket.gethostname(),
+        mode="ranks" if launched else "single",
+        world_size=env.world_size if launched and env is not None else 1,
+        ranks=ranks,
+    )
+    if not launched or env is None or env.rank == 0:
+        (print_json if options.as_json else print_table)(doc)
+    return int(doc["exit_code"])
+
+
+def _launched(environ: Mapping[str, str]) -> bool:
+    """True inside a job of 2+ ranks started by torchrun (``multigpu run``)."""
+    from multigpu.env import detect
+    from multigpu.errors import EnvError
+
+    try:
+        env = detect(environ)
+    except EnvError:
+        return False  # the environment row reports it
+    return env.source == "torchrun" and env.world_size > 1
+
+
+def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, dict[str, Any]]:
+    """Every local row, the detected environment, and this process's facts for the ranks."""
+    import torch
+
+    from multigpu.diagnostics.doctor import cuda, gpu_checks, network, rendezvous, system
+    from multigpu.gpus import probe
+    from multigpu.gpus.torch_probe import has_gpu_device_node
+    from multigpu.gpus.visible import visible_devices
+
+    interfaces = network.read_interfaces()
+    launch_rows, env = rendezvous.launch_checks(environ, interfaces)
+    worker = env is not None and env.source == "torchrun"
+    inventory = probe(environ)
+    visible = len(visible_devices(inventory, environ))
+    hip = getattr(torch.version, "hip", None)
+    facts = None
+    if (torch.version.cuda or hip) and has_gpu_device_node():
+        if worker:  # a launched rank may use CUDA itself; the launcher's process never does
+            facts = cuda.parse_cuda_facts(cuda.torch_cuda_facts())
+        else:
+            facts = cuda.cuda_facts_in_child(environ)
+    driver = cuda.read_driver()
+    rows = [
+        *system.software_checks(),
+        *cuda.cuda_checks(
+            torch_version=torch.__version__,
+            build_cuda=torch.version.cuda,
+            build_hip=hip,
+            gpus=visible,
+            facts=facts,
+            driver=driver,
+        ),
+        *gpu_checks.gpu_checks(inventory, environ),
+        *system.cpu_checks(environ),
+        system.shm_check(*system.read_shm()),
+        *network.interface_rows(interfaces),
+        network.mtu_check(interfaces),
+        network.ifname_check("GLOO_SOCKET_IFNAME", environ, interfaces),
+        network.ifname_check("NCCL_SOCKET_IFNAME", environ, interfaces),
+        *launch_rows,
+    ]
+    used = network.used_interface(environ, interfaces)
+    rank_facts = {
+        "rank": env.rank if env is not None else 0,
+        "host": socket.gethostname(),
+        "versions": {
+            **system.version_facts(),
+            "CUDA runtime": torch.version.cuda or hip or "none",
+            "NCCL": (facts.nccl if facts else None) or "none",
+            "driver": driver.version if driver else "none",
+        },
+        "iface": used.name if used else None,
+        "mtu": used.mtu if used else None,
+        "gpus": visible,
+        "cuda": bool(facts and facts.available and facts.nccl),
+    }
+    return rows, env, rank_facts
+
+
+def _choose_backend(options: DoctorOptions, facts: Mapping[str, Any]) -> str:
+    if options.backend != "auto":
+        return options.backend
+    return "nccl" if facts["gpus"] and facts["cuda"] else "gloo"
+
+
+def _probe_row(options: DoctorOptions, facts: Mapping[str, Any], *, one_rank: bool) -> Check:
+    from multigpu.diagnostics.doctor.probe import probe_here, skipped
+
+    if not options.probe:
+        return skipped("--no-probe was given")
+    if one_rank:
+        return skipped("launched with one process: launch 2 or more (e.g. --cpu 2) to probe")
+    backend = _choose_backend(options, facts)
+    default = min(2, facts["gpus"]) if backend == "nccl" and facts["gpus"] else 2
+    return probe_here(
+        backend=backend, nproc=options.nproc or default, timeout=options.timeout, gpus=facts["gpus"]
+    )
+
+
+def _rank_device(
+    options: DoctorOptions, facts: Mapping[str, Any], local_rank: int, environ: Mapping[str, str]
+) -> tuple[str, Any]:
+    import torch
+
+    on_cpu = environ.get("MULTIGPU_DEVICE") == "cpu"  # `multigpu run --cpu`: GPUs hidden
+    backend = "gloo" if on_cpu and options.backend == "auto" else _choose_backend(options, facts)
+    if backend == "nccl":
+        return backend, torch.device("cuda", local_rank)
+    return backend, torch.device("cpu")

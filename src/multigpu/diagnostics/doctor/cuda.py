@@ -1,0 +1,312 @@
+"""CUDA runtime, NVIDIA driver and NCCL: are they there, and do they fit together.
+
+``torch.cuda.is_available()`` and the NCCL version need the CUDA driver loaded, which must not
+happen in a process that later forks workers (see ``multigpu.gpus.torch_probe``): the doctor
+asks a short-lived child (``cuda_facts_in_child``); a launched worker, which uses CUDA anyway,
+asks itself (``torch_cuda_facts``). The driver's version and the newest CUDA it supports come
+from NVML, else from ``nvidia-smi``'s header — never from CUDA.
+
+Environment variables read: the whole environment is passed to the child (so it sees the GPUs
+this process would see: ``CUDA_VISIBLE_DEVICES``...); ``PATH`` (for ``nvidia-smi``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip, warn
+from multigpu.gpus.smi import Runner, run_command
+
+log = logging.getLogger(__name__)
+
+CHILD_TIMEOUT_S = 60.0
+"""How long the CUDA child may take (a hung driver must not hang the doctor)."""
+INSTALL = "pick the command for your CUDA at https://pytorch.org/get-started/locally/"
+
+_CHILD = (
+    "import json; from multigpu.diagnostics.doctor.cuda import torch_cuda_facts; "
+    "print(json.dumps(torch_cuda_facts()))"
+)
+_DRIVER = re.compile(r"Driver Version:\s*([\d.]+)")
+_CUDA = re.compile(r"CUDA Version:\s*([\d.]+)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaFacts:
+    """What torch.cuda says in a process that may initialise CUDA."""
+
+    available: bool
+    """``torch.cuda.is_available()``."""
+    device_count: int
+    """Devices torch sees (under that process's ``CUDA_VISIBLE_DEVICES``)."""
+    nccl: str | None
+    """NCCL's (or RCCL's) version, ``"2.27.3"``; None when torch has none."""
+    why: str = ""
+    """torch's warning when CUDA is not available ("driver too old" and the like)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverFacts:
+    """The NVIDIA driver of this machine."""
+
+    version: str
+    """``"570.86.15"``."""
+    cuda: str | None
+    """The newest CUDA it supports, ``"12.8"`` (None when not reported)."""
+    source: str
+    """``nvml`` or ``nvidia-smi``."""
+
+
+def torch_cuda_facts() -> dict[str, Any]:
+    """torch.cuda's answers in THIS process (initialises CUDA: workers and the child only).
+
+    Example:
+        >>> torch_cuda_facts()["available"]  # on a machine without GPUs  # doctest: +SKIP
+        False
+    """
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    nccl = None
+    with contextlib.suppress(Exception):  # CPU-only builds have no NCCL bindings at all
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {
+        "available": available,
+        "device_count": torch.cuda.device_count() if available else 0,
+        "nccl": nccl,
+        "why": " ".join(str(caught[0].message).split())[:300] if caught else "",
+    }
+
+
+def parse_cuda_facts(data: Mapping[str, Any]) -> CudaFacts:
+    """``CudaFacts`` from ``torch_cuda_facts()``'s dict (or the child's JSON line, parsed).
+
+    Example:
+        >>> parse_cuda_facts({"available": False, "device_count": 0, "nccl": None}).available
+        False
+    """
+    nccl = data.get("nccl")
+    return CudaFacts(
+        available=bool(data["available"]),
+        device_count=int(data.get("device_count") or 0),
+        nccl=str(nccl) if nccl else None,
+        why=str(data.get("why") or ""),
+    )
+
+
+def cuda_facts_in_child(environ: Mapping[str, str]) -> CudaFacts | None:
+    """Ask a child ``python`` for ``torch_cuda_facts()``; None when it failed or hung.
+
+    Example:
+        >>> cuda_facts_in_child(os.environ).available  # doctest: +SKIP
+        False
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            log.debug("CUDA child failed: %s", done.stderr.strip()[-500:])
+            return None
+        return parse_cuda_facts(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, IndexError) as e:
+        log.debug("CUDA child failed: %s", e)
+        return None
+
+
+def parse_smi_header(text: str) -> DriverFacts | None:
+    """The driver and CUDA versions from plain ``nvidia-smi`` output's header; None if absent.
+
+    Example:
+        >>> head = "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |"
+        >>> parse_smi_header(head)
+        DriverFacts(version='570.86.15', cuda='12.8', source='nvidia-smi')
+    """
+    driver = _DRIVER.search(text)
+    if driver is None:
+        return None
+    cuda = _CUDA.search(text)
+    return DriverFacts(
+        version=driver.group(1), cuda=cuda.group(1) if cuda else None, source="nvidia-smi"
+    )
+
+
+def read_driver(runner: Runner = run_command) -> DriverFacts | None:
+    """The NVIDIA driver from NVML, else from ``nvidia-smi``; None without a driver.
+
+    Example:
+        >>> read_driver(lambda argv: None)  # no nvidia-smi (and, here, no NVML)  # doctest: +SKIP
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # not installed, no libnvidia-ml, no driver: try nvidia-smi
+        text = runner(["nvidia-smi"])
+        return parse_smi_header(text) if text else None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # 12080 for 12.8
+        return DriverFacts(
+            version=version.decode() if isinstance(version, bytes) else str(version),
+            cuda=f"{cuda // 1000}.{cuda % 1000 // 10}",
+            source="nvml",
+        )
+    except pynvml.NVMLError as e:
+        log.debug("NVML driver query failed: %s", e)
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text or "")[:2])
+
+
+def driver_check(build_cuda: str | None, driver: DriverFacts | None, gpus: int) -> Check:
+    """The driver's CUDA against torch's: FAIL on an older major version, WARN on a minor one.
+
+    Example:
+        >>> d = DriverFacts(version="535.54", cuda="12.2", source="nvml")
+        >>> driver_check("12.8", d, 1).status, driver_check("11.8", d, 1).status
+        ('WARN', 'OK')
+    """
+    if driver is None:
+        if gpus and build_cuda:
+            return fail(
+                "cuda",
+                "driver",
+                f"{gpus} GPU(s) but no NVIDIA driver answers (NVML, nvidia-smi)",
+                "install the NVIDIA driver (or run the container with --gpus all) and check "
+                "that `nvidia-smi` works",
+            )
+        return skip("cuda", "driver", "no NVIDIA driver (NVML and nvidia-smi not found)")
+    value = f"{driver.version}, supports CUDA {driver.cuda or '?'} (from {driver.source})"
+    have, need = _version(driver.cuda), _version(build_cuda)
+    if not build_cuda or not have or have >= need:
+        return ok("cuda", "driver", value)
+    fix = (
+        f"upgrade the NVIDIA driver to one for CUDA {build_cuda}, or install a torch built for "
+        f"CUDA {driver.cuda} or older ({INSTALL})"
+    )
+    if have[0] < need[0]:
+        return fail("cuda", "driver", f"{value}; torch needs CUDA {build_cuda}", fix)
+    return warn(
+        "cuda",
+        "driver",
+        f"{value}; torch is built for {build_cuda} (minor-version "
+        "compatibility: most kernels run, PTX JIT and the newest features fail)",
+        fix,
+    )
+
+
+def cuda_checks(
+    *,
+    torch_version: str,
+    build_cuda: str | None,
+    build_hip: str | None,
+    gpus: int,
+    facts: CudaFacts | None,
+    driver: DriverFacts | None,
+) -> list[Check]:
+    """Rows for the CUDA runtime, the driver and NCCL.
+
+    Args:
+        torch_version: ``torch.__version__``.
+        build_cuda: ``torch.version.cuda`` (None for CPU and ROCm builds).
+        build_hip: ``torch.version.hip`` (None unless ROCm).
+        gpus: GPUs this process sees (after ``CUDA_VISIBLE_DEVICES``).
+        facts: torch.cuda's answers (None: not asked, or the child failed).
+        driver: the NVIDIA driver (None: none found).
+
+    Example:
+        >>> [c.status for c in cuda_checks(torch_version="2.13.0+cpu", build_cuda=None,
+        ...     build_hip=None, gpus=0, facts=None, driver=None)]
+        ['SKIP', 'SKIP', 'SKIP']
+    """
+    if not build_cuda and not build_hip:
+        cpu_only = f"torch {torch_version} is a CPU-only build"
+        runtime = (
+            warn(
+                "cuda",
+                "runtime",
+                f"{cpu_only} but {gpus} GPU(s) are here: training runs on the CPU",
+                f"install torch built for CUDA: {INSTALL}",
+            )
+            if gpus
+            else skip("cuda", "runtime", cpu_only)
+        )
+        return [
+            runtime,
+            driver_check(None, driver, gpus),
+            skip("cuda", "NCCL", f"{cpu_only}: no NCCL (CPU processes use gloo)"),
+        ]
+    build = f"ROCm {build_hip}" if build_hip else f"CUDA {build_cuda}"
+    return [
+        _runtime_check(build, gpus, facts, driver),
+        skip("cuda", "driver", f"{build} build: the NVIDIA driver check does not apply")
+        if build_hip
+        else driver_check(build_cuda, driver, gpus),
+        _nccl_check(build, gpus, facts, "RCCL" if build_hip else "NCCL"),
+    ]
+
+
+def _runtime_check(
+    build: str, gpus: int, facts: CudaFacts | None, driver: DriverFacts | None
+) -> Check:
+    if facts is None:
+        if not gpus:
+            return skip("cuda", "runtime", f"no GPU visible here (torch is a {build} build)")
+        return fail(
+            "cuda",
+            "runtime",
+            f"{gpus} GPU(s), but a child process asking torch.cuda failed or hung",
+            "run `python -c 'import torch; torch.cuda.init()'` to see the error",
+        )
+    if facts.available:
+        return ok("cuda", "runtime", f"{build}, torch sees {facts.device_count} device(s)")
+    if not gpus:
+        return skip("cuda", "runtime", f"no GPU visible here (torch is a {build} build)")
+    why = f": {facts.why}" if facts.why else ""
+    fix = (
+        "check that `nvidia-smi` works in this environment, CUDA_VISIBLE_DEVICES, and that a "
+        "container runs with --gpus all"
+    )
+    older = driver is not None and _version(driver.cuda) < _version(build)
+    if build.startswith("CUDA") and driver is not None and driver.cuda and older:
+        fix = f"the driver supports CUDA {driver.cuda} only: upgrade it, or {INSTALL}"
+    return fail(
+        "cuda", "runtime", f"torch.cuda.is_available() is False with {gpus} GPU(s) here{why}", fix
+    )
+
+
+def _nccl_check(build: str, gpus: int, facts: CudaFacts | None, name: str) -> Check:
+    if facts is not None and facts.nccl:
+        return ok("cuda", name, f"{facts.nccl} (built into torch)")
+    if not gpus:
+        return skip("cuda", name, f"no GPU visible here: {name} is not used")
+    if facts is None:
+        return skip("cuda", name, "unknown: torch.cuda could not be asked (see runtime)")
+    return fail(
+        "cuda",
+        name,
+        f"this torch ({build}) has no {name}: GPUs cannot communicate",
+        f"install an official torch wheel, which bundles {name}: {INSTALL}",
+    )

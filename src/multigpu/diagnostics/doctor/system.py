@@ -1,0 +1,267 @@
+"""Software and CPU checks: versions, torch's build and backends, cores and threads, /dev/shm.
+
+Nothing here initialises CUDA: ``torch.version.cuda`` and ``torch.distributed.is_*_available``
+are compile-time facts.
+
+Environment variables read (from the mapping given): ``OMP_NUM_THREADS``, ``LOCAL_WORLD_SIZE``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from multigpu.diagnostics.bench.splits import usable_cores
+from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
+
+GiB = 1024**3
+MiB = 1024**2
+CPU_MAX = "/sys/fs/cgroup/cpu.max"
+"""cgroup v2's CPU limit of this container (absent on cgroup v1 and outside Linux)."""
+SHM_MIN_BYTES = GiB
+"""Below this, /dev/shm is a WARN: Docker's default of 64 MiB breaks DataLoader workers
+("bus error", "No space left on device") and NCCL's shared-memory transport."""
+
+
+def multigpu_version() -> str:
+    """The installed multigpu version ("unknown" when run from a source tree without metadata).
+
+    Example:
+        >>> multigpu_version() != ""
+        True
+    """
+    try:
+        return importlib.metadata.version("multigpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def torch_build() -> str:
+    """What torch was built for: ``"CUDA 12.8"``, ``"ROCm 6.3"`` or ``"CPU-only"``.
+
+    Example:
+        >>> torch_build() in ("CPU-only",) or torch_build().startswith(("CUDA", "ROCm"))
+        True
+    """
+    hip = getattr(torch.version, "hip", None)
+    if hip:
+        return f"ROCm {hip}"
+    if torch.version.cuda:
+        return f"CUDA {torch.version.cuda}"
+    return "CPU-only"
+
+
+def version_facts() -> dict[str, str]:
+    """This process's Python, torch, torch build and multigpu versions (compared across ranks).
+
+    Example:
+        >>> sorted(version_facts())
+        ['multigpu', 'python', 'torch', 'torch build']
+    """
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch build": torch_build(),
+        "multigpu": multigpu_version(),
+    }
+
+
+def software_checks() -> list[Check]:
+    """Rows for Python, torch (and its build), multigpu and the process-group backends.
+
+    Example:
+        >>> [c.name for c in software_checks()]
+        ['python', 'torch', 'multigpu', 'backends']
+    """
+    facts = version_facts()
+    rows = [
+        ok("software", "python", f"{facts['python']} ({sys.executable})"),
+        ok("software", "torch", f"{facts['torch']}, {facts['torch build']} build"),
+        ok("software", "multigpu", facts["multigpu"]),
+    ]
+    if not dist.is_available():
+        rows.append(
+            fail(
+                "software",
+                "backends",
+                f"torch {torch.__version__} was built without torch.distributed",
+                "install an official torch wheel (pip install torch), which has it",
+            )
+        )
+        return rows
+    found = {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "mpi": dist.is_mpi_available(),
+    }
+    listed = ", ".join(f"{name} {'yes' if has else 'no'}" for name, has in found.items())
+    if not found["gloo"]:
+        rows.append(
+            fail(
+                "software",
+                "backends",
+                listed,
+                "this torch has no gloo, which CPU training and multigpu's checks need; "
+                "install an official torch wheel",
+            )
+        )
+    else:
+        rows.append(ok("software", "backends", listed))
+    return rows
+
+
+def thread_check(
+    environ: Mapping[str, str], *, cores: int, torch_threads: int, local_processes: int
+) -> Check:
+    """Threads per process against the cores: WARN on oversubscription.
+
+    Args:
+        environ: where ``OMP_NUM_THREADS`` is read.
+        cores: the cores this process may run on (its affinity mask).
+        torch_threads: ``torch.get_num_threads()`` of this process.
+        local_processes: training processes on this machine (``LOCAL_WORLD_SIZE``, else 1).
+
+    Example:
+        >>> thread_check({}, cores=2, torch_threads=2, local_processes=1).status
+        'OK'
+        >>> thread_check({"OMP_NUM_THREADS": "2"}, cores=2, torch_threads=2,
+        ...              local_processes=2).status
+        'WARN'
+    """
+    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    shown = f"OMP_NUM_THREADS={omp}" if omp else "OMP_NUM_THREADS unset"
+    split = cores // local_processes or 1
+    value = (
+        f"{cores} cores; {local_processes} process(es) x {torch_threads} torch thread(s); {shown}"
+    )
+    fix = (
+        f"export OMP_NUM_THREADS={split} (cores // processes), or launch with `multigpu run`, "
+        "which sets it"
+    )
+    threads = int(omp) if omp.isdigit() and int(omp) > 0 else None
+    if omp and threads is None:
+        return warn(
+            "cpu",
+            "threads",
+            value + " (not a whole number: ignored)",
+            f"export OMP_NUM_THREADS={split}",
+        )
+    if local_processes > 1 and threads is None:
+        return warn(
+            "cpu",
+            "threads",
+            value + f": each process may start {cores} threads, "
+            f"{local_processes * cores} on {cores} cores",
+            fix,
+        )
+    if (threads or torch_threads) * local_processes > cores:
+        total = (threads or torch_threads) * local_processes
+        return warn("cpu", "threads", value + f": {total} threads on {cores} cores", fix)
+    return ok("cpu", "threads", value)
+
+
+def quota_check(cpu_max: str | None, *, cores: int) -> Check:
+    """The container's CPU limit (cgroup v2 ``cpu.max``, "QUOTA PERIOD" or "max PERIOD"):
+    WARN when it allows fewer CPUs than the cores torch and the launcher count.
+
+    Example:
+        >>> quota_check("200000 100000", cores=8).status, quota_check("max 100000", cores=8).status
+        ('WARN', 'OK')
+    """
+    parts = (cpu_max or "").split()
+    if len(parts) != 2 or parts[0] == "max" or not all(p.isdigit() for p in parts):
+        return ok("cpu", "CPU limit", "no cgroup CPU quota")
+    cpus = int(parts[0]) / max(int(parts[1]), 1)
+    value = f"cgroup quota {cpus:g} CPUs ({CPU_MAX}: {' '.join(parts)})"
+    if cpus >= cores:
+        return ok("cpu", "CPU limit", value)
+    threads = max(int(cpus), 1)
+    return warn(
+        "cpu",
+        "CPU limit",
+        f"{value}, but {cores} cores are visible: torch and the launcher size their thread "
+        f"pools to {cores}, and the quota throttles them",
+        f"export OMP_NUM_THREADS={threads} (divided by the processes per node), or raise the "
+        "container's CPU limit",
+    )
+
+
+def cpu_checks(environ: Mapping[str, str]) -> list[Check]:
+    """The thread and CPU-limit checks for this process, with the machine's facts read here.
+
+    Example:
+        >>> [c.name for c in cpu_checks({})]
+        ['threads', 'CPU limit']
+    """
+    local = environ.get("LOCAL_WORLD_SIZE", "1")
+    processes = int(local) if local.isdigit() and int(local) > 0 else 1
+    cores = usable_cores()
+    try:
+        cpu_max: str | None = Path(CPU_MAX).read_text()
+    except OSError:  # cgroup v1 or not Linux: no quota to read here
+        cpu_max = None
+    return [
+        thread_check(
+            environ,
+            cores=cores,
+            torch_threads=torch.get_num_threads(),
+            local_processes=processes,
+        ),
+        quota_check(cpu_max, cores=cores),
+    ]
+
+
+def shm_check(size_bytes: int | None, free_bytes: int | None = None) -> Check:
+    """/dev/shm's size: WARN below 1 GiB (or when it is missing), with the container fix.
+
+    Example:
+        >>> shm_check(64 * MiB).status, shm_check(8 * GiB, 8 * GiB).status
+        ('WARN', 'OK')
+    """
+    fix = (
+        "give the container more shared memory: docker run --shm-size=8g (or --ipc=host); "
+        "Kubernetes: mount an emptyDir with medium: Memory at /dev/shm"
+    )
+    if size_bytes is None:
+        return warn(
+            "cpu", "/dev/shm", "missing: DataLoader workers and NCCL need shared memory", fix
+        )
+    shown = _size(size_bytes)
+    if free_bytes is not None:
+        shown += f" ({_size(free_bytes)} free)"
+    if size_bytes < SHM_MIN_BYTES:
+        return warn(
+            "cpu",
+            "/dev/shm",
+            f"{shown}: below 1 GiB, DataLoader workers (num_workers > 0) and NCCL's "
+            "shared-memory transport fail with bus errors or 'No space left on device'",
+            fix,
+        )
+    return ok("cpu", "/dev/shm", shown)
+
+
+def read_shm(path: str = "/dev/shm") -> tuple[int | None, int | None]:
+    """(size, free) of the filesystem at ``path`` in bytes; (None, None) when it is missing.
+
+    Example:
+        >>> read_shm("/nonexistent")
+        (None, None)
+    """
+    if not Path(path).is_dir():
+        return None, None
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None, None
+    return stat.f_frsize * stat.f_blocks, stat.f_frsize * stat.f_bavail
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n // MiB} MiB"
