@@ -99,7 +99,13 @@ def _nproc(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _number(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
+def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind(text)`` when it is >= ``low`` (and finite), else a clear error.
+
+    Example:
+        >>> number_arg(int, 1)("3")
+        3
+    """
     what = "an integer" if kind is int else "a number"
 
     def parse(text: str) -> int | float:
@@ -133,7 +139,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--steps",
-        type=_number(int, 1),
+        type=number_arg(int, 1),
         default=50,
         help="optimizer steps to record at each world size (default 50)",
     )
@@ -146,10 +152,10 @@ def build_verify_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rtol",
-        type=_number(float, 0),
+        type=number_arg(float, 0),
         help="relative tolerance (default by dtype: see below)",
     )
-    p.add_argument("--atol", type=_number(float, 0), default=0.0, help="absolute tolerance (0)")
+    p.add_argument("--atol", type=number_arg(float, 0), default=0.0, help="absolute tolerance (0)")
     p.add_argument("--keep", metavar="DIR", type=Path, help="keep the run directories in DIR")
     p.add_argument(
         "--cpu",
@@ -158,7 +164,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=_number(float, 1),
+        type=number_arg(float, 1),
         default=900.0,
         help="seconds one run may take before it is stopped (900)",
     )

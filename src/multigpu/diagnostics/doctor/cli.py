@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from multigpu.diagnostics.options import _number  # verify's "N >= low" argparse type
+from multigpu.diagnostics.options import number_arg
 from multigpu.errors import UsageError
 
 if TYPE_CHECKING:
@@ -79,13 +79,13 @@ def build_doctor_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--nproc",
-        type=_number(int, 2),
+        type=number_arg(int, 2),
         metavar="N",
         help="processes of the all-reduce on one machine (default 2, or the GPUs if fewer)",
     )
     p.add_argument(
         "--timeout",
-        type=_number(float, 1),
+        type=number_arg(float, 1),
         default=60.0,
         metavar="SECONDS",
         help="bound on the all-reduce, start-up included, and on each collective (default 60)",
