@@ -67,9 +67,18 @@ def test_cpu_processes_share_the_cores() -> None:
     assert plan.env["OMP_NUM_THREADS"] == plan.env["MKL_NUM_THREADS"] == "2"
     assert plan.env["MULTIGPU_DEVICE"] == "cpu"
     assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
-    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan.env  # no restarts: torch's default
     assert "MULTIGPU_BACKEND" not in plan.env
     assert plan_for("--cpu", "3", "t.py", cores=2).threads_per_process == 1  # never 0
+
+
+def test_a_store_per_attempt_only_where_workers_may_restart() -> None:
+    for argv in (("--max-restarts", "1"), ("--nnodes", "1:2"), ("--nnodes", "2")):
+        plan = plan_for("--cpu", "2", *argv, "t.py")
+        assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1", argv
+    for argv in ((), ("--max-restarts", "0"), ("--nnodes", "1")):
+        plan = plan_for("--cpu", "2", *argv, "t.py")
+        assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan.env, argv
 
 
 def test_user_thread_and_store_settings_win() -> None:

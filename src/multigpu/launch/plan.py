@@ -4,7 +4,8 @@ Everything here is a pure function of the options, the environment and the machi
 (GPUs, cores), so ``--dry-run`` and the tests see exactly what a real launch would do.
 
 Environment variables read (from the ``environ`` passed in): ``OMP_NUM_THREADS``,
-``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them),
+``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them; else
+set to 1 where workers may restart),
 ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``); for ``--cpu auto``, the split saved by
 ``multigpu bench scaling`` (``MULTIGPU_CACHE_DIR``, ``XDG_CACHE_HOME``: see its ``cache``).
 """
@@ -110,6 +111,19 @@ class LaunchPlan:
 def _nproc_given(options: LaunchOptions) -> str | None:
     value = options.get("nproc_per_node")
     return None if value is None else str(value).strip()
+
+
+def _workers_may_restart(options: LaunchOptions) -> bool:
+    """True when the agent may start workers again: ``--max-restarts`` > 0, or several nodes
+    (a node joining or leaving an elastic job restarts every worker).
+
+    Example:
+        >>> _workers_may_restart(LaunchOptions(script="t.py", cpu=2))
+        False
+        >>> _workers_may_restart(LaunchOptions(script="t.py", torchrun={"max_restarts": 1}))
+        True
+    """
+    return int(options.get("max_restarts", 0) or 0) > 0 or options.max_nodes > 1
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -268,9 +282,12 @@ def build_plan(
             env["MKL_NUM_THREADS"] = str(threads)
     if options.backend != "auto":
         env["MULTIGPU_BACKEND"] = options.backend
-    if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in environ:
+    if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in environ and _workers_may_restart(options):
         # torch 2.13: restarted workers may read the dead attempt's gloo address from the
-        # agent's shared store and fail to connect; a store per attempt avoids it.
+        # agent's shared store and fail to connect; a store per attempt avoids it. Only where
+        # workers can restart: a store per attempt is hosted by rank 0's worker, and a rank
+        # that connects before it listens is refused and retries ~0.5 s later (one launch in
+        # three or four; benchmarks/RESULTS.md).
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if options.iface:
         # gloo and NCCL otherwise pick the interface the hostname resolves to (127.0.1.1 on
