@@ -46,18 +46,27 @@ def write_plot(document: Mapping[str, Any], path: Path) -> bool:
         ax.plot(sizes, ideal, "--", color="0.6", label="ideal (linear)")
         ax.plot(sizes, [r["speedup"] for r in rows], "o-", color="C0", label="measured")
         for r in rows:
+            # Above the point, where neither line runs (the ideal line rises to the right of
+            # it, the measured one joins it from the side), on a white box over the grid.
             ax.annotate(
-                f"{r['efficiency']:.0%}",
+                f"{r['speedup']:.2f}x\neff. {r['efficiency']:.0%}",
                 (r["processes"], r["speedup"]),
                 textcoords="offset points",
-                xytext=(0, -14),
+                xytext=(0, 9),
                 ha="center",
+                va="bottom",
                 fontsize=8,
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
             )
         ax.set_xticks(sizes)
+        # Room for the labels: the first and last points away from the sides, the tallest
+        # label inside the axes, and the speed-up read from zero.
+        ax.margins(x=0.15)
+        top = max([*ideal, *(r["speedup"] for r in rows)])
+        ax.set_ylim(0, top * 1.3)
     what = "processes x 1 thread" if document["device"] == "cpu" else "GPUs"
     ax.set_xlabel(f"world size ({what})")
-    ax.set_ylabel("speed-up (labels: efficiency)")
+    ax.set_ylabel("speed-up over the smallest world size")
     ax.set_title("strong scaling, fixed global batch", fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
