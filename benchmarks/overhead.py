@@ -1,7 +1,8 @@
 """multigpu's overhead against hand-written DDP, HuggingFace Accelerate and Lightning Fabric.
 
-Five measurements, each with interleaved repetitions in one run (a, b, c, d, a, b, c, d, ...)
-so the noise of a shared machine hits every contender alike; figures are medians:
+Five measurements, each with interleaved repetitions in one run (a, b, c, d, then b, c, d, a,
+...: the order rotates each round) so the noise of a shared machine hits every contender alike;
+figures are medians:
 
 1. Per-step time of the same model, data, global batch and seed on 2 CPU processes (gloo, one
    thread each) through (a) torchrun + hand-written DDP, (b) ``multigpu run --cpu 2``,
@@ -10,9 +11,12 @@ so the noise of a shared machine hits every contender alike; figures are medians
    batches, same initial weights), and the time from launch to the first step.
 2. The same, in one run: the four train side by side in the same two processes, taking turns
    in blocks of 10 steps (benchmarks/overhead/paired.py), so the machine's noise cancels much
-   better than between separate runs.
-3. The work multigpu adds per step, piece by piece in one process (loader, backward, the hang
-   recorder: benchmarks/overhead/extra_work.py), as a share of the DDP step time above.
+   better than between separate runs; with them hand-written DDP with only ``ctx.loader`` or
+   only ``ctx.backward`` swapped in, and the main thread's CPU time per step, which resolves
+   multigpu's own work in place (tens of microseconds).
+3. The work multigpu adds per step, piece by piece in one process in a tight loop (loader,
+   backward, the hang recorder: benchmarks/overhead/extra_work.py), as a share of the DDP step
+   time above: a lower bound, as the code runs with hot caches there.
 4. Time to ``import`` torch, multigpu, accelerate and lightning.fabric, each in a fresh
    interpreter.
 5. Launch to first step: ``multigpu run --cpu 2 script`` against ``torchrun --nproc-per-node 2
@@ -37,8 +41,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 ANCHORS_PYTHON = HERE / ".venv-anchors" / "bin" / "python"
@@ -47,6 +52,7 @@ sys.path.insert(0, str(HERE / "overhead"))
 import measure  # noqa: E402
 import report  # noqa: E402
 
+T = TypeVar("T")
 SECTIONS = ("step", "paired", "extra", "import", "launch")
 
 
@@ -99,7 +105,7 @@ def bench_steps(args: argparse.Namespace, model: str) -> dict[str, list[dict[str
     }
     runs: dict[str, list[dict[str, Any]]] = {job.key: [] for job in measure.STEP_JOBS}
     for rep in range(args.reps):
-        for job in measure.STEP_JOBS:
+        for job in rotated(measure.STEP_JOBS, rep):
             result = measure.run_job(job, settings)
             runs[job.key].append(result)
             progress(
@@ -130,7 +136,7 @@ def bench_imports(args: argparse.Namespace) -> dict[str, list[tuple[float, float
         measure.time_import(module)
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in measure.IMPORTS}
     for rep in range(args.import_reps):
-        for module in measure.IMPORTS:
+        for module in rotated(measure.IMPORTS, rep):
             times[module].append(measure.time_import(module))
         progress(f"imports rep {rep + 1}/{args.import_reps}")
     return times
@@ -144,12 +150,23 @@ def bench_launch(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         job.key: {k: [] for k in keys} for job in measure.LAUNCH_JOBS
     }
     for rep in range(args.launch_reps):
-        for job in measure.LAUNCH_JOBS:
+        for job in rotated(measure.LAUNCH_JOBS, rep):
             result = measure.run_job(job, settings)
             for k in keys:
                 times[job.key][k].append(result[k])
         progress(f"launch rep {rep + 1}/{args.launch_reps}")
     return times
+
+
+def rotated(items: Sequence[T], rnd: int) -> list[T]:
+    """``items`` starting one further along each round, so no contender always follows another.
+
+    Example:
+        >>> rotated("abcd", 1)
+        ['b', 'c', 'd', 'a']
+    """
+    k = rnd % len(items)
+    return [*items[k:], *items[:k]]
 
 
 def progress(line: str) -> None:

@@ -22,6 +22,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     world_size = dist.get_world_size()
     model = DistributedDataParallel(workload.build_model(cfg))
+    workload.require_data_parallel(cfg, model, "ddp")
     optimizer = workload.make_optimizer(model)
     dataset = workload.build_dataset(cfg)
     # In order (see workload.py): each rank takes every world_size-th sample.
@@ -39,7 +40,7 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            clock.tick()
+            clock.tick(len(x))
             if clock.steps == cfg.steps:
                 break
         epoch += 1

@@ -10,8 +10,13 @@ loop does instead, interleaved, many thousand times:
   data, per-rank batch and rank (0 of 2);
 - the backward: ``ctx.backward(loss)`` against ``loss.backward()`` on a one-element graph, plus
   the collective recorder's entry for the backward (the hang explainer: a stack walk and two
-  ``pwrite`` calls to the trace file that ``multigpu run`` gives every rank), which a
+  writes to the mapped trace file that ``multigpu run`` gives every rank), which a
   distributed ``ctx.backward`` adds.
+
+In a tight loop this code runs with hot caches; in place, between the forward and backward
+passes, the same Python costs several times more: paired.py measures that (main-thread CPU of
+hand-written DDP with ``ctx.loader`` or ``ctx.backward`` swapped in), and it is the figure to
+hold against the target.
 
 Prints one JSON object: microseconds per batch / per step for each piece and their sum.
 

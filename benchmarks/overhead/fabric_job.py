@@ -25,6 +25,7 @@ def main() -> None:
     model = workload.build_model(cfg)
     optimizer = workload.make_optimizer(model)
     model, optimizer = fabric.setup(model, optimizer)
+    workload.require_data_parallel(cfg, model, "fabric")
     # In order (see workload.py); setup_dataloaders puts a DistributedSampler in.
     loader = DataLoader(
         workload.build_dataset(cfg),
@@ -43,7 +44,7 @@ def main() -> None:
             optimizer.zero_grad()
             fabric.backward(loss)
             optimizer.step()
-            clock.tick()
+            clock.tick(len(x))
             if clock.steps == cfg.steps:
                 break
         epoch += 1

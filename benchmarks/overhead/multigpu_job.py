@@ -20,6 +20,7 @@ def main() -> None:
         model = workload.build_model(cfg)
         optimizer = workload.make_optimizer(model)
         model, optimizer = ctx.setup(model, optimizer)
+        workload.require_data_parallel(cfg, model, "multigpu")
         # In order (see workload.py); drop_last as a training loader would.
         loader = ctx.loader(
             workload.build_dataset(cfg), batch_size=cfg.batch, shuffle=False, drop_last=True
@@ -32,7 +33,7 @@ def main() -> None:
                 optimizer.zero_grad()
                 ctx.backward(loss)
                 optimizer.step()
-                clock.tick()
+                clock.tick(len(x))
                 if clock.steps == cfg.steps:
                     break
         workload.write_result(cfg, "multigpu", clock, loss, model)

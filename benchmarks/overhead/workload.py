@@ -21,6 +21,9 @@ Environment variables read:
     BENCH_WARMUP  first steps left out of the timing (default 20).
     BENCH_BATCH   GLOBAL batch per optimizer step (default 64).
     BENCH_SEED    seed of the weights and the data (default 0).
+    BENCH_WORLD_SIZE  processes the job must run on (default 2): a job that finds another world
+                  size, no process group, or no DistributedDataParallel around the model stops
+                  with an error instead of timing something else.
     BENCH_OUT     where rank 0 writes its result as JSON (default: nowhere).
 """
 
@@ -56,6 +59,8 @@ class Settings:
     """Global batch per optimizer step."""
     seed: int
     """Seed of the weights and the data."""
+    world_size: int
+    """Processes the job must run on (checked by ``require_data_parallel``)."""
     out: str
     """Where rank 0 writes the result (empty: nowhere)."""
 
@@ -77,6 +82,7 @@ def settings() -> Settings:
         warmup=int(env.get("BENCH_WARMUP", "20")),
         batch=int(env.get("BENCH_BATCH", "64")),
         seed=int(env.get("BENCH_SEED", "0")),
+        world_size=int(env.get("BENCH_WORLD_SIZE", "2")),
         out=env.get("BENCH_OUT", ""),
     )
 
@@ -128,6 +134,25 @@ def build_dataset(cfg: Settings) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def require_data_parallel(cfg: Settings, model: nn.Module, framework: str) -> None:
+    """Stop unless this process trains in a gloo group of ``cfg.world_size`` under DDP.
+
+    A framework that quietly runs each process alone (Accelerate on a machine without a GPU and
+    without ``cpu=True``) would otherwise be timed on an all-reduce-free step, and look fast.
+    Call it after the framework's set-up, on every rank.
+    """
+    grouped = dist.is_available() and dist.is_initialized()
+    found = dist.get_world_size() if grouped else 1
+    backend = str(dist.get_backend()) if grouped else "none"
+    ddp = any(isinstance(m, nn.parallel.DistributedDataParallel) for m in model.modules())
+    if found != cfg.world_size or backend != "gloo" or not ddp:
+        raise SystemExit(
+            f"{framework}: world size {found}, backend {backend}, DistributedDataParallel "
+            f"{'found' if ddp else 'NOT found'} around the model; expected world size "
+            f"{cfg.world_size} on gloo under DDP: not data-parallel, nothing comparable to time"
+        )
+
+
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """Plain SGD: rounding differences between the jobs stay at float32 level (no Adam blow-up)."""
     return torch.optim.SGD(model.parameters(), lr=0.05)
@@ -147,6 +172,8 @@ class StepClock:
 
     warmup: int
     times: list[float] = field(default_factory=list)
+    rows: set[int] = field(default_factory=set)
+    """Samples per batch seen on this rank (one value: the per-rank batch)."""
     cpu_times: list[float] = field(default_factory=list)
     first_step_wall: float = 0.0
     loop_start_wall: float = 0.0
@@ -160,9 +187,10 @@ class StepClock:
         self._last_cpu = time.process_time()
         self.loop_start_wall = time.time()
 
-    def tick(self) -> None:
-        """Record the step that just ended."""
+    def tick(self, rows: int) -> None:
+        """Record the step that just ended, whose batch on this rank held ``rows`` samples."""
         now, cpu = time.perf_counter(), time.process_time()
+        self.rows.add(rows)
         if self.steps == 0:
             self.first_step_wall = time.time()
         if self.steps >= self.warmup:
@@ -197,9 +225,19 @@ def global_loss(loss: torch.Tensor) -> float:
 def write_result(
     cfg: Settings, framework: str, clock: StepClock, loss: torch.Tensor, model: nn.Module
 ) -> None:
-    """Write rank 0's result to ``BENCH_OUT``; every rank must call it (it all-reduces the loss)."""
+    """Write rank 0's result to ``BENCH_OUT``; every rank must call it (it all-reduces the loss).
+
+    Stops when this rank's batches did not hold ``batch / world size`` samples each (the global
+    batch would then differ from the other frameworks').
+    """
     final = global_loss(loss)
     distributed = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if distributed else 1
+    if clock.rows != {cfg.batch // world}:
+        raise SystemExit(
+            f"{framework}: per-rank batches of {sorted(clock.rows)} samples; expected "
+            f"{cfg.batch // world} (global batch {cfg.batch} over {world} processes)"
+        )
     rank = dist.get_rank() if distributed else 0
     if rank != 0 or not cfg.out:
         return
@@ -214,7 +252,8 @@ def write_result(
         "steps": clock.steps,
         "final_loss": final,
         "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
-        "world_size": dist.get_world_size() if distributed else 1,
+        "world_size": world,
+        "rank_batch": cfg.batch // world,
         "backend": str(dist.get_backend()) if distributed else "none",
         "threads": torch.get_num_threads(),
         "wrapper": type(model).__name__,

@@ -166,9 +166,9 @@ class Context:
         recorder = active_log() if self.is_distributed else None
         if recorder is None:
             self._steps.backward(loss, **kwargs)
-            return
-        with recorder.record("backward (DDP gradient all-reduce)"):  # no shapes: not the loss's
-            self._steps.backward(loss, **kwargs)
+        else:  # a call with no shapes: the loss's are not those of the all-reduce
+            op = "backward (DDP gradient all-reduce)"
+            recorder.call(op, self._steps.backward, loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
         """Step the optimizer(s) at the end of an optimizer step, then zero the gradients.

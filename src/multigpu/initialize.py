@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -20,13 +21,14 @@ from multigpu import dist
 from multigpu.context import Context
 from multigpu.device import backend_for, choose_device
 from multigpu.env import detect
+from multigpu.errors import EnvError
 from multigpu.hang import peers, start_watchdog
 from multigpu.log import warn_once
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
 from multigpu.seed import seed_everything
 from multigpu.strategies import Strategy, resolve_strategy
-from multigpu.versions import check_same_versions
+from multigpu.versions import local_versions, mismatch_message
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,16 @@ def init(
             rank=env.rank, world_size=env.world_size, timeout=wait, environ=env_vars
         ),
     )
+
+
+def check_same_versions() -> None:
+    """Compare every rank's versions (one small all-gather); raise EnvError on a mismatch."""
+    if dist.world_size() < 2:
+        return
+    found = dist.gather_objects_small({"host": socket.gethostname(), "versions": local_versions()})
+    message = mismatch_message(found)
+    if message is not None:
+        raise EnvError(message)
 
 
 def make_deterministic(device: torch.device, environ: Mapping[str, str]) -> None:

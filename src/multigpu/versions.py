@@ -1,9 +1,12 @@
-"""One check at start-up that every rank runs the same software.
+"""The software a process runs, and the message when ranks or nodes run different software.
 
 Ranks with different torch (or Python, or multigpu) versions can pickle differently, pick
 different collective algorithms or bucket gradients differently, and then hang or diverge far
-from the cause. Every rank shares its versions once, right after the process group is created,
-and a mismatch stops every rank with the same message naming the hosts.
+from the cause. Two checks use this: every worker shares its versions once, right after the
+process group is created (``multigpu.init``), and every node's ``multigpu run`` shares its own
+after each rendezvous, before any worker starts (``multigpu.launch.agreement``); a mismatch
+stops them all with the same message naming the hosts. No collectives here, so the launcher,
+which never creates a process group, can import it.
 
 Environment variables read: none.
 """
@@ -12,13 +15,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-import socket
 from typing import Any
 
 import torch
-
-from multigpu import dist
-from multigpu.errors import EnvError
 
 
 def local_versions() -> dict[str, str]:
@@ -35,8 +34,10 @@ def local_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "python": platform.python_version(), "multigpu": ours}
 
 
-def mismatch_message(found: list[dict[str, Any]]) -> str | None:
-    """The error for ranks whose versions differ, or None when all agree.
+def mismatch_message(found: list[dict[str, Any]], who: str = "rank") -> str | None:
+    """The error for ranks (or nodes: ``who="node"``) whose versions differ; None when all agree.
+
+    ``found[i]`` is ``{"host": ..., "versions": local_versions()}`` of rank (node) ``i``.
 
     Example:
         >>> a = {"host": "n1", "versions": {"torch": "2.13.0"}}
@@ -51,24 +52,14 @@ def mismatch_message(found: list[dict[str, Any]]) -> str | None:
         if len(set(values)) > 1:
             groups: dict[str, list[str]] = {}
             for rank, (value, f) in enumerate(zip(values, found, strict=True)):
-                groups.setdefault(str(value), []).append(f"rank {rank} ({f['host']})")
+                groups.setdefault(str(value), []).append(f"{who} {rank} ({f['host']})")
             problems.append(
                 f"{name} " + ", ".join(f"{v} on {', '.join(where)}" for v, where in groups.items())
             )
     if not problems:
         return None
     return (
-        "ranks run different software: "
+        f"{who}s run different software: "
         + "; ".join(problems)
         + "; install the same versions on every node"
     )
-
-
-def check_same_versions() -> None:
-    """Compare every rank's versions (one small all-gather); raise EnvError on a mismatch."""
-    if dist.world_size() < 2:
-        return
-    found = dist.gather_objects_small({"host": socket.gethostname(), "versions": local_versions()})
-    message = mismatch_message(found)
-    if message is not None:
-        raise EnvError(message)

@@ -15,7 +15,6 @@ from multigpu.diagnostics.bench.bandwidth import (
 )
 from multigpu.diagnostics.bench.comm import parse_comm_args
 from multigpu.diagnostics.bench.comm_worker import expected_output
-from multigpu.diagnostics.bench.runner import find_reason
 from multigpu.diagnostics.bench.scaling import Row, step_stats, with_speedups
 from multigpu.diagnostics.bench.sizes import (
     DEFAULT_SIZES,
@@ -25,6 +24,7 @@ from multigpu.diagnostics.bench.sizes import (
     parse_sizes,
 )
 from multigpu.diagnostics.bench.splits import core_splits, fastest
+from multigpu.diagnostics.child_run import find_reason
 from multigpu.errors import UsageError
 
 

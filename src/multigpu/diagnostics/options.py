@@ -265,3 +265,25 @@ def _check_module(module: str) -> None:
             f"module {module!r} was not found (no package {top!r} on sys.path); expected an "
             "importable module for -m; check the name or install the package"
         )
+
+
+def choose_device(nproc: Sequence[int], *, cpu: bool) -> str:
+    """``"cuda"`` when the machine has GPUs (and not ``cpu``), else ``"cpu"``: the device on
+    which a diagnostic (verify, bench scaling) runs its world sizes ``nproc``.
+
+    Raises:
+        UsageError: ``nproc`` asks for more GPUs than the machine has.
+    """
+    if cpu:
+        return "cpu"
+    from multigpu.gpus import list_gpus
+
+    count = len(list_gpus())
+    if count == 0:
+        return "cpu"
+    if max(nproc) > count:
+        raise UsageError(
+            f"--nproc {','.join(map(str, nproc))} asks for {max(nproc)} GPUs but this machine "
+            f"shows {count}; use world sizes up to {count}, or --cpu for CPU processes"
+        )
+    return "cuda"

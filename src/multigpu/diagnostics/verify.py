@@ -26,16 +26,15 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
 
+from multigpu.diagnostics.child_run import run_child
 from multigpu.diagnostics.compare import Tolerance, compare_runs, default_rtol
 from multigpu.diagnostics.diagnose import (
     find_notes,
@@ -43,21 +42,11 @@ from multigpu.diagnostics.diagnose import (
     nondeterminism_reason,
     unexplained,
 )
-from multigpu.diagnostics.options import VerifyOptions, parse_verify_args
+from multigpu.diagnostics.options import VerifyOptions, choose_device, parse_verify_args
 from multigpu.diagnostics.records import RunRecord, load_run
 from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
-from multigpu.errors import UsageError
 
 log = logging.getLogger(__name__)
-
-TAIL_LINES = 30
-"""Lines of a failed run's stderr shown."""
-
-TIMED_OUT = 124
-"""The exit code given to a run stopped by ``--timeout`` (as coreutils' ``timeout``)."""
-
-GRACE_SECONDS = 30.0
-"""How long a timed-out launcher gets to stop its workers after SIGTERM before SIGKILL."""
 
 
 def child_env(
@@ -110,74 +99,23 @@ def run_once(
         os.environ, directory, options.steps, device=device, deterministic=options.deterministic
     )
     log.info("verify: world size %s (%s) ...", world_size, _devices(device, world_size))
-    started = time.perf_counter()
-    with ExitStack() as stack:
-        out = stack.enter_context(open(f"{directory}.stdout.log", "w+b"))
-        err = stack.enter_context(open(f"{directory}.stderr.log", "w+b"))
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=err)
-        code = _wait(proc, options.timeout)
-        err.seek(0)
-        stderr = err.read().decode(errors="replace")
-    seconds = time.perf_counter() - started
-    tail = "\n".join(stderr.rstrip().splitlines()[-TAIL_LINES:])
-    if code == TIMED_OUT:
-        tail += f"\n(stopped after --timeout {options.timeout:g} s)"
+    run = run_child(command, env, timeout=options.timeout, logs=directory)
+    code, seconds = run.returncode, run.seconds
     log.info("verify: world size %s finished in %.1f s (exit code %s)", world_size, seconds, code)
     outcome = RunOutcome(
         world_size=world_size,
         returncode=code,
         seconds=seconds,
         command=tuple(command),
-        stderr_tail=tail if code else "",
+        stderr_tail=run.stderr_tail,
     )
     return outcome, load_run(directory, world_size) if code == 0 else None
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: the launcher then stops its workers, which run in their own sessions
-        # and would outlive a SIGKILLed launcher.
-        proc.terminate()
-        try:
-            proc.wait(timeout=GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return TIMED_OUT
-    except BaseException:  # Ctrl-C: stop the launcher (and so its workers) before leaving
-        proc.terminate()
-        proc.wait()
-        raise
 
 
 def _devices(device: str, world_size: int) -> str:
     return (
         f"{world_size} GPU(s), nccl" if device == "cuda" else f"{world_size} CPU process(es), gloo"
     )
-
-
-def choose_device(options: VerifyOptions) -> str:
-    """``"cuda"`` when the machine has GPUs (and not ``--cpu``), else ``"cpu"``.
-
-    Raises:
-        UsageError: --nproc asks for more GPUs than the machine has.
-    """
-    if options.cpu:
-        return "cpu"
-    from multigpu.gpus import list_gpus
-
-    count = len(list_gpus())
-    if count == 0:
-        return "cpu"
-    if max(options.nproc) > count:
-        raise UsageError(
-            f"--nproc {','.join(map(str, options.nproc))} asks for {max(options.nproc)} GPUs but "
-            f"this machine shows {count}; use world sizes up to {count}, or --cpu for CPU "
-            "processes"
-        )
-    return "cuda"
 
 
 def verify(options: VerifyOptions, root: Path) -> VerifyResult:
@@ -193,7 +131,7 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
         >>> verify(opts, Path("/tmp/verify")).verdict  # doctest: +SKIP
         'PASS'
     """
-    device = choose_device(options)
+    device = choose_device(options.nproc, cpu=options.cpu)
     outcomes: list[RunOutcome] = []
     records: list[RunRecord] = []
     reasons: list[str] = []

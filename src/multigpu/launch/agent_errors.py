@@ -66,17 +66,24 @@ def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> s
     endpoint = endpoint_of(args)
     here = socket.gethostname()
     cause = root_cause(error)
+    nnodes = getattr(args, "nnodes", "?")
+    # Another node's launcher ends first when it gave up waiting for the nodes; which of the
+    # endings below this node sees is a race, so each names this node's --nnodes.
+    same_options = (
+        f"when it timed out waiting for the other nodes, the nodes disagree on --nnodes (this "
+        f"node, {here}: --nnodes {nnodes}), --rdzv-id or --rdzv-endpoint: start every node with "
+        "the same ones"
+    )
     if isinstance(error, RendezvousTimeoutError):
         return (
             f"not every node joined the rendezvous at {endpoint} within {timeout_s:g} s "
-            f"({cause}); expected --nnodes {getattr(args, 'nnodes', '?')}: start `multigpu run` "
-            "with the same --rdzv-endpoint, --rdzv-id and --nnodes on every node, or raise "
-            "--timeout"
+            f"({cause}); {here} expected --nnodes {nnodes}: start `multigpu run` with the same "
+            "--rdzv-endpoint, --rdzv-id and --nnodes on every node, or raise --timeout"
         )
     if isinstance(error, RendezvousClosedError):
         return (
             f"the rendezvous at {endpoint} is closed: another node's launcher ended the job "
-            f"({cause}); start every node again with a new --rdzv-id"
+            f"({cause}) — see its output; {same_options}, and a new --rdzv-id"
         )
     text = f"{type(error).__name__}: {error} {cause}".lower()
     store_lost = isinstance(error, RendezvousConnectionError) or any(
@@ -87,10 +94,7 @@ def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> s
         # The store answered before and then hung up: its host's launcher ended.
         return (
             f"the rendezvous store at {endpoint} closed its connection to {here} ({cause}): "
-            f"the `multigpu run` on {host} has ended — see its output; when it timed out "
-            "waiting for the other nodes, the nodes disagree on --nnodes (this node: "
-            f"{getattr(args, 'nnodes', '?')}), --rdzv-id or --rdzv-endpoint: start every node "
-            "with the same ones"
+            f"the `multigpu run` on {host} has ended — see its output; {same_options}"
         )
     if store_lost:
         return (

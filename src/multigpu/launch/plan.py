@@ -20,8 +20,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from multigpu.errors import UsageError
+from multigpu.launch.endpoints import store_port
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
-from multigpu.launch.ports import is_local_address
 from multigpu.launch.timeouts import (
     DEFAULT_TIMEOUT_S,
     describe_timeout,
@@ -333,71 +333,3 @@ def _torchrun_args(
     if standalone:
         args.append("--standalone")
     return [*args, options.script, *options.script_args]
-
-
-def store_port(options: LaunchOptions) -> tuple[str, int] | None:
-    """The (option, port) of the rendezvous store this node will host, if it is a fixed port.
-
-    Static rendezvous: node rank 0 hosts ``--master-port`` (or the ``--rdzv-endpoint`` port).
-    c10d rendezvous: the node whose address is the endpoint's hosts it — checked only when it
-    surely does (single node, or ``is_host=1`` in ``--rdzv-conf``), because on a multi-node
-    test machine the port may rightly be held by another agent of the same job.
-
-    Example:
-        >>> store_port(LaunchOptions(script="t.py", torchrun={"master_port": 29511}))
-        ('--master-port 29511', 29511)
-    """
-    if options.get("standalone"):
-        return None  # torchrun picks a free port
-    backend = str(options.get("rdzv_backend", "static"))
-    endpoint = str(options.get("rdzv_endpoint", "") or "")
-    if backend == "static":
-        if int(options.get("node_rank", 0)) != 0:
-            return None
-        if endpoint:
-            return _endpoint_port(endpoint)
-        if options.given("master_port"):
-            port = int(options.get("master_port"))
-            return f"--master-port {port}", port
-        if options.max_nodes > 1:  # one node without a port: torchrun picks a free one
-            return "torchrun's default --master-port 29500", 29500
-        return None
-    conf = str(options.get("rdzv_conf", "") or "").replace(" ", "").lower()
-    hosts = options.max_nodes == 1 or any(f"is_host={v}" in conf for v in ("1", "true", "yes"))
-    if endpoint and hosts:
-        found = _endpoint_port(endpoint)
-        host = endpoint.rsplit(":", 1)[0] if ":" in endpoint else endpoint
-        if found is not None and is_local_address(host):
-            return found
-    return None
-
-
-def _endpoint_port(endpoint: str) -> tuple[str, int] | None:
-    _, sep, port_text = endpoint.rpartition(":")
-    if not sep or not port_text.isdigit():
-        return None  # torchrun's default port applies; it reports a bad endpoint itself
-    port = int(port_text)
-    return f"--rdzv-endpoint {endpoint}", port
-
-
-def rendezvous_endpoint(options: LaunchOptions) -> tuple[str, int] | None:
-    """(host, port) this node's agent will connect to on several nodes; None on one node.
-
-    Example:
-        >>> rendezvous_endpoint(LaunchOptions(script="t.py", torchrun={
-        ...     "nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400"}))
-        ('node0', 29400)
-    """
-    if options.max_nodes == 1 or options.get("standalone"):
-        return None
-    endpoint = str(options.get("rdzv_endpoint", "") or "")
-    if endpoint:
-        host, sep, port_text = endpoint.rpartition(":")
-        return (host.strip("[]"), int(port_text)) if sep and port_text.isdigit() else None
-    host = str(options.get("master_addr", "") or "127.0.0.1")
-    return host, int(options.get("master_port", 29500) or 29500)
-
-
-def endpoint_option(options: LaunchOptions) -> str:
-    """How the user named the rendezvous endpoint, for messages."""
-    return "--rdzv-endpoint" if options.get("rdzv_endpoint") else "--master-addr/--master-port"

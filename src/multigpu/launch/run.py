@@ -22,38 +22,25 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any, TextIO
 
-from multigpu.errors import UsageError
+from multigpu.diagnostics.bench.splits import usable_cores
+from multigpu.errors import MultiGPUError, UsageError
+from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.agent_errors import describe_agent_error
+from multigpu.launch.endpoints import endpoint_option, rendezvous_endpoint
 from multigpu.launch.network import check_interface
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.plan import (
     LaunchPlan,
     build_plan,
     choose_devices,
-    endpoint_option,
-    rendezvous_endpoint,
 )
 from multigpu.launch.ports import check_port_free, check_store_answers
 from multigpu.launch.slurm import with_slurm_topology
-from multigpu.launch.timeouts import bounded_waits
 
 logger = logging.getLogger(__name__)
 
 USAGE_EXIT_CODE = 2
 """Exit code of a usage error, for the launcher and for workers that refuse their input."""
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, not the machine's total).
-
-    Example:
-        >>> usable_cores() >= 1
-        True
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def check_script(options: LaunchOptions) -> None:
@@ -156,7 +143,8 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="multigpu-trace-") as traces:
         # Each worker keeps its last collectives there; read back if the launch fails.
         os.environ["MULTIGPU_TRACE_DIR"] = traces
-        with bounded_waits(plan.timeout_s):  # torch's agent waits up to 15 min without it
+        # torchrun's agent with every wait bounded and the nodes checked for agreement
+        with multigpu_agent(plan.timeout_s, str(args.nnodes)):
             return _run_agent(run, args, stream, traces, plan.timeout_s)
 
 
@@ -192,6 +180,10 @@ def _run_agent(
     except SignalException as e:
         logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
         return 128 + int(e.sigval)
+    except MultiGPUError as e:  # ours, from inside the agent (the nodes disagree): one line
+        stream.write(f"multigpu: error: {e}\n")
+        stream.flush()
+        return USAGE_EXIT_CODE if isinstance(e, UsageError) else 1
     except Exception as e:  # rendezvous and agent errors: one line, not torch's traceback
         stream.write(f"multigpu: error: {describe_agent_error(e, args, timeout_s)}\n")
         stream.flush()

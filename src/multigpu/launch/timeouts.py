@@ -46,14 +46,12 @@ Environment variables read: ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import logging
 import math
 import os
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from multigpu.errors import UsageError
 
@@ -149,25 +147,6 @@ def rendezvous_conf(given: str, timeout_s: float, *, static: bool) -> str:
     return ",".join(f"{k}={v}" if v else k for k, v in conf.items())
 
 
-@contextlib.contextmanager
-def exit_barrier(timeout_s: float) -> Iterator[None]:
-    """Bound torchrun's exit barrier (the wait for the other nodes' workers) by ``timeout_s``.
-
-    ``torch.distributed.run`` gives no option for it (300 s), but ``launch_agent`` builds its
-    agent through the module name ``LocalElasticAgent``, so for the time of the block that name
-    makes agents with our barrier timeout.
-    """
-    import torch.distributed.launcher.api as launcher_api
-
-    original = launcher_api.LocalElasticAgent
-    bounded = functools.partial(original, exit_barrier_timeout=timeout_s)
-    setattr(launcher_api, "LocalElasticAgent", bounded)  # noqa: B010 (a module attribute)
-    try:
-        yield
-    finally:
-        setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010
-
-
 class StoreCallBound:
     """A thread that gives every TCP socket of this process a kernel ``TCP_USER_TIMEOUT``.
 
@@ -227,18 +206,6 @@ class StoreCallBound:
                 return 0
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.millis)
         return 1
-
-
-@contextlib.contextmanager
-def bounded_waits(timeout_s: float) -> Iterator[None]:
-    """Inside the block, torchrun's agent waits at most about ``timeout_s`` anywhere.
-
-    Example:
-        >>> with bounded_waits(60):  # doctest: +SKIP
-        ...     torch.distributed.run.run(args)
-    """
-    with exit_barrier(timeout_s), StoreCallBound(timeout_s + STORE_GRACE_S):
-        yield
 
 
 def describe_timeout(timeout_s: float) -> str:

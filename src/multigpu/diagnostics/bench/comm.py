@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from multigpu.diagnostics.bench.comm_report import print_report
-from multigpu.diagnostics.bench.runner import run_child
 from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS, parse_ops, parse_sizes
 from multigpu.diagnostics.bench.splits import load_before
+from multigpu.diagnostics.child_run import run_child
 from multigpu.errors import UsageError
 
 log = logging.getLogger(__name__)

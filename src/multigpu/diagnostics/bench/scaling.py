@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multigpu.diagnostics.bench.runner import run_child
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.bench.splits import core_splits, split_label
-from multigpu.errors import UsageError
+from multigpu.diagnostics.child_run import run_child
 
 log = logging.getLogger(__name__)
 
@@ -288,24 +287,3 @@ def run_all(
                 m.wall_s,
             )
     return results
-
-
-def check_device(options: ScalingOptions) -> str:
-    """``"cuda"`` when the machine has GPUs (and not ``--cpu``), else ``"cpu"``.
-
-    Raises:
-        UsageError: --nproc asks for more GPUs than the machine has.
-    """
-    if options.cpu:
-        return "cpu"
-    from multigpu.gpus import list_gpus
-
-    count = len(list_gpus())
-    if count == 0:
-        return "cpu"
-    if max(options.nproc) > count:
-        raise UsageError(
-            f"--nproc {','.join(map(str, options.nproc))} asks for {max(options.nproc)} GPUs but "
-            f"this machine shows {count}; use world sizes up to {count}, or --cpu"
-        )
-    return "cuda"

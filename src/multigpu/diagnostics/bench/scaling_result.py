@@ -19,7 +19,6 @@ from typing import Any
 from multigpu.diagnostics.bench.cache import new_record, save_record, script_key, torch_version
 from multigpu.diagnostics.bench.scaling import (
     Row,
-    check_device,
     configurations,
     run_all,
     summarize,
@@ -28,6 +27,7 @@ from multigpu.diagnostics.bench.scaling import (
 )
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.bench.splits import fastest, load_before, split_label, usable_cores
+from multigpu.diagnostics.options import choose_device
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def bench_scaling(options: ScalingOptions, root: Path, *, save: bool = True) -> 
         >>> doc = bench_scaling(opts, Path("/tmp/s"))  # doctest: +SKIP
         >>> doc["scaling"][1]["efficiency"]  # doctest: +SKIP
     """
-    device = check_device(options)
+    device = choose_device(options.nproc, cpu=options.cpu)
     cores = usable_cores()
     scaling_configs, split_configs = configurations(options, device, cores)
     if device == "cpu" and max(options.nproc) > cores:

@@ -1,4 +1,4 @@
-"""Start one ``python -m multigpu run ...`` child for a benchmark and wait for it, bounded.
+"""Start one ``python -m multigpu run ...`` child for verify or bench, and wait for it, bounded.
 
 The child's output goes to log files (its stderr tail is kept for the error message); a child
 that overruns its time gets SIGTERM — so the launcher stops its workers, which run in their own

@@ -1,0 +1,65 @@
+"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus three.
+
+- Its exit barrier (the wait for the other nodes' workers at the end) is bounded by
+  ``--timeout``: ``torch.distributed.run`` gives no option for it (300 s).
+- Its TCP connections to the rendezvous store fail after ``--timeout`` + 5 s when the store's
+  host vanishes, instead of ~15 minutes deaf to SIGTERM (``timeouts.StoreCallBound``).
+- After each rendezvous round, before its workers start, it checks with the other nodes that
+  they were started alike (``agreement.check_nodes_agree``).
+
+``torch.distributed.launcher.api.launch_agent`` builds its agent through the module name
+``LocalElasticAgent``, so for the time of the block that name makes ours.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+from multigpu.launch.agreement import check_nodes_agree, node_facts
+from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
+
+
+@contextlib.contextmanager
+def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
+    """Inside the block, ``torch.distributed.run.run(args)`` runs multigpu's agent.
+
+    Args:
+        timeout_s: ``--timeout``: bounds the exit barrier, the store connections and the
+            nodes' agreement check.
+        nnodes: this node's ``--nnodes`` (``"2"``, ``"1:2"``), compared with the other nodes'.
+
+    Example:
+        >>> with multigpu_agent(60, "2"):  # doctest: +SKIP
+        ...     torch.distributed.run.run(args)
+    """
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.agent.server.api import WorkerGroup
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    facts = node_facts(nnodes)
+
+    class MultigpuAgent(LocalElasticAgent):
+        """torchrun's agent; every rendezvous round ends with the nodes' agreement check."""
+
+        def _rendezvous(self, worker_group: WorkerGroup) -> None:
+            super()._rendezvous(worker_group)
+            check_nodes_agree(
+                worker_group.store,
+                worker_group.group_rank or 0,
+                worker_group.group_world_size or 1,
+                facts,
+                timeout_s,
+            )
+
+    original = launcher_api.LocalElasticAgent
+    ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
+    setattr(launcher_api, "LocalElasticAgent", ours)  # noqa: B010 (a module attribute)
+    try:
+        with StoreCallBound(timeout_s + STORE_GRACE_S):
+            yield
+    finally:
+        setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010

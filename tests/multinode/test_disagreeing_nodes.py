@@ -1,0 +1,115 @@
+"""Nodes started differently end within the timeout, every node naming the difference.
+
+torch's c10d rendezvous takes each node's ``--nnodes`` at its word: nodes started with 2 and 3
+either never complete a round (both wait out the join deadline) or complete one with 2 nodes and
+train, node1's ``--nnodes 3`` ignored. The agents' agreement check after each round stops the
+second case before a worker starts; the first ends on the deadlines, named.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from multigpu.testing.hosts import Host
+from tests.multinode._util import PORT, TRAIN, c10d_args, host_env, start, wait_all
+
+
+def test_nodes_started_with_different_nnodes_end_within_the_timeout_saying_so(
+    two_hosts: list[Host], tmp_path: Path
+) -> None:
+    node0, node1 = two_hosts
+    procs = [
+        start(host, ["run", "--cpu", "1", *c10d_args(node0, nnodes=n), "--timeout", "8", TRAIN,
+                     str(tmp_path / "x.pt")], tmp_path / f"{host.name}.log")
+        for host, n in ((node0, "2"), (node1, "3"))
+    ]  # fmt: skip
+    ended = wait_all(procs, timeout=8 + 30)
+    out0, out1 = ((tmp_path / f"{h.name}.log").read_text() for h in two_hosts)
+    assert None not in ended, (out0, out1)
+    assert not (tmp_path / "x.pt").exists() and "step 1 " not in out0 + out1
+    last0, last1 = (out.strip().splitlines()[-1] for out in (out0, out1))
+    if [p.returncode for p in procs] == [2, 2]:
+        # The round completed with 2 nodes (node0's count): both agents stop before any worker.
+        for last in (last0, last1):
+            assert last.startswith("multigpu: error: the nodes were started with different "
+                                   "--nnodes: "), last  # fmt: skip
+            assert re.search(r"\b2 on node [01] \(node0\)", last), last
+            assert re.search(r"\b3 on node [01] \(node1\)", last), last
+        return
+    assert [p.returncode for p in procs] == [1, 1], (out0, out1)
+    assert "not every node joined the rendezvous at node0:29400 within 8 s" in last0, out0
+    assert "node0 expected --nnodes 2" in last0
+    # node1 ends on its own join deadline or, when node0's came first, on the rendezvous that
+    # node0 closed or on its store going away (a race): each line names node1's --nnodes.
+    timed_out = "within 8 s" in last1 and "node1 expected --nnodes 3" in last1
+    store_gone = "the `multigpu run` on node0 has ended" in last1
+    closed = "the rendezvous at node0:29400 is closed" in last1
+    assert timed_out or ((store_gone or closed) and "(this node, node1: --nnodes 3)" in last1), (
+        last1
+    )
+
+
+def _wait_for_store(node0: Host, node1: Host) -> None:
+    """Until node0's rendezvous store answers node1 (node0's agent joins as it opens it)."""
+    probe = f"import socket; socket.create_connection(('{node0.name}', {PORT}), 1).close()"
+    began = time.monotonic()
+    while node1.run([sys.executable, "-c", probe], host_env(), stderr=subprocess.DEVNULL).wait():
+        assert time.monotonic() - began < 60, "node0's store never answered"
+        time.sleep(0.2)
+
+
+def test_a_round_completed_with_different_nnodes_stops_every_node_before_any_worker(
+    two_hosts: list[Host], tmp_path: Path
+) -> None:
+    # node0 (the store) joins first expecting 3; node1, expecting 2, completes the round as the
+    # second node: torch would start both nodes' workers, node0's --nnodes ignored.
+    node0, node1 = two_hosts
+    argv = ["--cpu", "1", "--timeout", "10", TRAIN, str(tmp_path / "x.pt")]
+    first = start(node0, ["run", *c10d_args(node0, nnodes="3"), *argv], tmp_path / "node0.log")
+    _wait_for_store(node0, node1)
+    time.sleep(1)
+    second = start(node1, ["run", *c10d_args(node0, nnodes="2"), *argv], tmp_path / "node1.log")
+    ended = wait_all([first, second], timeout=10 + 30)
+    outs = [(tmp_path / f"{h.name}.log").read_text() for h in two_hosts]
+    assert None not in ended and [first.returncode, second.returncode] == [2, 2], outs
+    for out in outs:
+        assert out.strip().splitlines()[-1] == (
+            "multigpu: error: the nodes were started with different --nnodes: 3 on node 0 "
+            "(node0), 2 on node 1 (node1); start `multigpu run` with the same --nnodes on every "
+            "node, and a new --rdzv-id"
+        ), out[-2000:]
+        assert "step 1 " not in out
+    assert not (tmp_path / "x.pt").exists()
+
+
+# node1's launcher as if another torch were installed there (its workers never start).
+OTHER_TORCH = (
+    "import sys, torch; torch.__version__ = '2.12.1'; "
+    "from multigpu.launch.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_a_node_with_another_torch_stops_every_node_before_any_worker_starts(
+    two_hosts: list[Host], tmp_path: Path
+) -> None:
+    node0, node1 = two_hosts
+    argv = ["run", "--cpu", "1", *c10d_args(node0), "--timeout", "10", TRAIN,
+            str(tmp_path / "x.pt")]  # fmt: skip
+    first = start(node0, argv, tmp_path / "node0.log")
+    with (tmp_path / "node1.log").open("wb") as fh:
+        other = node1.run([sys.executable, "-c", OTHER_TORCH, *argv], host_env(),
+                          cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+    ended = wait_all([first, other], timeout=10 + 30)
+    outs = [(tmp_path / f"{h.name}.log").read_text() for h in two_hosts]
+    assert None not in ended and [first.returncode, other.returncode] == [1, 1], outs
+    for out in outs:
+        last = out.strip().splitlines()[-1]
+        assert last.startswith("multigpu: error: nodes run different software: torch "), last
+        assert re.search(r"2\.12\.1 on node [01] \(node1\)", last), last
+        assert "install the same versions on every node" in last
+        assert "step 1 " not in out
+    assert not (tmp_path / "x.pt").exists()
