@@ -60,3 +60,11 @@ def test_a_call_that_raised_is_reported_failed_not_finished(tmp_path: Path) -> N
     assert last["op"] == "barrier" and not last["done"] and last["failed"] == "RuntimeError"
     lines = explain_traces(tmp_path)
     assert "rank 0: barrier #3 at " in lines[1] and "(failed: RuntimeError; 3 calls" in lines[1]
+
+
+def test_a_rank_with_one_call_is_counted_in_the_singular(tmp_path: Path) -> None:
+    _run(CollectiveLog(size=4, trace_path=str(tmp_path / "rank-0.trace")), ["all_reduce"])
+    _run(CollectiveLog(size=4, trace_path=str(tmp_path / "rank-1.trace")), ["all_reduce"] * 2)
+    lines = explain_traces(tmp_path)
+    assert lines[1].endswith("(finished; 1 call in all)"), lines
+    assert lines[2].endswith("(finished; 2 calls in all)"), lines

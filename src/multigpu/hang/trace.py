@@ -73,7 +73,8 @@ def explain_traces(directory: str | os.PathLike[str]) -> list[str]:
             state = f"failed: {last['failed']}"
         else:
             state = "finished" if last.get("done") else "NOT finished"
-        lines.append(f"  rank {rank}: {_call(last)} ({state}; {last['seq']} calls in all)")
+        calls_in_all = f"{last['seq']} call" + ("" if int(last["seq"]) == 1 else "s")
+        lines.append(f"  rank {rank}: {_call(last)} ({state}; {calls_in_all} in all)")
     by_seq = {r: {int(c["seq"]): c for c in calls} for r, calls in traces.items()}
     common = sorted(set.intersection(*(set(s) for s in by_seq.values())))
     for seq in common:
