@@ -1,0 +1,99 @@
+"""`multigpu train` names a slow rank on each epoch's line, while it runs.
+
+Once the job is set up (rank 1's import of torch would take long there), rank 1's process is put
+into a CPU cgroup limited to 15 % of one core, as on a shared or throttled machine, so its forward,
+data and optimizer time per step grows against rank 0's. Root and a CPU cgroup controller are
+needed (CI has both); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.launch._util import popen_multigpu
+
+V1 = Path("/sys/fs/cgroup/cpu")  # cgroup v1: cpu.cfs_quota_us / cpu.cfs_period_us
+V2 = Path("/sys/fs/cgroup")  # cgroup v2: cpu.max
+
+
+def _cgroup_root() -> Path | None:
+    if os.geteuid() != 0:
+        return None
+    if (V1 / "cpu.cfs_quota_us").exists():
+        return V1
+    controllers = V2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return V2
+    return None
+
+
+@contextlib.contextmanager
+def _throttled_cgroup(share: float) -> Iterator[Path]:
+    """A new CPU cgroup allowed ``share`` of one core; removed afterwards."""
+    root = _cgroup_root()
+    if root is None:
+        pytest.skip("needs root and a CPU cgroup controller to slow one rank down")
+    group = root / f"multigpu-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        if root == V1:
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
+        else:
+            (group / "cpu.max").write_text(f"{int(100000 * share)} 100000")
+        yield group
+    finally:
+        for _ in range(50):  # the moved process has ended; the kernel lets go of it shortly
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                break
+            time.sleep(0.1)
+
+
+def _worker_pid(mark: str, rank: int, timeout: float = 60) -> int:
+    """The pid of the worker of ``rank`` whose environment carries ``mark`` (ours only)."""
+    wanted = {f"MULTIGPU_TEST_MARK={mark}".encode(), f"RANK={rank}".encode()}
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    env = set((entry / "environ").read_bytes().split(b"\0"))
+                except OSError:
+                    continue
+                if wanted <= env:
+                    return int(entry.name)
+        time.sleep(0.1)
+    raise AssertionError(f"no worker of rank {rank} appeared within {timeout} s")
+
+
+def test_each_epoch_line_names_the_throttled_rank(tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex
+    with _throttled_cgroup(0.15) as group:
+        proc = popen_multigpu(
+            ["train", "--cpu", "2", "--epochs", "2", "--progress", "lines"],
+            tmp_path,
+            MULTIGPU_TEST_MARK=mark,
+        )
+        try:
+            assert proc.stdout is not None
+            header = proc.stdout.readline()  # printed once set up, before the first step
+            assert header.startswith("digits: "), header + proc.communicate(timeout=60)[1]
+            (group / "cgroup.procs").write_text(str(_worker_pid(mark, rank=1)))
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    epochs = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 2, out
+    assert "  straggler: rank 1 " in epochs[-1] and "x the median step time" in epochs[-1], epochs
+    assert "rank 1: " in err.split("per rank:", 1)[1] and "a straggler" in err  # the end summary
