@@ -1,0 +1,101 @@
+"""Which submodules FSDP shards as units of their own (each all-gathered on its own, in turn).
+
+A unit's parameters are gathered whole just before its forward (and backward) and freed after,
+so the peak memory of a rank is its shard of everything plus the largest unit or two whole. The
+root module is always a unit: it holds every parameter no other unit took.
+
+The default, when no block classes are given: every *direct child* of the model that holds at
+least ``min_block_params`` parameters, looking through containers (``ModuleList``,
+``ModuleDict``, ``Sequential``), so a transformer's ``blocks[i]`` and a ``Sequential`` of layers
+are sharded per block. With ``blocks=(Block,)``: every module of those classes (the outermost,
+where they nest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from torch import nn
+
+DEFAULT_MIN_BLOCK_PARAMS = 100_000
+"""Children with fewer parameters stay in their parent's unit: gathering tiny units costs more
+in collectives than it saves in memory."""
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+def _looked_through(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, _CONTAINERS):
+            yield from _looked_through(f"{path}.", child)
+        else:
+            yield path, child
+
+
+def _of_classes(
+    module: nn.Module, classes: tuple[type[nn.Module], ...], prefix: str = ""
+) -> Iterator[tuple[str, nn.Module]]:
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, classes):
+            yield path, child
+        else:
+            yield from _of_classes(child, classes, f"{path}.")
+
+
+def count_params(module: nn.Module) -> int:
+    """The number of parameters of ``module`` (shared ones once).
+
+    Example:
+        >>> count_params(nn.Linear(3, 2))
+        8
+    """
+    return sum(p.numel() for p in module.parameters())
+
+
+def shard_units(
+    model: nn.Module,
+    blocks: Sequence[type[nn.Module]] | None = None,
+    min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
+) -> list[tuple[str, nn.Module]]:
+    """The (name, module) units FSDP shards separately, in order, the root last (name ``""``).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+        >>> [name for name, _ in shard_units(net)]
+        ['0', '']
+        >>> [name for name, _ in shard_units(net, blocks=[nn.Linear])]
+        ['0', '2', '']
+    """
+    if blocks:
+        found = list(_of_classes(model, tuple(blocks)))
+    else:
+        found = [
+            (name, child)
+            for name, child in _looked_through("", model)
+            if count_params(child) >= min_block_params
+        ]
+    return [*found, ("", model)]
+
+
+def unit_sizes(
+    model: nn.Module,
+    blocks: Sequence[type[nn.Module]] | None = None,
+    min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
+) -> list[tuple[str, int]]:
+    """(name, parameters) of each unit: what one all-gather brings whole (the root: the rest).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+        >>> unit_sizes(net)
+        [('0', 262656), ('', 5130)]
+    """
+    units = shard_units(model, blocks, min_block_params)
+    taken: set[int] = set()
+    sizes = []
+    for name, unit in units:
+        own = [p for p in unit.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in own)
+        sizes.append((name, sum(p.numel() for p in own)))
+    return sizes

@@ -1,0 +1,117 @@
+"""Every torch API that is private or moved between releases, in one place, behind a version gate.
+
+multigpu supports ``torch>=2.4``. What changed between releases, or is private, is reached through
+this module only, and ``tests/core/test_torch_compat.py`` has one test per entry that fails loudly
+when a torch release changes it, so upgrading torch is this file and that test.
+
+- **FSDP2** (``fully_shard``, ``FSDPModule``, ``MixedPrecisionPolicy``, ``CPUOffloadPolicy``):
+  public in ``torch.distributed.fsdp`` since 2.6, private ``torch.distributed._composable.fsdp``
+  in 2.4 and 2.5.
+- **DTensor**: public ``torch.distributed.tensor`` since 2.5, ``torch.distributed._tensor``
+  before.
+- **DCP metadata unpickling**: a DCP checkpoint's ``.metadata`` file is a pickle, which torch reads
+  with plain ``pickle.load`` (any code in it runs). ``DCP_METADATA_GLOBALS`` lists the globals a
+  metadata file written by torch names — some private (``_StorageInfo``, ``_get_layout``,
+  ``_MEM_FORMAT_ENCODING``) — so that multigpu can read one with an allow-list instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TORCH_VERSION: tuple[int, int] = tuple(  # type: ignore[assignment]
+    int(part) for part in torch.__version__.split("+")[0].split(".")[:2]
+)
+"""(major, minor) of the installed torch."""
+
+FSDP_MIN_VERSION = (2, 4)
+"""The first torch with FSDP2 (``fully_shard`` on a DeviceMesh)."""
+
+
+def _fsdp() -> Any:
+    if TORCH_VERSION >= (2, 6):
+        import torch.distributed.fsdp as fsdp
+    else:  # 2.4, 2.5: the same API under its private name
+        import torch.distributed._composable.fsdp as fsdp  # type: ignore[no-redef]
+    return fsdp
+
+
+def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
+    """FSDP2's ``fully_shard`` (``torch.distributed.fsdp.fully_shard``)."""
+    return _fsdp().fully_shard(module, **kwargs)
+
+
+def fsdp_module_class() -> type:
+    """FSDP2's ``FSDPModule``: every module ``fully_shard`` was applied to is an instance."""
+    return _fsdp().FSDPModule  # type: ignore[no-any-return]
+
+
+def mixed_precision_policy(**kwargs: Any) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=..., output_dtype=...)``."""
+    return _fsdp().MixedPrecisionPolicy(**kwargs)
+
+
+def cpu_offload_policy() -> Any:
+    """FSDP2's ``CPUOffloadPolicy()`` (parameters, gradients and optimizer state in CPU RAM)."""
+    return _fsdp().CPUOffloadPolicy()
+
+
+def dtensor_class() -> type:
+    """``DTensor``, the tensor type of sharded parameters."""
+    if TORCH_VERSION >= (2, 5):
+        from torch.distributed.tensor import DTensor
+    else:
+        from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
+    return DTensor
+
+
+def distribute_like(full: torch.Tensor, like: Any) -> torch.Tensor:
+    """This rank's shard of ``full`` laid out as the DTensor ``like`` (no communication).
+
+    Every rank holds the same ``full`` tensor; the local piece is cut out, as
+    ``distribute_tensor(..., src_data_rank=None)`` does (torch >= 2.5).
+    """
+    if TORCH_VERSION >= (2, 5):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(
+            full, like.device_mesh, like.placements, src_data_rank=None
+        ).to_local()
+    from torch.distributed._tensor import distribute_tensor as old_distribute
+
+    return old_distribute(full, like.device_mesh, like.placements).to_local()  # type: ignore[no-any-return]
+
+
+def is_dtensor(value: object) -> bool:
+    """Whether ``value`` is a DTensor (a sharded or replicated distributed tensor)."""
+    return isinstance(value, dtensor_class())
+
+
+DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("collections", "OrderedDict"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "Metadata"),
+        ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+        ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+        ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+        ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    }
+)
+"""The (module, name) globals a DCP ``.metadata`` pickle may name, besides torch dtypes."""
+
+
+def dcp_metadata_global_allowed(module: str, name: str) -> bool:
+    """Whether a DCP metadata pickle may load the global ``module.name`` (dtypes included)."""
+    if (module, name) in DCP_METADATA_GLOBALS:
+        return True
+    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
