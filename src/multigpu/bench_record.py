@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,8 +53,10 @@ class BenchProbe(VerifyProbe):
             return None
         return cls(Path(directory), int(environ.get("MULTIGPU_BENCH_STEPS") or 0), rank, world_size)
 
-    def watch_model(self, model: nn.Module) -> None:
-        super().watch_model(model)
+    def watch_model(
+        self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None
+    ) -> None:
+        super().watch_model(model, full_state)
         self._cuda = self._cuda or any(p.is_cuda for p in model.parameters())
 
     def record_loss(self, loss: torch.Tensor) -> None:

@@ -6,11 +6,10 @@ Made by ``multigpu.init()``; passed explicitly, never a global singleton.
 from __future__ import annotations
 
 import atexit
-import builtins
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,7 +18,10 @@ import torch
 from torch import nn
 
 from multigpu import dist
+from multigpu.auto_strategy import choose_for_memory
+from multigpu.checkpoint.direct import load_state, save_state
 from multigpu.checkpoint.manager import Checkpointer
+from multigpu.context_comm import RankTools
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
@@ -29,6 +31,7 @@ from multigpu.hang.stragglers import straggler_lines
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
+from multigpu.strategies.materialize import MetaRng
 from multigpu.training import StepControl
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Context:
+class Context(RankTools):
     """Where this process runs and how to train in it.
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down
@@ -77,6 +80,7 @@ class Context:
         self._closed = False
         self._checkpointers: list[Checkpointer] = []
         self._watchdog = watchdog
+        self._meta_rng = MetaRng()
         atexit.register(self.teardown)
 
     # ---- where we are -------------------------------------------------------------------------
@@ -128,10 +132,13 @@ class Context:
 
     # ---- model and optimizer ------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
-        """Move ``model`` to this rank's device and wrap it (DDP, DP or nothing).
+        """Move ``model`` to this rank's device and wrap it (DDP, FSDP, DP or nothing).
 
-        Create optimizers on the plain model's parameters before calling this: moving a module
-        keeps its Parameter objects, so the optimizer stays attached.
+        Create optimizers on the plain model's parameters before calling this: they stay
+        attached (FSDP's sharded parameters replace the originals and the optimizers are
+        re-pointed at them by name). A model built in ``init_module()`` is allocated and
+        initialised here, only the part this rank holds. Under ``strategy="auto"`` with several
+        processes the memory estimate chooses between DDP and FSDP (one line says which, why).
 
         Returns:
             The wrapped model alone, or ``(model, optimizer, ...)`` when optimizers are given.
@@ -140,14 +147,52 @@ class Context:
             raise UsageError(
                 f"setup() got {type(model).__name__} as the model; expected a torch.nn.Module"
             )
-        wrapped = self.precision.wrap(self.strategy.wrap(model))
+        if self.strategy.auto and self.is_distributed:
+            self.strategy = choose_for_memory(self, model, optimizers)
+            self._steps.strategy = self.strategy
+        with self._meta_rng.drawing(model):
+            wrapped = self.strategy.setup(model, optimizers)
+        if not self.strategy.handles_precision:
+            wrapped = self.precision.wrap(wrapped)
         if self._probe is not None:
-            self._probe.watch_model(wrapped)
+            self._probe.watch_model(wrapped, self.strategy.full_model_state)
             for optimizer in optimizers:
                 self._probe.watch_optimizer(optimizer)
         if not optimizers:
             return wrapped
-        return (wrapped, *(self.strategy.setup_optimizer(o) for o in optimizers))
+        return (wrapped, *optimizers)
+
+    @contextlib.contextmanager
+    def init_module(self) -> Iterator[None]:
+        """Build the model inside this block on the meta device: no memory, no values yet.
+
+        ``ctx.setup`` then allocates only what this rank holds (its FSDP shards, or the whole
+        model for DDP) and initialises it with each module's ``reset_parameters()`` — to the
+        values ``model = Net()`` would have had with the same seed, at any world size. Build
+        only the model here: every tensor made inside is a meta tensor.
+
+        Example:
+            >>> with ctx.init_module():                          # doctest: +SKIP
+            ...     model = BigTransformer()
+            >>> opt = torch.optim.AdamW(model.parameters())      # doctest: +SKIP
+            >>> model, opt = ctx.setup(model, opt)               # doctest: +SKIP
+        """
+        self._meta_rng.remember()
+        with torch.device("meta"):
+            yield
+
+    @property
+    def mesh(self) -> Any:
+        """The strategy's named ``DeviceMesh`` (FSDP: axis ``dp_shard``), or None."""
+        return self.strategy.mesh
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The model's whole state dict on the CPU, unwrapped, on rank 0 (other ranks: ``{}``).
+
+        Under FSDP the shards are gathered (every rank must call it); use it to write a
+        ``model.pt`` that ``model.load_state_dict(torch.load(...))`` takes anywhere.
+        """
+        return self.strategy.full_model_state(model)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain module behind a wrapped one: its ``state_dict()`` has no ``module.`` prefix."""
@@ -209,7 +254,11 @@ class Context:
         max_norm: float,
         norm_type: float = 2.0,
     ) -> torch.Tensor | None:
-        """Clip the gradient norm (unscaled first under float16); None on a non-final micro-step."""
+        """Clip the gradient norm (unscaled first under float16); None on a non-final micro-step.
+
+        The norm is over the whole model's gradient (under FSDP: over every rank's shards, the
+        same number DDP gives); it is returned as it was before clipping.
+        """
         return self._steps.clip_grad_norm(model, optimizer, max_norm, norm_type)
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -279,30 +328,6 @@ class Context:
         """Move tensors (also nested in dicts, lists, dataclasses) or a module to ``device``."""
         return move_to_device(obj, self.device)
 
-    # ---- communication ------------------------------------------------------------------------
-    def barrier(self) -> None:
-        """Wait until every rank arrives (bounded by the timeout)."""
-        dist.barrier()
-
-    def all_reduce(self, value: T, op: dist.ReduceOp = "mean") -> T:
-        """Reduce a tensor or number over ranks: ``mean``, ``sum``, ``max``, ``min``, ``prod``."""
-        return dist.all_reduce(value, op=op, device=self._comm_device())
-
-    def reduce(self, value: T, op: dist.ReduceOp = "sum") -> T:
-        """Like ``all_reduce`` with ``sum`` by default: totals of counts and sums over ranks."""
-        return dist.all_reduce(value, op=op, device=self._comm_device())
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order, on every rank (tensors may differ in length)."""
-        return dist.gather(value, device=self._comm_device())
-
-    def broadcast(self, value: T, src: int = 0) -> T:
-        """Rank ``src``'s ``value`` on every rank."""
-        return dist.broadcast(value, src=src)
-
-    def _comm_device(self) -> torch.device:
-        return self.device if self.backend == "nccl" else torch.device("cpu")
-
     # ---- checkpoints --------------------------------------------------------------------------
     def checkpointer(
         self,
@@ -323,13 +348,14 @@ class Context:
             directory,
             rank=self.rank,
             world_size=self.world_size,
-            unwrap=self.unwrap,
+            adapter=self.strategy,
             comm_device=self._comm_device(),
             timeout=self.timeout.total_seconds(),
             every_steps=every_steps,
             keep=keep,
             async_save=async_save,
             save_on_sigterm=save_on_sigterm,
+            describe=self.strategy.describe,
         )
         ckpt.track(**objects)
         if self.precision.scaler is not None and "grad_scaler" not in objects:
@@ -337,22 +363,41 @@ class Context:
         self._checkpointers.append(ckpt)
         return ckpt
 
-    # ---- output -------------------------------------------------------------------------------
-    def print(self, *args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
-        """``print`` on rank 0 only (``all_ranks=True``: every rank, prefixed with its rank).
+    def save(self, path: str | Path, state: Mapping[str, Any]) -> Path:
+        """Save ``state`` — models, optimizers, loaders, schedulers, plain values — at ``path``.
 
-        The line is written in one call and flushed, so lines of different ranks never
-        interleave mid-line.
+        Collective: every rank calls it. The checkpoint is a directory written atomically (a
+        temp dir renamed once complete, with a manifest and checksums); models and optimizers
+        are sharded through DCP, so it loads on any world size under any strategy. RNG states
+        are not saved (use a ``Checkpointer`` for exact resume).
+
+        Example:
+            >>> ctx.save("runs/final", {"model": model, "opt": opt, "epoch": 3})  # doctest: +SKIP
         """
-        if not (all_ranks or self.is_main):
-            return
-        sep = kwargs.pop("sep", " ")
-        end = kwargs.pop("end", "\n")
-        file = kwargs.pop("file", None) or sys.stdout
-        text = sep.join(str(a) for a in args)
-        if all_ranks and self.is_distributed:
-            text = f"[rank{self.rank}] {text}"
-        builtins.print(text, end=end, file=file, flush=True, **kwargs)
+        return save_state(
+            path,
+            state,
+            rank=self.rank,
+            world_size=self.world_size,
+            adapter=self.strategy,
+            timeout=self.timeout.total_seconds(),
+            strategy=self.strategy.describe(),
+        )
+
+    def load(self, path: str | Path, state: MutableMapping[str, Any]) -> dict[str, Any]:
+        """Fill ``state`` in place from a checkpoint; return the saved entries it did not ask for.
+
+        ``path``: a directory written by ``ctx.save``, a ``Checkpointer``'s ``step-*``
+        directory, or a ``Checkpointer``'s directory (its newest complete checkpoint). Models
+        and optimizers are loaded into the objects (resharded to this run), plain values are
+        replaced in ``state``. Collective: every rank calls it.
+
+        Example:
+            >>> state = {"model": model, "optimizer": opt, "epoch": 0}       # doctest: +SKIP
+            >>> rest = ctx.load("runs/final", state); state["epoch"]          # doctest: +SKIP
+            3
+        """
+        return load_state(path, state, rank=self.rank, adapter=self.strategy)
 
     # ---- lifetime -----------------------------------------------------------------------------
     def teardown(self) -> None:
@@ -388,12 +433,3 @@ class Context:
         busy = self.gather((recorder.busy_s, recorder.steps))
         for line in straggler_lines(busy):
             self.print(line, file=sys.stderr)
-
-    @contextlib.contextmanager
-    def rank_zero_first(self) -> Iterator[None]:
-        """Let rank 0 run the block first (e.g. a download), then the others."""
-        if not self.is_main:
-            self.barrier()
-        yield
-        if self.is_main:
-            self.barrier()

@@ -118,6 +118,16 @@ def init_process_group(
     return True
 
 
+def init_single_process_group(device: torch.device, backend: str, timeout: timedelta) -> bool:
+    """A process group of this process alone, for code that needs one at world size 1 (FSDP's
+    mesh). Its store lives in memory: nothing listens on any port. Returns True (created)."""
+    kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(
+        backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs
+    )
+    return True
+
+
 def destroy_process_group() -> None:
     """Collect garbage, then destroy the default process group (if any).
 
@@ -128,6 +138,15 @@ def destroy_process_group() -> None:
     gc.collect()
     if is_initialized():
         dist.destroy_process_group()
+
+
+def new_gloo_group(timeout: float) -> Any:
+    """A new gloo group over every rank, for background work (collective: every rank calls it).
+
+    Background threads must not use the default group: their collectives would interleave with
+    the training's, in a different order on each rank.
+    """
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
 
 
 def world_size() -> int:

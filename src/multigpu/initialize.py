@@ -51,9 +51,11 @@ def init(
     (world size 1: no process group is created and every collective is a no-op).
 
     Args:
-        strategy: ``"auto"`` (DDP above one process, else single), ``"single"``, ``"dp"``
-            (DataParallel, legacy), ``"ddp"``, or a configured ``Strategy`` such as
-            ``DDPStrategy(find_unused_parameters=True)``. Default: ``MULTIGPU_STRATEGY`` or auto.
+        strategy: ``"auto"`` (above one process DDP, or FSDP when the model does not fit a
+            rank under DDP; else single), ``"single"``, ``"dp"`` (DataParallel, legacy),
+            ``"ddp"``, ``"fsdp"`` (sharded, FSDP2), or a configured ``Strategy`` such as
+            ``DDPStrategy(find_unused_parameters=True)`` or ``FSDPStrategy(blocks=(Block,))``.
+            Default: ``MULTIGPU_STRATEGY`` or auto.
         accelerator: ``"auto"`` (CUDA when present), ``"cuda"`` or ``"cpu"``.
         backend: ``"nccl"``, ``"gloo"`` or None (``MULTIGPU_BACKEND``, else nccl for CUDA, gloo
             for CPU).
@@ -81,7 +83,8 @@ def init(
     resolved = resolve_strategy(
         strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size, env_vars
     )
-    resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm)
+    mixed = Precision(precision, device)
+    resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm, precision=mixed)
     wait = dist.resolve_timeout(timeout)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -91,8 +94,9 @@ def init(
         deterministic = env_vars.get("MULTIGPU_DETERMINISTIC", "") not in ("", "0")
     if deterministic:
         make_deterministic(device, env_vars)
-    mixed = Precision(precision, device)
     created = dist.init_process_group(env, device, chosen_backend, wait)
+    if not created and resolved.needs_process_group and not dist.is_initialized():
+        created = dist.init_single_process_group(device, chosen_backend, wait)
     check_same_versions()
     if env.world_size > 1:  # a liveness port per rank: after a failure, who is lost
         peers.start(env.rank, dist.gather_objects_small, env.master_addr)

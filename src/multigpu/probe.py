@@ -21,7 +21,7 @@ Environment variables read: ``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS`` (
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class VerifyProbe:
         self.rank = rank
         self.world_size = world_size
         self.models: list[nn.Module] = []
+        self.full_states: list[Callable[[nn.Module], dict[str, Any]]] = []
         self.loaders: list[dict[str, Any]] = []
         self.losses: list[float | None] = []
         self._pending: list[float] = []
@@ -71,8 +72,13 @@ class VerifyProbe:
         steps = int(environ.get("MULTIGPU_VERIFY_STEPS", "0") or 0)
         return cls(Path(directory), steps, rank, world_size)
 
-    def watch_model(self, model: nn.Module) -> None:
+    def watch_model(
+        self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None
+    ) -> None:
+        """Record ``model``; ``full_state`` gives its whole state on rank 0 (the strategy's,
+        a collective when the model is sharded)."""
         self.models.append(unwrap_module(model))
+        self.full_states.append(full_state or (lambda m: unwrap_module(m).state_dict()))
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.register_step_post_hook(lambda *_: self._on_step())
@@ -114,10 +120,12 @@ class VerifyProbe:
         }
         text = json.dumps(record).encode()
         atomic_write(self.directory / f"rank{self.rank}.json", lambda fh: fh.write(text))
+        # Every rank gathers (under FSDP the whole state is a collective); rank 0 writes it.
+        wholes = [full(model) for model, full in zip(self.models, self.full_states, strict=True)]
         if self.rank == 0:
             state: dict[str, torch.Tensor] = {}
-            for i, model in enumerate(self.models):
+            for i, whole in enumerate(wholes):
                 prefix = f"model{i}." if len(self.models) > 1 else ""
-                for key, value in model.state_dict().items():
+                for key, value in whole.items():
                     state[prefix + key] = value.detach().cpu().clone()
             atomic_write(self.directory / "params.pt", lambda fh: torch.save(state, fh))

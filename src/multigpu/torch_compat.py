@@ -32,10 +32,12 @@ FSDP_MIN_VERSION = (2, 4)
 
 def _fsdp() -> Any:
     if TORCH_VERSION >= (2, 6):
-        import torch.distributed.fsdp as fsdp
-    else:  # 2.4, 2.5: the same API under its private name
-        import torch.distributed._composable.fsdp as fsdp  # type: ignore[no-redef]
-    return fsdp
+        import torch.distributed.fsdp as public
+
+        return public
+    import torch.distributed._composable.fsdp as private  # 2.4, 2.5: the same API, private
+
+    return private
 
 
 def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
@@ -45,7 +47,8 @@ def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
 
 def fsdp_module_class() -> type:
     """FSDP2's ``FSDPModule``: every module ``fully_shard`` was applied to is an instance."""
-    return _fsdp().FSDPModule  # type: ignore[no-any-return]
+    found: type = _fsdp().FSDPModule
+    return found
 
 
 def mixed_precision_policy(**kwargs: Any) -> Any:
@@ -63,7 +66,7 @@ def dtensor_class() -> type:
     if TORCH_VERSION >= (2, 5):
         from torch.distributed.tensor import DTensor
     else:
-        from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
+        from torch.distributed._tensor import DTensor
     return DTensor
 
 
@@ -81,7 +84,7 @@ def distribute_like(full: torch.Tensor, like: Any) -> torch.Tensor:
         ).to_local()
     from torch.distributed._tensor import distribute_tensor as old_distribute
 
-    return old_distribute(full, like.device_mesh, like.placements).to_local()  # type: ignore[no-any-return]
+    return old_distribute(full, like.device_mesh, like.placements).to_local()
 
 
 def is_dtensor(value: object) -> bool:

@@ -97,4 +97,4 @@ class StepControl:
         if not self._sync:
             return None  # the gradient is not complete before the last micro-step
         self.precision.unscale(optimizer)
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm(model, max_norm, norm_type)

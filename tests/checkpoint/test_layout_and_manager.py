@@ -25,6 +25,7 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     verify_checkpoint,
 )
+from multigpu.checkpoint.sharded import METADATA_FILE, read_whole
 
 
 @pytest.fixture
@@ -55,6 +56,14 @@ def _flip(d: Path) -> str:
     return "corrupt"
 
 
+def _flip_shard(d: Path) -> str:
+    path = d / "__0_0.distcp"  # the model's tensors, written by DCP
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return "__0_0.distcp: SHA-256 differs"
+
+
 def _no_manifest(d: Path) -> str:
     (d / MANIFEST_FILE).unlink()
     return "manifest.json missing"
@@ -65,7 +74,7 @@ def _no_marker(d: Path) -> str:
     return "no COMMITTED marker"
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip, _no_manifest, _no_marker])
+@pytest.mark.parametrize("damage", [_truncate, _flip, _flip_shard, _no_manifest, _no_marker])
 def test_a_broken_newest_checkpoint_is_skipped_with_a_warning(
     tmp_path: Path,
     ctx: multigpu.Context,
@@ -75,9 +84,7 @@ def test_a_broken_newest_checkpoint_is_skipped_with_a_warning(
     model = torch.nn.Linear(3, 2)
     ckpt = ctx.checkpointer(tmp_path, every_steps=2, model=model)
     _steps(ckpt, model, 4)  # checkpoints at steps 2 and 4
-    expected = torch.load(tmp_path / "step-00000002" / STATE_FILE, weights_only=True)["objects"][
-        "model"
-    ]
+    expected = read_whole(tmp_path / "step-00000002")["model"]
     what = damage(tmp_path / "step-00000004")
     assert not verify_checkpoint(tmp_path / "step-00000004").complete
     caplog.set_level(logging.WARNING)
@@ -121,11 +128,16 @@ def test_the_manifest_describes_the_checkpoint(tmp_path: Path, ctx: multigpu.Con
     path = ctx.checkpointer(tmp_path, model=model, optimizer=opt).save()
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     assert manifest["format"] == "multigpu-checkpoint" and manifest["world_size"] == 1
-    assert manifest["objects"] == {"model": {"kind": "module"}, "optimizer": {"kind": "optimizer"}}
-    assert set(manifest["files"]) == {STATE_FILE, "rank-00000.pt"}
+    assert manifest["version"] == 2 and manifest["strategy"] == {"strategy": "single"}
+    assert manifest["objects"] == {
+        "model": {"kind": "module", "storage": "dcp"},
+        "optimizer": {"kind": "optimizer", "storage": "dcp", "has_state": False},
+    }
+    assert set(manifest["files"]) == {STATE_FILE, "rank-00000.pt", METADATA_FILE, "__0_0.distcp"}
     assert manifest["torch_version"] == torch.__version__
-    state = torch.load(path / STATE_FILE, weights_only=True)  # portable: plain CPU tensors
-    assert list(state["objects"]["model"]) == ["weight", "bias"]
+    whole = read_whole(path)  # portable: plain CPU tensors, no model needed
+    assert list(whole["model"]) == ["weight", "bias"]
+    assert whole["optimizer"]["param_groups"][0]["params"] == ["weight", "bias"]
 
 
 def test_resume_of_an_incomplete_path_and_bad_objects_are_errors(
@@ -156,8 +168,7 @@ def test_an_async_save_writes_the_state_as_it_was_when_save_returned(
         model.weight.add_(1.0)  # training goes on while the thread writes
     ckpt.wait()
     assert verify_checkpoint(path).complete
-    saved = torch.load(path / STATE_FILE, weights_only=True)["objects"]["model"]["weight"]
-    assert torch.equal(saved, before)
+    assert torch.equal(read_whole(path)["model"]["weight"], before)
 
 
 def test_save_on_sigterm_restores_the_previous_handler(

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint import manager
-from multigpu.checkpoint.layout import STATE_FILE, step_dir_name, verify_checkpoint
+from multigpu.checkpoint import saving
+from multigpu.checkpoint.layout import step_dir_name, verify_checkpoint
+from multigpu.checkpoint.sharded import read_whole
 
 
 @pytest.fixture
@@ -37,7 +38,8 @@ def test_the_grad_scaler_of_16_mixed_is_tracked_and_restored(tmp_path: Path) -> 
         ctx.step(opt)
         scaler.update(1024.0)  # as after some steps with inf/NaN gradients
         path = ckpt.save()
-        assert verify_checkpoint(path).manifest["objects"]["grad_scaler"] == {"kind": "scaler"}  # type: ignore[index]
+        saved = verify_checkpoint(path).manifest["objects"]["grad_scaler"]  # type: ignore[index]
+        assert saved == {"kind": "scaler", "storage": "state"}
         scaler.update(2.0)
         assert ctx.checkpointer(tmp_path, model=model, optimizer=opt).resume() == 0
         assert scaler.get_scale() == 1024.0
@@ -67,13 +69,13 @@ def test_an_async_save_returns_before_its_files_are_written(
 ) -> None:
     # Hold the background writer at its first file: save() must return all the same.
     gate = threading.Event()
-    write = manager.write_torch_file
+    write = saving.write_torch_file
 
     def gated(path: Path, payload: Any) -> Any:
         assert gate.wait(timeout=60), "the test never opened the gate"
         return write(path, payload)
 
-    monkeypatch.setattr(manager, "write_torch_file", gated)
+    monkeypatch.setattr(saving, "write_torch_file", gated)
     model = torch.nn.Linear(4, 4)
     ckpt = ctx.checkpointer(tmp_path, async_save=True, model=model)
     path = ckpt.save()
@@ -82,8 +84,7 @@ def test_an_async_save_returns_before_its_files_are_written(
     gate.set()
     ckpt.wait()
     assert verify_checkpoint(path).complete and ckpt.latest() == path
-    saved = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
-    assert torch.equal(saved["objects"]["model"]["weight"], model.weight)
+    assert torch.equal(read_whole(path)["model"]["weight"], model.weight)
 
 
 def test_an_error_in_the_background_save_is_raised_by_wait(
@@ -92,7 +93,7 @@ def test_an_error_in_the_background_save_is_raised_by_wait(
     def broken(path: Path, payload: Any) -> Any:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(manager, "write_torch_file", broken)
+    monkeypatch.setattr(saving, "write_torch_file", broken)
     ckpt = ctx.checkpointer(tmp_path, async_save=True, model=torch.nn.Linear(1, 1))
     ckpt.save()
     with pytest.raises(multigpu.CheckpointError, match="No space left on device"):

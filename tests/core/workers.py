@@ -69,7 +69,8 @@ def teardown_releases_group() -> dict[str, Any]:
     import torch.distributed as dist
 
     ctx = multigpu.init()
-    model, _ = ctx.setup(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.1))
+    net = tiny_model()
+    model, _ = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
     before = dist.is_initialized()
     ctx.teardown()
     ctx.teardown()  # idempotent

@@ -3,19 +3,25 @@
 ::
 
     DIR/step-00000100/
-        state.pt        by rank 0: {"format", "version", "step", "world_size", "objects"}: the
-                        replicated objects (model unwrapped, optimizer, ...), tensors on CPU
-        rank-00000.pt   one per rank: {"rank", "rng": {...}, "objects": {name: state}}
-        manifest.json   format, version, step, epoch, world size, torch and multigpu versions,
-                        creation time, the objects and their kinds, each file's size and SHA-256
-        COMMITTED       written last; holds the manifest's SHA-256
+        .metadata           DCP's index of every tensor piece below (rank 0)
+        __0_0.distcp, ...   DCP's files: each rank writes the shards it holds of the models and
+                            optimizers (their state as the strategy gives it: plain tensors, or
+                            FSDP shards), replicated tensors once; keys are parameter names
+        state.pt            by rank 0: {"format", "version", "step", "world_size", "objects"}:
+                            the small replicated objects (schedulers, loaders, scalers, values)
+        rank-00000.pt       one per rank: {"rank", "rng": {...}, "objects": {name: state}}
+        manifest.json       format, version, step, epoch, world size, strategy, torch and
+                            multigpu versions, creation time, each object's kind and where it is
+                            stored, each file's size and SHA-256
+        COMMITTED           written last; holds the manifest's SHA-256
     DIR/.tmp-step-00000100-<nonce>/    a save in progress, renamed to step-... once committed
+
+Format version 1 (before DCP) kept the models and optimizers, whole, in ``state.pt``; such
+checkpoints still resume and load.
 
 A checkpoint is *complete* when its ``COMMITTED`` marker exists, the manifest is ours and every
 file it lists has the listed size and checksum. Anything else is skipped by resume, with a
 warning that says what is wrong.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any, BinaryIO
 log = logging.getLogger(__name__)
 
 FORMAT = "multigpu-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
 COMMIT_FILE = "COMMITTED"

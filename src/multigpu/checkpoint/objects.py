@@ -1,24 +1,24 @@
 """The objects a checkpoint holds: what kind each is, its state on the CPU, and loading it back.
 
-Anything with ``state_dict`` / ``load_state_dict`` can be tracked. Modules are saved unwrapped
-(no ``module.`` / ``_orig_mod.``) and every tensor goes to the CPU, so a checkpoint loads on any
-machine. For an asynchronous save the state is also *copied* (``clone=True``): training may
-change the live tensors while a background thread writes the copy.
-
-Environment variables read: none.
+Anything with ``state_dict`` / ``load_state_dict`` can be tracked. Models and optimizers are
+saved by the strategy (``snapshot``); the other objects' states go to the CPU here, so a
+checkpoint loads on any machine (a module tracked per rank is saved unwrapped: no ``module.`` /
+``_orig_mod.``). For an asynchronous save the state is also *copied* (``clone=True``): training
+may change the live tensors while a background thread writes the copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from multigpu.errors import CheckpointError, UsageError
+from multigpu.wrappers import unwrap_module
 
-KINDS = ("module", "optimizer", "scheduler", "loader", "scaler", "object")
+KINDS = ("module", "optimizer", "scheduler", "loader", "scaler", "object", "value")
 
 
 def kind_of(obj: Any) -> str:
@@ -39,7 +39,11 @@ def kind_of(obj: Any) -> str:
     # multigpu's DistributedLoader (duck-typed: checkpoint/ sits beside data/, not above it).
     if hasattr(obj, "global_batch_size") and hasattr(obj, "sampler"):
         return "loader"
-    return "object"
+    if callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    ):
+        return "object"
+    return "value"  # a plain value of ctx.save's state: saved as it is
 
 
 def check_trackable(name: str, obj: Any, taken: Mapping[str, Any]) -> None:
@@ -83,20 +87,20 @@ def to_cpu(value: Any, *, clone: bool) -> Any:
     return value
 
 
-def state_of(
-    obj: Any, unwrap: Callable[[nn.Module], nn.Module], *, clone: bool
-) -> dict[str, Any] | Any:
+def state_of(obj: Any, *, clone: bool) -> dict[str, Any] | Any:
     """The CPU state of one tracked object (a module's is that of the unwrapped module)."""
+    if kind_of(obj) == "value":
+        return to_cpu(obj, clone=clone)
     if isinstance(obj, nn.Module):
-        obj = unwrap(obj)
+        obj = unwrap_module(obj)
     return to_cpu(obj.state_dict(), clone=clone)
 
 
-def load_into(name: str, obj: Any, state: Any, unwrap: Callable[[nn.Module], nn.Module]) -> None:
+def load_into(name: str, obj: Any, state: Any) -> None:
     """Load ``state`` into ``obj``; a mismatch is a CheckpointError naming ``name``."""
     try:
         if isinstance(obj, nn.Module):
-            unwrap(obj).load_state_dict(state)  # strict: every key must match
+            unwrap_module(obj).load_state_dict(state)  # strict: every key must match
         else:
             obj.load_state_dict(state)
     except (RuntimeError, KeyError, ValueError, TypeError, UsageError) as e:

@@ -1,28 +1,28 @@
-"""Choosing the checkpoint to resume from, and putting every tracked object back.
-
-Environment variables read: none.
-"""
+"""Choosing the checkpoint to resume from, and putting every tracked object back."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from multigpu.checkpoint.layout import (
+    MANIFEST_FILE,
     STATE_FILE,
     CheckpointStatus,
     find_latest,
     rank_file_name,
     verify_checkpoint,
 )
-from multigpu.checkpoint.objects import load_into
+from multigpu.checkpoint.legacy import restore_whole
+from multigpu.checkpoint.objects import kind_of, load_into
 from multigpu.checkpoint.rng import restore_rng
+from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
 from multigpu.errors import CheckpointError
 from multigpu.seed import seed_everything
 
@@ -47,59 +47,99 @@ def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> str | No
         return f"error: cannot read checkpoints in {path}: {e}"
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a complete checkpoint directory."""
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path / MANIFEST_FILE}: {e}") from e
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path / MANIFEST_FILE} is not a manifest")
+    return manifest
+
+
 def restore_checkpoint(
     path: Path,
     *,
     rank: int,
     shared: Mapping[str, Any],
     per_rank: Mapping[str, Any],
-    unwrap: Callable[[nn.Module], nn.Module],
+    adapter: StateAdapter,
+    rng: bool = True,
 ) -> int:
     """Load ``path`` into the tracked objects and this rank's RNGs; return the saved step.
+
+    Collective (the sharded part is read by every rank together).
 
     Raises:
         CheckpointError: a tracked object is missing from the checkpoint (a partial restore is
             an error, never a warning) or does not fit its saved state; a file does not load.
     """
+    manifest = read_manifest(path)
     state = load_part(path / STATE_FILE)
-    saved = state.get("objects", {})
+    saved_objects: dict[str, Any] = manifest.get("objects", {})
     step, saved_world = int(state["step"]), int(state["world_size"])
+    legacy = int(manifest.get("version", 1)) < 2
     mine = load_part(path / rank_file_name(rank)) if rank < saved_world else None
     per_rank_saved = (mine or {}).get("objects", {})
-    missing = [n for n in shared if n not in saved]
+    in_state = state.get("objects", {})
+    available = set(in_state) if legacy else set(saved_objects)
+    missing = [n for n in shared if n not in available]
     if mine is not None:
         missing += [n for n in per_rank if n not in per_rank_saved]
     if missing:
         raise CheckpointError(
-            f"checkpoint {path} has no state for {missing} (it holds {sorted(saved)}); "
+            f"checkpoint {path} has no state for {missing} (it holds {sorted(available)}); "
             "track the same objects under the same names as the run that saved it"
         )
-    extra = sorted(set(saved) - set(shared))
+    extra = sorted(available - set(shared) - set(per_rank))
     if extra:
         log.warning("checkpoint %s also holds %s, which this run does not track", path, extra)
-    for name, obj in shared.items():
-        load_into(name, obj, saved[name], unwrap)
-    if mine is not None:
-        for name, obj in per_rank.items():
-            load_into(name, obj, per_rank_saved[name], unwrap)
-        restore_rng(mine["rng"])
+    small = {n: o for n, o in shared.items() if legacy or kind_of(o) not in SHARDED_KINDS}
+    if legacy:
+        restore_whole(path, small, in_state)
     else:
-        # More ranks than saved: no RNG state of their own. Seeded from (step, rank) so the
-        # run is still reproducible, and distinct per rank.
-        seed = (step * 1_000_003 + rank) % 2**32
-        seed_everything(seed)
-        left = f"; per-rank objects {sorted(per_rank)} left as they are" if per_rank else ""
-        log.info(
-            "rank %d: the checkpoint was saved by %d ranks; this rank's RNGs are seeded from "
-            "(step, rank) = %d%s",
-            rank,
-            saved_world,
-            seed,
-            left,
-        )
+        sharded = {n: o for n, o in shared.items() if n not in small}
+        restore_sharded(path, sharded, saved_objects, adapter)
+        for name, obj in small.items():
+            load_into(name, obj, in_state[name])
+    _restore_rank(path, rank, step, saved_world, mine, per_rank, rng)
     if rank == 0:
         log.info("resumed from %s (step %d, saved by %d ranks)", path, step, saved_world)
     return step
+
+
+def _restore_rank(
+    path: Path,
+    rank: int,
+    step: int,
+    saved_world: int,
+    mine: dict[str, Any] | None,
+    per_rank: Mapping[str, Any],
+    rng: bool,
+) -> None:
+    if mine is not None:
+        for name, obj in per_rank.items():
+            load_into(name, obj, mine["objects"][name])
+        if rng and mine.get("rng") is not None:
+            restore_rng(mine["rng"])
+        return
+    if not rng:
+        return
+    # More ranks than saved: no RNG state of their own. Seeded from (step, rank) so the run is
+    # still reproducible, and distinct per rank.
+    seed = (step * 1_000_003 + rank) % 2**32
+    seed_everything(seed)
+    left = f"; per-rank objects {sorted(per_rank)} left as they are" if per_rank else ""
+    log.info(
+        "rank %d: the checkpoint %s was saved by %d ranks; this rank's RNGs are seeded from "
+        "(step, rank) = %d%s",
+        rank,
+        path,
+        saved_world,
+        seed,
+        left,
+    )
 
 
 def load_part(path: Path) -> dict[str, Any]:

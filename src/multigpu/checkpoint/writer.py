@@ -34,8 +34,8 @@ from multigpu.checkpoint.layout import (
     MANIFEST_FILE,
     TMP_PREFIX,
     HashingWriter,
+    file_sha256,
     list_checkpoints,
-    step_dir_name,
 )
 from multigpu.errors import CheckpointError
 
@@ -53,18 +53,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def new_temp_dir(root: Path, step: int) -> Path:
-    """Create ``root/.tmp-step-XXXXXXXX-<nonce>/``, removing stale temp dirs of any step first.
+def new_temp_dir(final: Path, stale: str) -> Path:
+    """Create ``.tmp-<final name>-<nonce>/`` beside ``final``, removing stale temp dirs first.
 
-    Only one save runs at a time per checkpoint directory, so any other temp dir is what a
-    crashed save left behind.
+    ``stale`` is the glob (inside ``final``'s parent) of temp dirs that only a crashed save can
+    have left: one save runs at a time per checkpoint directory.
     """
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f"{TMP_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = root / f"{TMP_PREFIX}{step_dir_name(step)}-{secrets.token_hex(4)}"
+    for old in root.glob(stale):
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    tmp = root / f"{TMP_PREFIX}{final.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
     return tmp
+
+
+def hash_file(path: Path) -> FileInfo:
+    """The size and SHA-256 of a file written by someone else (DCP's shards), read back."""
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def write_torch_file(path: Path, payload: Any) -> FileInfo:
@@ -93,8 +100,9 @@ def manifest_of(
     step: int,
     epoch: int | None,
     world_size: int,
-    objects: Mapping[str, str],
+    objects: Mapping[str, Mapping[str, Any]],
     files: Mapping[str, FileInfo],
+    strategy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest dictionary (see ``multigpu.checkpoint.layout``)."""
     return {
@@ -106,7 +114,8 @@ def manifest_of(
         "torch_version": torch.__version__,
         "multigpu_version": _multigpu_version(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "objects": {name: {"kind": kind} for name, kind in objects.items()},
+        "strategy": dict(strategy or {}),
+        "objects": {name: dict(info) for name, info in objects.items()},
         "files": dict(sorted(files.items())),
     }
 
@@ -118,16 +127,15 @@ def _multigpu_version() -> str:
         return "unknown"
 
 
-def commit(tmp: Path, manifest: Mapping[str, Any]) -> Path:
-    """Write the manifest and the marker into ``tmp``, then rename it to its ``step-*`` name.
+def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> Path:
+    """Write the manifest and the marker into ``tmp``, then rename it to ``final``.
 
-    A complete checkpoint of the same step that already exists is replaced (moved aside first,
-    removed after the rename), so the name never points at a partial directory.
+    A complete checkpoint already at ``final`` is replaced (moved aside first, removed after the
+    rename), so the name never points at a partial directory.
     """
     info = write_small(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     write_small(tmp / COMMIT_FILE, info["sha256"] + "\n")
     fsync_dir(tmp)
-    final = tmp.parent / step_dir_name(int(manifest["step"]))
     old = None
     if final.exists():
         old = tmp.parent / f"{TMP_PREFIX}old-{final.name}-{secrets.token_hex(4)}"

@@ -1,4 +1,4 @@
-"""Strategies: how a model is placed and wrapped (single, dp, ddp) and how ``auto`` picks one.
+"""Strategies: how a model is placed and wrapped (single, dp, ddp, fsdp) and how ``auto`` picks.
 
 Environment variables read: ``MULTIGPU_COMPRESSION`` (by ``resolve_strategy``: the gradient
 compression of a ``ddp`` strategy that was not given one in code).
@@ -15,11 +15,13 @@ from multigpu.strategies.base import Strategy, unwrap_module
 from multigpu.strategies.compression import COMPRESSION_ENV, COMPRESSIONS, parse_compression
 from multigpu.strategies.ddp import DDPStrategy
 from multigpu.strategies.dp import DataParallelStrategy
+from multigpu.strategies.fsdp import FSDPStrategy
+from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.single import SingleDeviceStrategy
 
 log = logging.getLogger(__name__)
 
-STRATEGY_NAMES = ("auto", "single", "dp", "ddp")
+STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp")
 
 
 def resolve_strategy(
@@ -27,7 +29,9 @@ def resolve_strategy(
 ) -> Strategy:
     """Turn a name (or an instance) into a Strategy; ``auto`` is ``ddp`` above one process.
 
-    ``auto`` never picks ``dp``: DataParallel is legacy and must be asked for by name.
+    ``auto`` never picks ``dp``: DataParallel is legacy and must be asked for by name. The
+    strategy it returns has ``auto = True``: ``ctx.setup`` switches it to ``fsdp`` when the
+    model's training state does not fit a rank's memory under DDP (``multigpu.estimate``).
     ``MULTIGPU_COMPRESSION`` (in ``environ``, default ``os.environ``) sets the gradient
     compression of a ``ddp`` strategy whose code did not choose one; it is checked whatever the
     strategy, and has nothing to compress without DDP (one process, or ``dp``).
@@ -45,22 +49,29 @@ def resolve_strategy(
             strategy.compression = compression
         return strategy
     name = str(strategy).lower()
-    if name == "auto":
+    auto = name == "auto"
+    if auto:
         name = "ddp" if world_size > 1 else "single"
-    if name in ("single", "dp") and compression not in (None, "none"):
+    if name in ("single", "dp", "fsdp") and compression not in (None, "none"):
         log.debug(
-            "%s=%s ignored: strategy %s sends no gradients", COMPRESSION_ENV, compression, name
+            "%s=%s ignored: strategy %s has no DDP all-reduce", COMPRESSION_ENV, compression, name
         )
+    chosen: Strategy
     if name == "single":
-        return SingleDeviceStrategy()
-    if name == "dp":
-        return DataParallelStrategy()
-    if name == "ddp":
-        return DDPStrategy(compression=compression)
-    raise UsageError(
-        f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} "
-        "or a Strategy instance"
-    )
+        chosen = SingleDeviceStrategy()
+    elif name == "dp":
+        chosen = DataParallelStrategy()
+    elif name == "ddp":
+        chosen = DDPStrategy(compression=compression)
+    elif name == "fsdp":
+        chosen = FSDPStrategy()
+    else:
+        raise UsageError(
+            f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} "
+            "or a Strategy instance"
+        )
+    chosen.auto = auto
+    return chosen
 
 
 __all__ = [
@@ -69,6 +80,8 @@ __all__ = [
     "STRATEGY_NAMES",
     "DDPStrategy",
     "DataParallelStrategy",
+    "FSDPStrategy",
+    "MeshShape",
     "SingleDeviceStrategy",
     "Strategy",
     "resolve_strategy",

@@ -1,16 +1,26 @@
-"""The Strategy interface: how a model is placed, wrapped and unwrapped."""
+"""The Strategy interface: how a model is placed, wrapped and unwrapped, and whose state it is.
+
+A strategy owns everything that depends on its wrapping: moving and wrapping the model (and
+materializing a meta-device one), keeping the optimizers attached, skipping gradient
+synchronisation, clipping, and producing and loading the model and optimizer state
+(``multigpu.strategies.state``: plain tensors, or shards under FSDP). The checkpoint code calls
+these and knows no wrapper.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from multigpu.device import move_to_device
+from multigpu.precision import Precision
+from multigpu.strategies import state
+from multigpu.strategies.optimizers import parameter_names, repoint_optimizers
 from multigpu.wrappers import unwrap_module
 
 __all__ = ["Strategy", "unwrap_module"]
@@ -24,17 +34,34 @@ class Strategy(ABC):
     """
 
     name: str = "base"
+    handles_precision: bool = False
+    """True when the strategy applies mixed precision itself (FSDP's MixedPrecisionPolicy);
+    otherwise the Context wraps the model's forward in autocast."""
+    needs_process_group: bool = False
+    """True when the strategy needs a process group even for one process (FSDP's mesh)."""
+    auto: bool = False
+    """True when ``strategy="auto"`` chose it: ``ctx.setup`` may still switch to FSDP when the
+    model does not fit a rank's memory under it."""
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")
         self.world_size = 1
         self.sync_batchnorm = False
+        self.precision = Precision("32", self.device)
 
-    def bind(self, device: torch.device, world_size: int, *, sync_batchnorm: bool = False) -> None:
-        """Attach the strategy to this rank's device and the job's world size."""
+    def bind(
+        self,
+        device: torch.device,
+        world_size: int,
+        *,
+        sync_batchnorm: bool = False,
+        precision: Precision | None = None,
+    ) -> None:
+        """Attach the strategy to this rank's device, the job's world size and its precision."""
         self.device = device
         self.world_size = world_size
         self.sync_batchnorm = sync_batchnorm
+        self.precision = precision or Precision("32", device)
         self.validate()
 
     def validate(self) -> None:  # noqa: B027 - optional hook
@@ -42,15 +69,28 @@ class Strategy(ABC):
 
     @abstractmethod
     def wrap(self, module: nn.Module) -> nn.Module:
-        """Move ``module`` to the device and wrap it; return what the training loop calls."""
+        """Move ``module`` to the device and wrap it; return what the training loop calls.
+
+        A module on the meta device is materialized here (``strategies.materialize``), at the
+        point where this strategy knows which part of it this rank holds.
+        """
+
+    def setup(self, module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> nn.Module:
+        """Wrap ``module`` and keep ``optimizers`` (built on the plain module) attached to it."""
+        names = parameter_names(module)
+        wrapped = self.wrap(module)
+        repoint_optimizers(unwrap_module(wrapped), optimizers, names)
+        for optimizer in optimizers:
+            self.setup_optimizer(optimizer)
+        return wrapped
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Move loaded optimizer state to the device; the parameters move with the model."""
-        for state in optimizer.state.values():
-            for key, value in list(state.items()):
+        for opt_state in optimizer.state.values():
+            for key, value in list(opt_state.items()):
                 # "step" stays where torch keeps it (CPU for most optimizers).
                 if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = move_to_device(value, self.device)
+                    opt_state[key] = move_to_device(value, self.device)
         return optimizer
 
     def unwrap(self, module: nn.Module) -> nn.Module:
@@ -65,6 +105,42 @@ class Strategy(ABC):
     def join(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context for uneven inputs across ranks (no-op unless the wrapper supports it)."""
         return contextlib.nullcontext()
+
+    def clip_grad_norm(
+        self, module: nn.Module, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the gradients of ``module`` to ``max_norm``; return the total norm before it."""
+        return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)
+
+    # ---- state: what checkpoints save and load ------------------------------------------------
+    def model_state(self, module: nn.Module) -> dict[str, Any]:
+        """The model's state as this rank holds it (plain tensors; shards under FSDP)."""
+        return state.model_state(module)
+
+    def full_model_state(self, module: nn.Module) -> dict[str, Any]:
+        """The whole model's state on the CPU, on rank 0 (collective when the model is sharded)."""
+        return state.full_model_state(module)
+
+    def optimizer_state(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
+    ) -> dict[str, Any]:
+        """The optimizer's state keyed by parameter names (see ``strategies.state``)."""
+        return state.optimizer_state(module, optimizer, initialise=initialise)
+
+    def load_model_state(self, module: nn.Module, saved: Mapping[str, Any]) -> None:
+        """Load a state shaped like ``model_state``'s into ``module``."""
+        state.load_model_state(module, saved)
+
+    def load_optimizer_state(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]
+    ) -> None:
+        """Load a state shaped like ``optimizer_state``'s into ``optimizer``."""
+        state.load_optimizer_state(module, optimizer, saved)
+
+    @property
+    def mesh(self) -> Any:
+        """The strategy's ``DeviceMesh`` (None when it uses none)."""
+        return None
 
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Release what the strategy holds before the process group goes away."""

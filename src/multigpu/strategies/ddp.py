@@ -20,6 +20,7 @@ from multigpu.strategies.compression import (
     parse_compression,
     register_compression,
 )
+from multigpu.strategies.materialize import place
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 
 
@@ -90,7 +91,7 @@ class DDPStrategy(Strategy):
     def wrap(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:
             module = convert_sync_batchnorm(module, self.device)
-        module = module.to(self.device)
+        module = place(module, self.device)
         if self.world_size == 1:
             # No process group at world size 1: DDP would have nothing to do.
             return module

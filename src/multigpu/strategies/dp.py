@@ -16,6 +16,7 @@ from torch import nn
 from multigpu.errors import UsageError
 from multigpu.log import warn_once
 from multigpu.strategies.base import Strategy
+from multigpu.strategies.materialize import place
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class DataParallelStrategy(Strategy):
             )
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        module = module.to(self.device)
+        module = place(module, self.device)
         if self.device.type != "cuda":
             warn_once(
                 log,

@@ -6,6 +6,7 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy
+from multigpu.strategies.materialize import place
 
 
 class SingleDeviceStrategy(Strategy):
@@ -21,4 +22,4 @@ class SingleDeviceStrategy(Strategy):
             )
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        return module.to(self.device)
+        return place(module, self.device)

@@ -1,0 +1,254 @@
+"""One checkpoint save, on every rank at once: temp dir, shards, rank files, manifest, commit.
+
+1. rank 0 creates ``.tmp-<name>-<nonce>/`` beside the final path and tells the others its name;
+2. the models and optimizers go through DCP (every rank writes its shards; collective);
+3. every rank writes ``rank-XXXXX.pt`` (RNGs, per-rank objects) and hashes the files it wrote;
+4. rank 0 writes ``state.pt`` (small replicated objects), the manifest with every file's size
+   and SHA-256, then ``COMMITTED``, renames the directory to its final name and prunes.
+
+Asynchronous saves copy the state to CPU memory first (DCP's staging: the only stall) and do
+steps 2–4 in the background: DCP's ``async_save`` writes the shards over a gloo group of its own,
+then a thread per rank writes its rank file and reports through a ``.done`` file (no
+collectives: they would interleave with the training's), and rank 0's thread commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multigpu import dist
+from multigpu.checkpoint.layout import FORMAT, FORMAT_VERSION, STATE_FILE, rank_file_name
+from multigpu.checkpoint.objects import kind_of, state_of
+from multigpu.checkpoint.rng import capture_rng
+from multigpu.checkpoint.sharded import save_sharded, save_sharded_async, written_by
+from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, sharded_state
+from multigpu.checkpoint.writer import (
+    FileInfo,
+    commit,
+    hash_file,
+    manifest_of,
+    new_temp_dir,
+    report_done,
+    wait_for_ranks,
+    write_torch_file,
+)
+from multigpu.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class SaveJob:
+    """What one save writes, and where."""
+
+    final: Path
+    """The checkpoint's path once committed."""
+    stale: str
+    """Glob (in ``final.parent``) of temp dirs a crashed save left, removed first."""
+    step: int
+    epoch: int | None
+    rank: int
+    world_size: int
+    objects: Mapping[str, Any]
+    """Replicated objects: models and optimizers go to DCP, the rest to ``state.pt``."""
+    per_rank: Mapping[str, Any] = field(default_factory=dict)
+    """Objects whose state differs per rank (``rank-XXXXX.pt``)."""
+    rng: bool = True
+    """Save every rank's RNG states (``rank-XXXXX.pt``)."""
+    adapter: StateAdapter
+    timeout: float
+    """Seconds rank 0's background thread waits for the other ranks' parts."""
+    strategy: Mapping[str, Any] = field(default_factory=dict)
+    """The strategy's description, for the manifest."""
+    after_commit: Callable[[Path], None] | None = None
+    """Run by rank 0 after the rename (pruning)."""
+
+
+def save(job: SaveJob) -> Path:
+    """Save ``job`` now (collective: every rank calls it). Returns the final path.
+
+    Raises:
+        CheckpointError: any rank failed; nothing is committed and the temp dir is left for the
+            next save to remove.
+    """
+    started = time.perf_counter()
+    tmp = _agree_on_temp_dir(job)
+    sharded, info = sharded_state(job.objects, job.adapter)
+    try:
+        if sharded:
+            save_sharded(sharded, tmp)
+    except Exception as e:  # DCP gathers every rank's failure and raises it on all of them
+        raise CheckpointError(f"checkpoint of step {job.step} was not saved: {e}") from e
+    error: str | None = None
+    files: dict[str, FileInfo] = {}
+    try:
+        files = _write_own_files(job, tmp, _rank_payload(job, clone=False))
+    except Exception as e:  # every rank must reach the gather below
+        error = f"{type(e).__name__}: {e}"
+    reports = dist.gather_objects_small((files, error))
+    outcome: str | None = None
+    if job.rank == 0:
+        outcome = _finish(job, tmp, info, _shared_payload(job, clone=False), reports)
+    outcome = dist.broadcast(outcome, src=0)
+    if outcome is None or not outcome.startswith("ok:"):
+        raise CheckpointError(f"checkpoint of step {job.step} was not saved: {outcome}")
+    if job.rank == 0:
+        log.info("saved checkpoint %s in %.2f s", job.final, time.perf_counter() - started)
+    return job.final
+
+
+class PendingSave:
+    """An asynchronous save under way; ``wait()`` ends it (its error re-raised)."""
+
+    def __init__(self, job: SaveJob, group: Any) -> None:
+        self.job = job
+        self.error: BaseException | None = None
+        tmp = _agree_on_temp_dir(job)
+        sharded, info = sharded_state(job.objects, job.adapter)
+        # Copies now, while the state is what the step made: training goes on meanwhile.
+        written: Future[Any] | None = save_sharded_async(sharded, tmp, group) if sharded else None
+        shared = _shared_payload(job, clone=True) if job.rank == 0 else None
+        mine = _rank_payload(job, clone=True)
+        self._thread = threading.Thread(
+            target=self._finish_in_background,
+            args=(tmp, info, written, shared, mine),
+            name=f"multigpu-checkpoint-{job.step}",
+            daemon=False,
+        )
+        self._thread.start()
+
+    def _finish_in_background(
+        self,
+        tmp: Path,
+        info: dict[str, dict[str, Any]],
+        written: Future[Any] | None,
+        shared: dict[str, Any] | None,
+        mine: dict[str, Any],
+    ) -> None:
+        job = self.job
+        started = time.perf_counter()
+        name = rank_file_name(job.rank)
+        try:
+            try:
+                if written is not None:
+                    written.result()
+                files = _write_own_files(job, tmp, mine)
+            except Exception as e:
+                report_done(tmp, job.rank, name, None, f"{type(e).__name__}: {e}")
+                raise
+            report_done(tmp, job.rank, name, files, None)
+            if job.rank == 0:
+                reported = wait_for_ranks(tmp, job.world_size, job.timeout)
+                files = {k: v for part in reported.values() for k, v in part.items()}
+                files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
+                _commit(job, tmp, info, files)
+                log.info(
+                    "saved checkpoint %s in %.2f s (in the background)",
+                    job.final,
+                    time.perf_counter() - started,
+                )
+        except BaseException as e:  # re-raised by wait()
+            self.error = e
+
+    def wait(self) -> None:
+        """Wait for the save to end; re-raise its error as a CheckpointError."""
+        self._thread.join()
+        if self.error is not None:
+            raise CheckpointError(
+                f"the background save of step {self.job.step} failed: {self.error}"
+            ) from self.error
+
+
+def _agree_on_temp_dir(job: SaveJob) -> Path:
+    name: str | None = None
+    if job.rank == 0:
+        try:
+            name = str(new_temp_dir(job.final, job.stale))
+        except OSError as e:
+            name = f"error: cannot create a checkpoint in {job.final.parent}: {e}"
+    name = dist.broadcast(name, src=0)
+    if name is None or name.startswith("error:"):
+        raise CheckpointError(str(name)[len("error: ") :])
+    return Path(name)
+
+
+def _shared_payload(job: SaveJob, *, clone: bool) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "step": job.step,
+        "world_size": job.world_size,
+        "objects": {
+            n: state_of(o, clone=clone)
+            for n, o in job.objects.items()
+            if kind_of(o) not in SHARDED_KINDS
+        },
+    }
+
+
+def _rank_payload(job: SaveJob, *, clone: bool) -> dict[str, Any] | None:
+    if not job.rng and not job.per_rank:
+        return None
+    return {
+        "rank": job.rank,
+        "rng": capture_rng() if job.rng else None,
+        "objects": {n: state_of(o, clone=clone) for n, o in job.per_rank.items()},
+    }
+
+
+def _write_own_files(
+    job: SaveJob, tmp: Path, payload: dict[str, Any] | None
+) -> dict[str, FileInfo]:
+    """This rank's rank file (if any) and the hashes of the DCP files it wrote."""
+    files = {p.name: hash_file(p) for p in written_by(tmp, job.rank)}
+    if payload is not None:
+        files[rank_file_name(job.rank)] = write_torch_file(tmp / rank_file_name(job.rank), payload)
+    return files
+
+
+def _finish(
+    job: SaveJob,
+    tmp: Path,
+    info: dict[str, dict[str, Any]],
+    shared: dict[str, Any],
+    reports: list[Any],
+) -> str:
+    """Rank 0: check every rank's report, write state.pt, commit. Returns 'ok:PATH' or why not."""
+    failed = [f"rank {i}: {err}" for i, (_, err) in enumerate(reports) if err]
+    if failed:
+        return "; ".join(failed)
+    try:
+        files = {k: v for part, _ in reports for k, v in part.items()}
+        files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
+        _commit(job, tmp, info, files)
+    except Exception as e:  # reported to every rank
+        return f"{type(e).__name__}: {e}"
+    return f"ok:{job.final}"
+
+
+def _commit(
+    job: SaveJob, tmp: Path, info: dict[str, dict[str, Any]], files: dict[str, FileInfo]
+) -> None:
+    objects = {
+        **{n: {"kind": kind_of(o), "storage": "state"} for n, o in job.objects.items()},
+        **info,
+        **{n: {"kind": kind_of(o), "storage": "rank"} for n, o in job.per_rank.items()},
+    }
+    manifest = manifest_of(
+        step=job.step,
+        epoch=job.epoch,
+        world_size=job.world_size,
+        objects=objects,
+        files=files,
+        strategy=job.strategy,
+    )
+    commit(tmp, manifest, job.final)
+    if job.after_commit is not None:
+        job.after_commit(job.final)

@@ -1,0 +1,228 @@
+"""The sharded part of a checkpoint: models and optimizers on ``torch.distributed.checkpoint``.
+
+Every rank writes its own shards in parallel (DCP's ``FileSystemWriter``: ``__<rank>_<n>.distcp``;
+rank 0 adds the ``.metadata`` index); replicated tensors (DDP) are written once, by whichever rank
+DCP assigns. Loading reads whatever pieces this rank's current shards need, so a checkpoint
+written by N processes under one strategy loads on M processes under another.
+
+Safety: DCP reads its ``.metadata`` with plain ``pickle`` and non-tensor values with
+``torch.load(weights_only=False)``; both would run any code a hostile file holds. Here the
+metadata is read with an allow-list of the classes DCP writes (``torch_compat``), and every
+non-tensor value must load with ``weights_only=True`` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import warnings
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import ReadItem
+
+from multigpu.errors import CheckpointError
+from multigpu.torch_compat import dcp_metadata_global_allowed
+
+METADATA_FILE = ".metadata"
+"""DCP's index of every tensor piece, written by rank 0."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if not dcp_metadata_global_allowed(module, name):
+            raise pickle.UnpicklingError(
+                f"{module}.{name} is not a class a DCP metadata file holds"
+            )
+        return super().find_class(module, name)
+
+
+def read_metadata(directory: str | os.PathLike[str], *, trust: bool = False) -> Metadata:
+    """The DCP index of ``directory`` (its ``.metadata``), read with the allow-list.
+
+    Raises:
+        CheckpointError: no metadata, unreadable, or (without ``trust``) naming other globals.
+    """
+    path = Path(directory) / METADATA_FILE
+    try:
+        with path.open("rb") as fh:
+            loaded = pickle.load(fh) if trust else _MetadataUnpickler(fh).load()
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{directory} has no {METADATA_FILE}: not a DCP checkpoint") from e
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+    if not isinstance(loaded, Metadata):
+        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not DCP metadata")
+    return loaded
+
+
+class SafeReader(FileSystemReader):
+    """``FileSystemReader`` whose metadata is read with the allow-list (see the module doc)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = read_metadata(self.path)
+        storage = metadata.storage_meta or StorageMeta()
+        storage.load_id = self.load_id  # as FileSystemReader does
+        metadata.storage_meta = storage
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` that refuses non-tensor values ``weights_only`` cannot load."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            torch.load(value, weights_only=True)
+        except Exception as e:
+            raise CheckpointError(
+                f"the value {read_item.dest_index.fqn!r} of the checkpoint is not plain data "
+                f"({type(e).__name__}); refusing to unpickle it"
+            ) from e
+        value.seek(0)  # known safe now; torch's own reader loads it again
+        super().load_bytes(read_item, value)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without torch's warning that one process means "no process group" (we said no_dist)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save_sharded(state: Mapping[str, Any], directory: Path) -> None:
+    """Write ``state`` (tensors, DTensors, plain values) to ``directory`` with DCP (collective)."""
+    with _quiet():
+        dcp.save(
+            dict(state),
+            storage_writer=FileSystemWriter(directory, sync_files=True),
+            no_dist=not _distributed(),
+        )
+
+
+def save_sharded_async(state: Mapping[str, Any], directory: Path, group: Any) -> Future[Any]:
+    """Copy ``state`` to CPU memory now and write it in DCP's background thread.
+
+    ``group`` is a gloo process group used by nothing else: the background thread's collectives
+    must not interleave with the training's on the default group.
+    """
+    with _quiet():
+        return dcp.async_save(  # type: ignore[return-value]
+            dict(state),
+            storage_writer=FileSystemWriter(directory, sync_files=True),
+            process_group=group,
+            no_dist=not _distributed(),
+        )
+
+
+def written_by(directory: Path, rank: int) -> list[Path]:
+    """The files of ``directory``'s DCP part that ``rank`` wrote (rank 0: also ``.metadata``)."""
+    files = sorted(directory.glob(f"__{rank}_*.distcp"))
+    if rank == 0 and (directory / METADATA_FILE).is_file():
+        files.append(directory / METADATA_FILE)
+    return files
+
+
+def check_fits(
+    metadata: Metadata, expected: Mapping[str, tuple[int, ...] | None], where: Path
+) -> None:
+    """Refuse to load when a wanted key is missing or its saved shape differs from the live one.
+
+    ``expected`` maps flattened keys (``model.fc.weight``) to the live global shape (None: a
+    non-tensor value). DCP's own errors would name one key in a multi-line traceback.
+    """
+    saved = metadata.state_dict_metadata
+    missing = sorted(k for k in expected if k not in saved)
+    sizes = {k: tuple(v.size) for k, v in saved.items() if isinstance(v, TensorStorageMetadata)}
+    shapes = [
+        f"{k} {sizes[k]} in the checkpoint vs {shape} here"
+        for k, shape in expected.items()
+        if k in sizes and shape is not None and sizes[k] != shape
+    ]
+    problems = []
+    if shapes:
+        more = f" (and {len(shapes) - 3} more)" if len(shapes) > 3 else ""
+        problems.append("shapes differ: " + "; ".join(shapes[:3]) + more)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        problems.append("missing: " + ", ".join(missing[:5]) + more)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {where} does not fit this model: {'; '.join(problems)}; load it into "
+            "the model (and optimizer) that saved it, or convert the weights with "
+            "'multigpu ckpt convert' and load what fits with multigpu.load_weights(strict=False)"
+        )
+
+
+def load_sharded(targets: dict[str, Any], directory: Path) -> None:
+    """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place."""
+    with _quiet():
+        dcp.load(
+            targets,
+            storage_reader=SafeReader(directory),
+            planner=SafeLoadPlanner(),
+            no_dist=not _distributed(),
+        )
+
+
+def read_whole(directory: str | os.PathLike[str], names: set[str] | None = None) -> dict[str, Any]:
+    """The saved objects of a DCP checkpoint, whole, on the CPU, in one process (no model needed).
+
+    ``names``: the top-level objects to read (default all). Each comes back as it was saved: a
+    module's state dict, an optimizer's ``{"state", "param_groups"}``.
+    """
+    metadata = read_metadata(directory)
+    paths: Mapping[str, Any] = metadata.planner_data or {}
+    target: dict[str, Any] = {}
+    for key, info in metadata.state_dict_metadata.items():
+        path = tuple(paths.get(key, (key,)))
+        if names is not None and str(path[0]) not in names:
+            continue
+        value: Any = None
+        if isinstance(info, TensorStorageMetadata):
+            value = torch.empty(tuple(info.size), dtype=info.properties.dtype)
+        _place(target, path, value)
+    with _quiet():
+        dcp.load(
+            target,
+            storage_reader=SafeReader(Path(directory)),
+            planner=SafeLoadPlanner(),
+            no_dist=True,
+        )
+    return target
+
+
+def _place(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    """Put ``value`` at ``path`` in ``root``, making dicts (str keys) and lists (int keys)."""
+    node: Any = root
+    for part, after in zip(path[:-1], path[1:], strict=True):
+        empty: Any = [] if isinstance(after, int) else {}
+        if isinstance(node, list):
+            node.extend(None for _ in range(part + 1 - len(node)))
+            if node[part] is None:
+                node[part] = empty
+            node = node[part]
+        else:
+            node = node.setdefault(part, empty)
+    last = path[-1]
+    if isinstance(node, list):
+        node.extend(None for _ in range(last + 1 - len(node)))
+    node[last] = value

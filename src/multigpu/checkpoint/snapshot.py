@@ -1,0 +1,161 @@
+"""What goes where in a checkpoint, and putting it back: sharded state, replicated objects, RNGs.
+
+- models and optimizers → the DCP part (``sharded``), as the *strategy* produces their state
+  (plain tensors, or this rank's shards under FSDP), optimizers keyed by parameter names;
+- schedulers, loaders, scalers and other small objects → ``state.pt``, written by rank 0;
+- each rank's RNG states and per-rank objects → ``rank-XXXXX.pt``.
+
+The strategy is reached through ``StateAdapter`` (``multigpu.strategies.Strategy`` is one), so
+nothing here knows DDP from FSDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from multigpu.checkpoint.objects import kind_of
+from multigpu.checkpoint.sharded import check_fits, load_sharded, read_metadata
+from multigpu.errors import CheckpointError, UsageError
+
+SHARDED_KINDS = frozenset({"module", "optimizer"})
+"""Kinds whose state goes to the DCP part."""
+
+
+class StateAdapter(Protocol):
+    """How the strategy in use produces and loads model and optimizer state."""
+
+    def model_state(self, module: nn.Module) -> dict[str, Any]: ...
+
+    def optimizer_state(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
+    ) -> dict[str, Any]: ...
+
+    def load_model_state(self, module: nn.Module, saved: Mapping[str, Any]) -> None: ...
+
+    def load_optimizer_state(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]
+    ) -> None: ...
+
+
+def pair_optimizers(objects: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """``{optimizer name: the tracked module whose parameters it steps}``.
+
+    Optimizer state is saved by parameter *name*, which only the model knows.
+
+    Raises:
+        UsageError: an optimizer steps parameters of no tracked model.
+    """
+    modules = [(n, o) for n, o in objects.items() if isinstance(o, nn.Module)]
+    owners = {id(p): n for n, m in modules for p in m.parameters()}
+    pairs: dict[str, nn.Module] = {}
+    for name, obj in objects.items():
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        found = {owners.get(id(p)) for g in obj.param_groups for p in g["params"]}
+        if None in found or len(found) != 1:
+            tracked = ", ".join(n for n, _ in modules) or "none"
+            raise UsageError(
+                f"checkpoint object {name!r} ({type(obj).__name__}) steps parameters that are "
+                f"not all in one tracked model (tracked models: {tracked}); track the model it "
+                "optimizes too (e.g. model=model): optimizer state is saved by parameter name"
+            )
+        owner = found.pop()
+        assert owner is not None
+        pairs[name] = dict(modules)[owner]
+    return pairs
+
+
+def sharded_state(
+    objects: Mapping[str, Any], adapter: StateAdapter
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The DCP state of the tracked models and optimizers, and what the manifest says of each."""
+    pairs = pair_optimizers(objects)
+    state: dict[str, Any] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for name, obj in objects.items():
+        kind = kind_of(obj)
+        if kind == "module":
+            state[name] = adapter.model_state(obj)
+            info[name] = {"kind": kind, "storage": "dcp"}
+        elif kind == "optimizer":
+            state[name] = adapter.optimizer_state(pairs[name], obj)
+            info[name] = {"kind": kind, "storage": "dcp", "has_state": bool(state[name]["state"])}
+    return state, info
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def expected_keys(state: Mapping[str, Any]) -> dict[str, tuple[int, ...] | None]:
+    """The flattened DCP keys of the tensors in ``state`` (as ``sharded_state`` builds it), with
+    their global shapes (None: not a tensor). Hyperparameters are left to DCP's own check."""
+    keys: dict[str, tuple[int, ...] | None] = {}
+    for name, value in state.items():
+        if "param_groups" in value and "state" in value:  # an optimizer
+            for fqn, stats in value["state"].items():
+                for stat, tensor in stats.items():
+                    keys[f"{name}.state.{fqn}.{stat}"] = _shape(tensor)
+        else:
+            keys.update({f"{name}.{fqn}": _shape(t) for fqn, t in value.items()})
+    return keys
+
+
+def restore_sharded(
+    path: Path,
+    objects: Mapping[str, Any],
+    saved_objects: Mapping[str, Mapping[str, Any]],
+    adapter: StateAdapter,
+) -> None:
+    """Load the DCP part of checkpoint ``path`` into the tracked models and optimizers.
+
+    ``saved_objects`` is the manifest's ``objects``. Collective (every rank calls it).
+
+    Raises:
+        CheckpointError: the saved shapes or keys do not fit the live objects.
+    """
+    pairs = pair_optimizers(objects)
+    targets: dict[str, Any] = {}
+    for name, obj in objects.items():
+        kind = kind_of(obj)
+        if kind == "module":
+            targets[name] = adapter.model_state(obj)
+        elif kind == "optimizer":
+            has_state = bool(saved_objects.get(name, {}).get("has_state", True))
+            targets[name] = adapter.optimizer_state(pairs[name], obj, initialise=has_state)
+            if not has_state:
+                targets[name]["state"] = {}
+    if not targets:
+        return
+    check_fits(read_metadata(path), expected_keys(targets), path)
+    try:
+        load_sharded(targets, path)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"cannot load the sharded state of {path}: {_first_line(e)}") from e
+    for name, obj in objects.items():
+        _apply(adapter, name, obj, pairs.get(name), targets.get(name))
+
+
+def _apply(adapter: StateAdapter, name: str, obj: Any, model: nn.Module | None, saved: Any) -> None:
+    try:
+        if isinstance(obj, nn.Module):
+            adapter.load_model_state(obj, saved)
+        elif isinstance(obj, torch.optim.Optimizer) and model is not None:
+            adapter.load_optimizer_state(model, obj, saved)
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(
+            f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved state: "
+            f"{_first_line(e)}"
+        ) from e
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).strip().split("\n", 1)[0].split())
+    return f"{type(error).__name__}: {text[:300]}"

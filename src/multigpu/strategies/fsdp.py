@@ -1,0 +1,249 @@
+"""``fsdp``: Fully Sharded Data Parallel on FSDP2's ``fully_shard``, over a named DeviceMesh.
+
+Each rank keeps 1/N of every parameter, gradient and optimizer state (ZeRO-3). A unit's whole
+parameters are all-gathered just before its forward and backward and freed after; gradients are
+reduce-scattered, so each rank steps only its shard. What multigpu adds around ``fully_shard``:
+units chosen per block (``fsdp_units``), mixed precision from ``precision``, the optimizer
+re-pointed at the sharded parameters, meta-device models materialized shard by shard with the
+weights a one-process run would have, accumulation without re-sharding between micro-batches,
+and clipping over the sharded gradients with DDP's norm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from multigpu.errors import EnvError, UsageError
+from multigpu.log import warn_once
+from multigpu.strategies.base import Strategy
+from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, shard_units
+from multigpu.strategies.materialize import check_initializable, has_meta_tensors, materialize
+from multigpu.strategies.mesh import MeshShape
+from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
+from multigpu.torch_compat import (
+    FSDP_MIN_VERSION,
+    TORCH_VERSION,
+    cpu_offload_policy,
+    fsdp_module_class,
+    fully_shard,
+    is_dtensor,
+    mixed_precision_policy,
+)
+from multigpu.wrappers import unwrap_module
+
+log = logging.getLogger(__name__)
+
+
+class FSDPStrategy(Strategy):
+    """Shard parameters, gradients and optimizer state across ranks with FSDP2.
+
+    Args:
+        blocks: module classes to shard as units of their own (e.g. ``(TransformerBlock,)``).
+            None: every direct child holding at least ``min_block_params`` parameters, looking
+            through ``ModuleList``/``ModuleDict``/``Sequential`` (see ``fsdp_units``). The root
+            module is always a unit.
+        min_block_params: the size threshold of the default unit choice (100,000).
+        reshard_after_forward: free each unit's gathered parameters after its forward and
+            gather them again for the backward (ZeRO-3, least memory; the default); False keeps
+            them until the backward (ZeRO-2-like: less communication, more memory). The root
+            unit stays gathered either way, as in FSDP2 (its backward comes first).
+        cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU RAM and
+            step on the CPU (``CPUOffloadPolicy``): GPU only; on CPU processes they already live
+            there and the option is ignored with a one-line warning.
+        activation_checkpointing: recompute each unit's activations in the backward instead of
+            keeping them (``torch.utils.checkpoint``): less memory, about a third more compute.
+        replicate: ranks that hold whole replicas of the sharded model (HSDP: shard within a
+            group of ``world_size / replicate`` ranks, e.g. one node, average across groups);
+            1 (default): shard across every rank.
+
+    Example:
+        >>> ctx = multigpu.init(strategy="fsdp")                             # doctest: +SKIP
+        >>> fsdp = FSDPStrategy(blocks=(Block,), activation_checkpointing=True)
+        >>> ctx = multigpu.init(strategy=fsdp)                               # doctest: +SKIP
+    """
+
+    name = "fsdp"
+    handles_precision = True
+    needs_process_group = True
+
+    def __init__(
+        self,
+        *,
+        blocks: Sequence[type[nn.Module]] | None = None,
+        min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+        activation_checkpointing: bool = False,
+        replicate: int = 1,
+    ) -> None:
+        super().__init__()
+        if blocks is not None and not all(
+            isinstance(b, type) and issubclass(b, nn.Module) for b in blocks
+        ):
+            raise UsageError(
+                f"FSDPStrategy(blocks={blocks!r}): expected a sequence of nn.Module classes, "
+                "e.g. blocks=(TransformerBlock,)"
+            )
+        if (
+            isinstance(min_block_params, bool)
+            or not isinstance(min_block_params, int)
+            or (min_block_params < 1)
+        ):
+            raise UsageError(
+                f"FSDPStrategy(min_block_params={min_block_params!r}): expected a positive "
+                "number of parameters, e.g. 100_000"
+            )
+        self.blocks = tuple(blocks) if blocks else None
+        self.min_block_params = min_block_params
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.cpu_offload = bool(cpu_offload)
+        self.activation_checkpointing = bool(activation_checkpointing)
+        self.shape = MeshShape(dp_replicate=replicate)
+        self._mesh: Any = None
+        self._units: list[str] = []
+
+    def validate(self) -> None:
+        if TORCH_VERSION < FSDP_MIN_VERSION:
+            raise EnvError(
+                f"strategy='fsdp' needs torch >= {'.'.join(map(str, FSDP_MIN_VERSION))} (FSDP2); "
+                f"this is torch {torch.__version__}: upgrade torch or use strategy='ddp'"
+            )
+        if self.precision.name == "16-mixed":
+            raise UsageError(
+                "precision='16-mixed' with strategy='fsdp': float16 needs a loss scaler over "
+                "sharded gradients, which multigpu does not provide; use precision='bf16-mixed' "
+                "(no scaler needed) or strategy='ddp'"
+            )
+        self.shape = self.shape.resolve(self.world_size)
+        if self.cpu_offload and self.device.type != "cuda":
+            warn_once(
+                log,
+                "FSDPStrategy(cpu_offload=True) ignored: offloading moves GPU memory to CPU RAM, "
+                "and these processes already keep everything in CPU RAM",
+            )
+
+    @property
+    def mesh(self) -> Any:
+        """The ``DeviceMesh`` FSDP shards over (axis ``dp_shard``; HSDP: ``dp_replicate`` too)."""
+        if self._mesh is None:
+            if not dist.is_initialized():
+                raise UsageError(
+                    "strategy='fsdp' needs a process group; create the Context with "
+                    "multigpu.init(strategy='fsdp') (it makes one even for one process)"
+                )
+            self._mesh = self.shape.build(self.device.type)
+        return self._mesh
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        if count_params(module) == 0:
+            raise UsageError(
+                f"strategy='fsdp' got a model with no parameters ({type(module).__name__}); FSDP "
+                "shards parameters: give the model that holds them, or use strategy='ddp'"
+            )
+        if isinstance(module, fsdp_module_class()):
+            raise UsageError(
+                f"the model ({type(module).__name__}) was already sharded with fully_shard; "
+                "give ctx.setup the plain model: multigpu shards it"
+            )
+        if self.sync_batchnorm:
+            module = convert_sync_batchnorm(module, self.device)
+        meta = has_meta_tensors(module)
+        if meta:
+            check_initializable(module)  # before any collective or allocation
+        else:
+            module = module.to(self.device)
+        units = shard_units(module, self.blocks, self.min_block_params)
+        options = self._shard_options()
+        for _, unit in units[:-1]:
+            if self.activation_checkpointing:
+                unit.forward = _checkpointed(unit.forward)
+            fully_shard(unit, **options)
+        # The root's parameters are the first the backward needs: keep them (FSDP2's default).
+        options["reshard_after_forward"] = False
+        if self.precision.dtype is not None:  # the root returns float32, as autocast would
+            options["mp_policy"] = mixed_precision_policy(
+                param_dtype=self.precision.dtype,
+                reduce_dtype=torch.float32,
+                output_dtype=torch.float32,
+            )
+        fully_shard(module, **options)
+        if meta:
+            materialize(module, self.device)
+        self._units = [name or "<root>" for name, _ in units]
+        log.debug("fsdp units: %s", ", ".join(self._units))
+        return module
+
+    def _shard_options(self) -> dict[str, Any]:
+        mesh = self.mesh
+        options: dict[str, Any] = {
+            "mesh": mesh,
+            "reshard_after_forward": self.reshard_after_forward,
+        }
+        if self.precision.dtype is not None:
+            # bf16 compute, float32 gradient reduction: sums of many bf16 terms lose too much.
+            options["mp_policy"] = mixed_precision_policy(
+                param_dtype=self.precision.dtype, reduce_dtype=torch.float32
+            )
+        if self.cpu_offload and self.device.type == "cuda":
+            options["offload_policy"] = cpu_offload_policy()
+        return options
+
+    @contextlib.contextmanager
+    def no_sync(self, module: nn.Module) -> Iterator[None]:
+        """No reduce-scatter, no re-sharding between micro-batches (gradients accumulate whole)."""
+        plain = unwrap_module(module)
+        if not isinstance(plain, fsdp_module_class()):
+            yield
+            return
+        sharded: Any = plain  # an FSDPModule: its methods are FSDP2's
+        sharded.set_requires_gradient_sync(False)
+        sharded.set_reshard_after_backward(False)
+        try:
+            yield
+        finally:
+            sharded.set_requires_gradient_sync(True)
+            sharded.set_reshard_after_backward(True)
+
+    def join(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        raise UsageError(
+            "ctx.join is DDP's way through uneven inputs; FSDP cannot shadow the missing "
+            "batches: train with ctx.loader(..., drop_last=True) (the default) instead"
+        )
+
+    def clip_grad_norm(
+        self, module: nn.Module, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)
+        # The norm over sharded gradients is a replicated DTensor: the same number as DDP's.
+        return norm.full_tensor() if is_dtensor(norm) else norm  # type: ignore[attr-defined]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "mesh": dict(zip(self.shape.axis_names, self.shape.sizes, strict=True))
+            if self.shape.dp_shard > 0
+            else None,
+            "units": self._units,
+            "reshard_after_forward": self.reshard_after_forward,
+            "cpu_offload": self.cpu_offload and self.device.type == "cuda",
+            "activation_checkpointing": self.activation_checkpointing,
+        }
+
+
+def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` whose activations are recomputed in the backward instead of kept."""
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run

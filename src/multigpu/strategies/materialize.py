@@ -1,0 +1,183 @@
+"""Models built on the meta device (``ctx.init_module()``), made real: allocate, then initialise.
+
+A meta model holds no memory. ``materialize`` allocates each tensor where the strategy put it —
+whole on the device, or only this rank's shard after FSDP's ``fully_shard`` — then initialises it
+with its module's own ``reset_parameters()``. The initial values are drawn on the CPU into a
+whole, temporary copy of one module's tensors at a time and this rank's piece is copied out, so:
+
+- the weights are the ones ``model = Net()`` would have drawn with the same seed, whatever the
+  world size and strategy (children are initialised before their parent, in registration order,
+  as their constructors ran); DTensor's own random ops cannot promise that on CPU processes,
+  where they even give every shard the same values;
+- the peak memory is one module's tensors whole, never the model's.
+
+Every module that owns parameters or buffers must have ``reset_parameters()`` (torch's layers
+do; ``nn.MultiheadAttention``'s ``_reset_parameters`` counts): anything else would be left as
+uninitialised memory, so it is refused before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from multigpu.errors import UsageError
+from multigpu.torch_compat import distribute_like, is_dtensor
+
+log = logging.getLogger(__name__)
+
+
+def has_meta_tensors(module: nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` is on the meta device.
+
+    Example:
+        >>> with torch.device("meta"):
+        ...     net = nn.Linear(2, 2)
+        >>> has_meta_tensors(net), has_meta_tensors(nn.Linear(2, 2))
+        (True, False)
+    """
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+def _post_order(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+    seen: set[int] = set()
+
+    def walk(mod: nn.Module, path: str) -> Iterator[tuple[str, nn.Module]]:
+        if id(mod) in seen:
+            return
+        seen.add(id(mod))
+        for name, child in mod.named_children():
+            yield from walk(child, f"{path}.{name}" if path else name)
+        yield path, mod
+
+    yield from walk(module, prefix)
+
+
+def _own_tensors(module: nn.Module) -> list[tuple[str, str]]:
+    """(kind, name) of the parameters and buffers ``module`` registers itself."""
+    return [("param", n) for n, p in module._parameters.items() if p is not None] + [
+        ("buffer", n) for n, b in module._buffers.items() if b is not None
+    ]
+
+
+def _initializer(module: nn.Module) -> Callable[[], object] | None:
+    for name in ("reset_parameters", "_reset_parameters"):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def check_initializable(module: nn.Module) -> None:
+    """Refuse a meta model some of whose tensors no ``reset_parameters()`` would initialise.
+
+    Raises:
+        UsageError: naming the modules (and their tensors) that lack one.
+    """
+    lacking = [
+        f"{path or '<root>'} ({type(mod).__name__}: {', '.join(n for _, n in own)})"
+        for path, mod in _post_order(module)
+        if (own := _own_tensors(mod)) and _initializer(mod) is None
+    ]
+    if lacking:
+        more = f"; and {len(lacking) - 4} more" if len(lacking) > 4 else ""
+        shown = "; ".join(lacking[:4]) + more
+        raise UsageError(
+            f"the model was built on the meta device (ctx.init_module()), but these modules own "
+            f"tensors and have no reset_parameters() to initialise them: {shown}; give each a "
+            "reset_parameters() that sets its own tensors, or build the model outside "
+            "ctx.init_module()"
+        )
+
+
+def materialize(module: nn.Module, device: torch.device) -> None:
+    """Allocate ``module``'s meta tensors on ``device`` (shards for DTensors) and initialise them.
+
+    Call it after the module is wrapped or sharded: only what this rank holds is allocated.
+    Initial values come from the CPU generator, drawn as ``reset_parameters()`` would draw them
+    in a plain one-process build (see the module doc).
+
+    Raises:
+        UsageError: a module owns tensors but has no ``reset_parameters()``.
+    """
+    check_initializable(module)
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for _path, mod in _post_order(module):
+            own = _own_tensors(mod)
+            if own:
+                _initialise_whole(mod, own)
+
+
+def _initialise_whole(module: nn.Module, own: list[tuple[str, str]]) -> None:
+    """Run ``module``'s initialiser on whole CPU copies of its tensors; copy this rank's part in."""
+    tables: dict[str, dict[str, Any]] = {"param": module._parameters, "buffer": module._buffers}
+    live: dict[str, Any] = {}
+    for kind, name in own:
+        tensor = tables[kind][name]
+        live[name] = tensor
+        whole = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        if kind == "param":
+            tables[kind][name] = nn.Parameter(whole, requires_grad=tensor.requires_grad)
+        else:
+            tables[kind][name] = whole
+    try:
+        init = _initializer(module)
+        assert init is not None  # check_initializable ran first
+        init()
+        for kind, name in own:
+            whole = tables[kind][name].detach()
+            target = live[name]
+            if is_dtensor(target):
+                target.to_local().copy_(distribute_like(whole, target))
+            else:
+                target.copy_(whole)
+    finally:
+        for kind, name in own:
+            tables[kind][name] = live[name]
+
+
+def place(module: nn.Module, device: torch.device) -> nn.Module:
+    """``module`` on ``device``: moved, or materialized there when it was built on meta."""
+    if has_meta_tensors(module):
+        materialize(module, device)
+        return module
+    return module.to(device)
+
+
+class MetaRng:
+    """Makes a materialized model's values those an eager build would have drawn.
+
+    ``ctx.init_module()`` calls ``remember()`` as the model is built (on meta: nothing drawn);
+    ``ctx.setup`` initialises inside ``drawing(model)``, from the remembered RNG state — the
+    state an eager build would have started from. When nothing was drawn in between, the
+    generator ends where the eager build would have left it, so the rest of the run (data
+    order, dropout) is the same too; otherwise the draws made in between are kept.
+    """
+
+    def __init__(self) -> None:
+        self._at_build: torch.Tensor | None = None
+
+    def remember(self) -> None:
+        """Note the CPU generator's state at the start of a meta build."""
+        self._at_build = torch.get_rng_state()
+
+    @contextlib.contextmanager
+    def drawing(self, model: nn.Module) -> Iterator[None]:
+        """Run the block (which materializes ``model``) from the remembered state, if any."""
+        remembered, self._at_build = self._at_build, None
+        if remembered is None or not has_meta_tensors(model):
+            yield
+            return
+        now = torch.get_rng_state()
+        torch.set_rng_state(remembered)
+        try:
+            yield
+        finally:
+            if not torch.equal(now, remembered):
+                torch.set_rng_state(now)

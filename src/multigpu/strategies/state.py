@@ -1,0 +1,87 @@
+"""Model and optimizer state of any wrapping, through ``torch.distributed.checkpoint.state_dict``.
+
+``get_model_state_dict`` / ``get_optimizer_state_dict`` already know DDP, FSDP2, ``torch.compile``
+and plain modules: keys are the plain model's parameter names (no ``module.``), optimizer state
+is keyed by those names too (not by position), and FSDP's tensors stay sharded (DTensors) unless
+a full state dict is asked for. So a state saved under one strategy loads under another.
+
+One thing the torch functions do that a checkpoint must not: an optimizer that has not stepped
+yet gets its state *created* (a zero-gradient step, Adam's ``step`` becoming 1), which would
+change the run that saved it. An optimizer without state is saved as its hyperparameters only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from multigpu.wrappers import unwrap_module
+
+_PARAMS = "params"
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """The model's state: plain tensors, or this rank's shards (DTensors) under FSDP."""
+    return get_model_state_dict(unwrap_module(model))
+
+
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """The whole model's state on the CPU, on rank 0 (collective under FSDP; other ranks get {}).
+
+    Without a process group (one process) it is every tensor, on the CPU.
+    """
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(unwrap_module(model), options=options)
+
+
+def optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
+) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter name (``{"state": ..., "param_groups": ...}``).
+
+    An optimizer that has not stepped yet gives ``{"state": {}, "param_groups": [...]}`` (names
+    in ``params``) without touching it — unless ``initialise``: then its state is created (to
+    have tensors of the right shapes to load a saved state into).
+    """
+    if not optimizer.state and not initialise:
+        return {"state": {}, "param_groups": _groups_by_name(model, optimizer)}
+    return get_optimizer_state_dict(unwrap_module(model), optimizer)
+
+
+def _groups_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    names = {id(p): n for n, p in unwrap_module(model).named_parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        hyper = {k: v for k, v in group.items() if k != _PARAMS}
+        groups.append({**hyper, _PARAMS: [names[id(p)] for p in group[_PARAMS]]})
+    return groups
+
+
+def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
+    """Load ``state`` (plain tensors or shards, as ``model_state`` gives) into ``model``."""
+    set_model_state_dict(unwrap_module(model), dict(state))
+
+
+def load_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
+) -> None:
+    """Load ``state`` (as ``optimizer_state`` gives) into ``optimizer``.
+
+    A saved optimizer without state restores its hyperparameters and leaves it without state.
+    """
+    if not state.get("state"):
+        optimizer.state.clear()
+        for group, saved in zip(optimizer.param_groups, state["param_groups"], strict=True):
+            group.update({k: v for k, v in saved.items() if k != _PARAMS})
+        return
+    set_optimizer_state_dict(unwrap_module(model), optimizer, dict(state))
