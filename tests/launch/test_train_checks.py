@@ -1,21 +1,72 @@
-"""``multigpu train`` refuses a global batch the processes cannot share, before it starts."""
+"""``multigpu train`` picks its job by ``--model`` and refuses, before it starts, a global batch
+the processes cannot share."""
 
 from __future__ import annotations
+
+import importlib
+import shlex
 
 import pytest
 
 from multigpu.errors import UsageError
+from multigpu.examples import lm_options
 from multigpu.examples.digits import build_parser
+from multigpu.launch.cli import main
 from multigpu.launch.train import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_BATCH_SIZES,
+    MODEL_SUMMARIES,
+    TRAIN_MODULE,
+    TRAIN_MODULES,
     check_batch_size,
     check_checkpoint_options,
+    choose_model,
+    training_help,
 )
 from tests.launch._util import run_multigpu
 
 
 def test_launcher_default_matches_the_job():
     assert build_parser().get_default("batch_size") == DEFAULT_BATCH_SIZE
+
+
+def test_launcher_knows_each_jobs_module_and_default_batch_size():
+    assert TRAIN_MODULE == TRAIN_MODULES["digits"] == "multigpu.examples.digits"
+    parsers = {"digits": build_parser, "lm": lm_options.build_parser}
+    assert set(TRAIN_MODULES) == set(DEFAULT_BATCH_SIZES) == set(MODEL_SUMMARIES) == set(parsers)
+    for model, module in TRAIN_MODULES.items():
+        assert callable(importlib.import_module(module).main), module  # python -m runs it
+        assert parsers[model]().get_default("batch_size") == DEFAULT_BATCH_SIZES[model], model
+
+
+def test_model_option_chooses_the_job_and_is_not_passed_on():
+    assert choose_model(["--epochs", "2"]) == ("digits", ["--epochs", "2"])
+    assert choose_model(["--model", "lm", "--steps", "5"]) == ("lm", ["--steps", "5"])
+    assert choose_model(["--model=digits", "--model=lm"]) == ("lm", [])  # the last one wins
+    with pytest.raises(UsageError, match=r"--model gpt is not a built-in job; expected .*, lm"):
+        choose_model(["--model", "gpt"])
+    with pytest.raises(UsageError, match="--model without a name is not a built-in job"):
+        choose_model(["--steps", "5", "--model"])
+
+
+def test_dry_run_launches_the_chosen_module(capsys: pytest.CaptureFixture[str]):
+    assert main(["train", "--model", "lm", "--cpu", "2", "--dry-run", "--steps", "5"]) == 0
+    plan = dict(ln.split(":", 1) for ln in capsys.readouterr().out.splitlines() if ":" in ln)
+    assert shlex.split(plan["torchrun"])[-3:] == ["multigpu.examples.lm", "--steps", "5"]
+
+
+def test_batch_size_is_checked_against_the_chosen_jobs_default(capsys: pytest.CaptureFixture[str]):
+    check_batch_size([], 64)  # digits: 64 per step
+    with pytest.raises(UsageError, match="--batch-size 32 .* 64 processes"):
+        check_batch_size([], 64, "lm")
+    assert main(["train", "--model", "lm", "--cpu", "3", "--dry-run"]) == 2
+    assert "--batch-size 32 is not divisible by the 3 processes" in capsys.readouterr().err
+
+
+def test_help_lists_the_models_and_the_chosen_jobs_options():
+    text = training_help("lm")
+    assert "--model {digits,lm}" in text and "the options of --model lm" in text
+    assert "--n-layer" in text and "--epochs" not in text
 
 
 @pytest.mark.parametrize(

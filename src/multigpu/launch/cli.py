@@ -136,7 +136,8 @@ def build_train_parser() -> argparse.ArgumentParser:
         add_help=False,
         allow_abbrev=False,
         usage=f"{PROG} train [launch options] [training options]",
-        description=f"Train the built-in digits CNN ({TRAIN_MODULE}) through the launcher. "
+        description=f"Train a built-in job through the launcher: --model digits (the default, "
+        f"{TRAIN_MODULE}) or --model lm (a small GPT). "
         "Launch options are listed here; any other option goes to the job. --strategy dp runs "
         "ONE process that sees all chosen GPUs (DataParallel).",
     )
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a script on all devices",
         description=run.description,
     )
-    sub.add_parser("train", help="train the built-in digits example (see 'multigpu train --help')")
+    sub.add_parser("train", help="train a built-in example, digits or lm (see 'multigpu train -h')")
     sub.add_parser(
         "verify",
         help="check that a script gives the same results at every world size "
@@ -206,8 +207,10 @@ def _train(argv: Sequence[str]) -> int:
     from multigpu.launch.options import parse_nnodes
     from multigpu.launch.run import run_command
     from multigpu.launch.train import (
+        TRAIN_MODULES,
         check_batch_size,
         check_checkpoint_options,
+        choose_model,
         split_launch_args,
         training_help,
         wants_one_process,
@@ -215,12 +218,16 @@ def _train(argv: Sequence[str]) -> int:
 
     parser = build_train_parser()
     launch_argv, job_argv = split_launch_args(argv, parser._actions)
+    model, job_argv = choose_model(job_argv)  # --model digits (default) | lm
     ns = parser.parse_args(launch_argv)
     if ns.help:
-        sys.stdout.write(parser.format_help() + "\ntraining options:\n" + training_help())
+        sys.stdout.write(parser.format_help() + "\ntraining options:\n" + training_help(model))
         return 0
     options = options_from_namespace(
-        ns, script=TRAIN_MODULE, script_args=job_argv, one_process=wants_one_process(job_argv)
+        ns,
+        script=TRAIN_MODULES[model],
+        script_args=job_argv,
+        one_process=wants_one_process(job_argv),
     )
     with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
 
@@ -228,7 +235,7 @@ def _train(argv: Sequence[str]) -> int:
         check_checkpoint_options(job_argv)
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
         if low == high:  # an elastic node count has no fixed world size to check against
-            check_batch_size(job_argv, plan.nproc_per_node * low)
+            check_batch_size(job_argv, plan.nproc_per_node * low, model)
 
     return run_command(dataclasses.replace(options, torchrun=with_module), check=check)
 

@@ -1,8 +1,10 @@
-"""``multigpu train``: the built-in digits job through the same launcher.
+"""``multigpu train``: a built-in job (``--model digits``, default, or ``lm``) via the launcher.
 
 The command line mixes launch options (``--cpu 2``, ``--max-restarts 1``) and training options
-(``--epochs 3``); launch options are taken out by name, everything else goes to the job
-unchanged and in order.
+(``--epochs 3``); launch options are taken out by name, ``--model`` chooses the job's module, and
+everything else goes to the job unchanged and in order. The launcher never imports a job: what
+it needs to know of one (its module, its default batch size) is written here, and tests keep it
+equal to the job's own parser.
 
 Environment variables read: none here (the job's ``--help`` runs with the user's environment).
 """
@@ -14,11 +16,28 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 from multigpu.errors import UsageError
 
-TRAIN_MODULE = "multigpu.examples.digits"
-"""The module ``multigpu train`` launches (``torchrun --module``)."""
+TRAIN_MODULES = MappingProxyType(
+    {"digits": "multigpu.examples.digits", "lm": "multigpu.examples.lm"}
+)
+"""The module ``multigpu train --model NAME`` launches (``torchrun --module``)."""
+
+DEFAULT_MODEL = "digits"
+"""The job of ``multigpu train`` without ``--model``."""
+
+TRAIN_MODULE = TRAIN_MODULES[DEFAULT_MODEL]
+"""The module ``multigpu train`` launches without ``--model``."""
+
+MODEL_SUMMARIES = MappingProxyType(
+    {
+        "digits": "a small CNN on scikit-learn's handwritten digits (the default)",
+        "lm": "a small GPT on the bytes of Python's standard library (--strategy fsdp shards it)",
+    }
+)
+"""One line on each built-in job, for ``multigpu train --help``."""
 
 TRAIN_DESTS = frozenset(
     {
@@ -79,8 +98,46 @@ def split_launch_args(
     return launch, job
 
 
-DEFAULT_BATCH_SIZE = 64
-"""The job's default ``--batch-size`` (kept equal to the job's parser by a test)."""
+DEFAULT_BATCH_SIZES = MappingProxyType({"digits": 64, "lm": 32})
+"""Each job's default ``--batch-size`` (kept equal to the job's parser by a test)."""
+
+DEFAULT_BATCH_SIZE = DEFAULT_BATCH_SIZES[DEFAULT_MODEL]
+"""The default job's default ``--batch-size``."""
+
+
+def choose_model(job_args: Sequence[str]) -> tuple[str, list[str]]:
+    """The job ``--model`` names (default digits) and the job's arguments without ``--model``.
+
+    Raises:
+        UsageError: ``--model`` without a value, or a name that is not a built-in job.
+
+    Example:
+        >>> choose_model(["--steps", "5", "--model", "lm"])
+        ('lm', ['--steps', '5'])
+    """
+    model = DEFAULT_MODEL
+    rest: list[str] = []
+    i = 0
+    while i < len(job_args):
+        token = job_args[i]
+        if token == "--model" or token.startswith("--model="):
+            if "=" in token:
+                model = token.split("=", 1)[1]
+            elif i + 1 < len(job_args):
+                model, i = job_args[i + 1], i + 1
+            else:
+                model = ""
+            if model not in TRAIN_MODULES:
+                given = f"--model {model}" if model else "--model without a name"
+                raise UsageError(
+                    f"{given} is not a built-in job; expected one of {', '.join(TRAIN_MODULES)} "
+                    "(e.g. multigpu train --model lm --cpu 2); run your own script with "
+                    "multigpu run"
+                )
+        else:
+            rest.append(token)
+        i += 1
+    return model, rest
 
 
 def option_value(job_args: Sequence[str], name: str) -> str | None:
@@ -99,8 +156,10 @@ def option_value(job_args: Sequence[str], name: str) -> str | None:
     return value
 
 
-def check_batch_size(job_args: Sequence[str], processes: int) -> None:
+def check_batch_size(job_args: Sequence[str], processes: int, model: str = DEFAULT_MODEL) -> None:
     """Refuse, before anything starts, a global ``--batch-size`` the processes cannot share.
+
+    Without ``--batch-size`` in ``job_args`` it checks ``model``'s default batch size.
 
     Raises:
         UsageError: the batch size does not divide by the number of processes.
@@ -110,7 +169,7 @@ def check_batch_size(job_args: Sequence[str], processes: int) -> None:
     """
     value = option_value(job_args, "--batch-size")
     try:
-        batch = int(value) if value is not None else DEFAULT_BATCH_SIZE
+        batch = int(value) if value is not None else DEFAULT_BATCH_SIZES[model]
     except ValueError:
         return  # the job's own parser says what is wrong with it
     if batch > 0 and batch % processes:
@@ -182,14 +241,21 @@ def wants_one_process(job_args: Sequence[str]) -> bool:
     return False
 
 
-def training_help() -> str:
-    """The job's own ``--help`` text (its training options), run in a child interpreter.
+def training_help(model: str = DEFAULT_MODEL) -> str:
+    """``--model``'s choices, then the job's own ``--help`` (its training options) run in a child.
 
     A child, because launch/ must not import the job (and with it the whole library) itself.
     """
+    pad = " " * 24  # argparse's column of option help
+    choice = (
+        f"  --model {{{','.join(TRAIN_MODULES)}}}   the built-in job; below: the options of "
+        f"--model {model}\n"
+        + "".join(f"{pad}{name}: {line}\n" for name, line in MODEL_SUMMARIES.items())
+        + "\n"
+    )
     try:
         done = subprocess.run(
-            [sys.executable, "-m", TRAIN_MODULE, "--help"],
+            [sys.executable, "-m", TRAIN_MODULES[model], "--help"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -199,4 +265,4 @@ def training_help() -> str:
         return f"(could not show the training options: {e})\n"
     if done.returncode != 0:
         return f"(could not show the training options: {done.stderr.strip()})\n"
-    return done.stdout
+    return choice + done.stdout

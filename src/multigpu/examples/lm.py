@@ -1,0 +1,198 @@
+"""A small GPT on the bytes of Python's own standard library: ``multigpu train --model lm``.
+
+Reads like nanoGPT on purpose: the model, then a training loop written against multigpu's public
+API as a user would write it. Run it through the launcher (``multigpu train --model lm --cpu 2
+[--strategy fsdp]``) or directly (``python -m multigpu.examples.lm``). The corpus needs no
+download (``lm_data``); options and checkpoints are in ``lm_options``, reports in ``lm_log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import multigpu
+from multigpu.examples import lm_data, lm_options
+from multigpu.examples.lm_log import RunLog
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """The shape of the model (defaults: the model of ``multigpu train --model lm``)."""
+
+    vocab_size: int = lm_data.VOCAB_SIZE
+    """Tokens are bytes."""
+    block_size: int = 64
+    """Context length in tokens."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block (must divide ``n_embd``)."""
+    n_embd: int = 128
+    """Width of the residual stream."""
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise multigpu.UsageError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; expected a "
+                f"width that is a multiple of the heads, e.g. {self.n_head * 32}"
+            )
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: the unit FSDP shards (``FSDPStrategy(blocks=(Block,))``)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, ``n_layer`` blocks, a final LayerNorm and a linear head.
+
+    Only torch's layers hold parameters, each with its ``reset_parameters()``, so the model
+    builds on ``torch.device("meta")`` and materializes by ``to_empty`` and those calls.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))  # logits (B, T, vocab)
+
+
+def build_model(**overrides: Any) -> GPT:
+    """The default model of ``multigpu train --model lm``, with ``GPTConfig`` fields overridden.
+
+    Example:
+        >>> with torch.device("meta"):
+        ...     sum(p.numel() for p in build_model(n_layer=2).parameters())
+        470528
+    """
+    return GPT(GPTConfig(**overrides))
+
+
+@torch.no_grad()
+def evaluate(
+    ctx: multigpu.Context, model: nn.Module, windows: lm_data.Windows, batch_size: int
+) -> float:
+    """Mean cross-entropy (nats per byte) over ``windows``, each counted once at any world size."""
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64)  # (sum of losses, tokens) on this rank
+    for x, y in ctx.loader(windows, batch_size=batch_size, shuffle=False):
+        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten(), reduction="sum")
+        total += torch.tensor([float(loss), y.numel()], dtype=torch.float64)
+    model.train()
+    loss_sum, tokens = ctx.reduce(total).tolist()  # summed over ranks
+    return loss_sum / tokens
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train for ``args.steps`` optimizer steps; return the metrics (written to ``--out``)."""
+    strategy = lm_options.strategy(args, Block)  # FSDP: each Block is a unit of its own
+    with multigpu.init(strategy, seed=args.seed, precision=args.precision) as ctx:
+        corpus = lm_data.load_corpus(int(args.corpus_mb * 1e6))
+        lm_options.check_data(ctx, args, corpus)  # the same on every rank, and enough
+        train_set = lm_data.Windows(corpus.train, args.block_size)
+        val_set = lm_data.evenly_spaced(
+            corpus.val, args.block_size, args.eval_windows, ctx.world_size
+        )
+        baseline = lm_data.unigram_baseline(corpus.train, corpus.val)
+        with ctx.init_module():  # on the meta device: setup() allocates what this rank holds
+            model = build_model(**lm_options.model_shape(args))  # --n-layer, --n-embd, ...
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
+        model, optimizer = ctx.setup(model, optimizer)  # wraps (DDP, FSDP), re-points optimizer
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lm_options.warmup_cosine(args))
+        loader = ctx.loader(
+            train_set, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps
+        )
+        ckpt, step = lm_options.checkpointer(
+            ctx, args, model=model, optimizer=optimizer, schedule=schedule, loader=loader
+        )
+        run = RunLog(ctx, args, baseline, corpus, start_step=step)
+        ctx.print(run.header(ctx.unwrap(model), loader.batch_size))
+        batches = lm_data.forever(loader)  # epoch after epoch, each in its own order
+        while step < args.steps:
+            x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)
+            with ctx.accumulate(model):  # gradients synchronized on the last micro-batch only
+                loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+                ctx.backward(loss)
+                ctx.clip_grad_norm(model, optimizer, 1.0)
+                stepped = ctx.step(optimizer)
+            run.add(loss.detach())
+            if not stepped:
+                continue
+            schedule.step()
+            step += 1
+            if ckpt is not None:
+                ckpt.step()  # saves every --checkpoint-every steps
+            if step % args.eval_every == 0 or step == args.steps:
+                run.pause()  # evaluation is not training time
+                run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
+        if ckpt is not None:
+            ckpt.close()
+        if not run.history:  # resumed at the last step: nothing left to train, still evaluate
+            run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
+        state = ctx.full_state_dict(model)  # gathered from the shards under FSDP (collective)
+        if ctx.is_main and args.out:
+            run.write(Path(args.out), state)  # model.pt and metrics.json, each atomically
+        ctx.print(run.summary())
+    return run.metrics()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m multigpu.examples.lm``: exit 0, or 2 on a usage error."""
+    return lm_options.run(train, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The corpus of ``multigpu train --model lm``: bytes of the Python standard library's own source.
+
+Offline and free: every Python installation carries its standard library's ``.py`` files. The
+corpus is their first ``size`` bytes in a fixed walk order (a directory's files by name, then
+its sub-directories by name; ``site-packages`` and ``__pycache__`` left out), so it is the same
+on every run and every rank of one installation; another Python version gives another corpus
+(``Corpus.sha256`` tells them apart). Tokens are bytes: a vocabulary of 256, no tokenizer.
+
+The last ``val_fraction`` of the bytes is the validation split, taken once, whatever the seed.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch.utils.data import Dataset
+
+from multigpu.errors import UsageError
+
+T = TypeVar("T")
+
+VOCAB_SIZE = 256
+"""Bytes are the tokens."""
+
+SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+"""Directories of the standard library that are not its own source."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Corpus:
+    """A byte corpus split once into train and validation bytes."""
+
+    train: torch.Tensor
+    """Training bytes, ``uint8``."""
+    val: torch.Tensor
+    """Validation bytes (the corpus' tail), ``uint8``."""
+    files: int
+    """Number of source files the bytes came from."""
+    sha256: str
+    """Digest of all the bytes, to check that every rank reads the same corpus."""
+
+
+def stdlib_sources(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Every ``.py`` file under ``root`` (default: this Python's standard library), in walk order.
+
+    Example:
+        >>> stdlib_sources()[0].name
+        '__future__.py'
+    """
+    top = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
+    found: list[Path] = []
+    for directory, subdirs, names in os.walk(top):
+        subdirs[:] = sorted(d for d in subdirs if d not in SKIPPED_DIRS)  # walk order, pruned
+        found.extend(Path(directory, n) for n in sorted(names) if n.endswith(".py"))
+    return found
+
+
+def load_corpus(
+    size: int, *, val_fraction: float = 0.1, root: str | os.PathLike[str] | None = None
+) -> Corpus:
+    """The first ``size`` bytes of ``stdlib_sources(root)``, split into (train, validation).
+
+    Raises:
+        UsageError: ``size`` or ``val_fraction`` out of range, or fewer bytes than asked for.
+
+    Example:
+        >>> c = load_corpus(10_000)
+        >>> len(c.train), len(c.val)
+        (9000, 1000)
+    """
+    if size < 2 or not 0.0 < val_fraction < 1.0:
+        raise UsageError(
+            f"a corpus of {size} bytes with val_fraction={val_fraction}; expected at least 2 "
+            "bytes (--corpus-mb) and a fraction between 0 and 1"
+        )
+    chunks: list[bytes] = []
+    have = files = 0
+    for path in stdlib_sources(root):
+        if have >= size:
+            break
+        text = path.read_bytes()[: size - have]
+        chunks.append(text)
+        have += len(text)
+        files += 1
+    if have < size:
+        raise UsageError(
+            f"a corpus of {size} bytes was asked for, but the sources hold {have} bytes; "
+            f"expected at most --corpus-mb {math.floor(have / 1e5) / 10} on this Python"
+        )
+    raw = b"".join(chunks)
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    cut = size - max(1, round(size * val_fraction))
+    return Corpus(
+        train=data[:cut], val=data[cut:], files=files, sha256=hashlib.sha256(raw).hexdigest()
+    )
+
+
+def unigram_baseline(train: torch.Tensor, val: torch.Tensor) -> float:
+    """Cross-entropy (nats per byte) of predicting each ``val`` byte by ``train``'s byte counts.
+
+    The best a model that ignores context can do: ``-mean(log q[b])`` over the validation bytes
+    ``b``, with ``q`` the training frequencies plus one (add-one smoothing: a byte absent from
+    training costs ``log(n + 256)`` instead of infinity).
+
+    Example:
+        >>> round(unigram_baseline(torch.tensor([0] * 254, dtype=torch.uint8),
+        ...                        torch.tensor([0], dtype=torch.uint8)), 6)  # q[0] = 255/510
+        0.693147
+    """
+    counts = torch.bincount(train.long(), minlength=VOCAB_SIZE).double() + 1.0
+    log_q = counts.log() - math.log(float(counts.sum()))
+    seen = torch.bincount(val.long(), minlength=VOCAB_SIZE).double()
+    return float(-(seen * log_q).sum() / seen.sum())
+
+
+class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Non-overlapping windows of ``block_size`` bytes: window ``i`` -> (x, y = x shifted by one).
+
+    Map-style with a fixed length, so ``ctx.loader`` deals the same global order of windows
+    at every world size. ``indices`` keeps only those windows (e.g. an evaluation subset).
+
+    Example:
+        >>> x, y = Windows(torch.arange(10, dtype=torch.uint8), 4)[1]
+        >>> x.tolist(), y.tolist()
+        ([4, 5, 6, 7], [5, 6, 7, 8])
+    """
+
+    def __init__(
+        self, data: torch.Tensor, block_size: int, indices: list[int] | None = None
+    ) -> None:
+        if block_size < 1 or len(data) < block_size + 1:
+            raise ValueError(
+                f"{len(data)} bytes cannot make a window of {block_size} (+1) bytes; expected "
+                "a smaller block size or more data"
+            )
+        self.data = data
+        self.block_size = block_size
+        count = (len(data) - 1) // block_size
+        self.indices = list(range(count)) if indices is None else list(indices)
+        if any(not 0 <= i < count for i in self.indices):
+            raise ValueError(f"window indices must lie in [0, {count})")
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.indices[i] * self.block_size
+        chunk = self.data[start : start + self.block_size + 1].long()
+        return chunk[:-1], chunk[1:]
+
+
+def evenly_spaced(data: torch.Tensor, block_size: int, count: int, multiple_of: int) -> Windows:
+    """``count`` windows spread evenly over ``data`` (all of them if fewer), rounded down to a
+    multiple of ``multiple_of``: then every rank evaluates the same number of batches, which
+    sharded models need (each forward all-gathers the parameters, a collective).
+
+    Example:
+        >>> len(evenly_spaced(torch.zeros(101, dtype=torch.uint8), 10, count=5, multiple_of=2))
+        4
+    """
+    every = Windows(data, block_size)
+    total = len(every)
+    take = min(count, total)
+    take -= take % multiple_of
+    if take < 1:
+        raise ValueError(
+            f"{total} validation windows cannot give every one of {multiple_of} ranks one; "
+            "expected a larger corpus or a smaller block size"
+        )
+    return Windows(data, block_size, [i * total // take for i in range(take)])
+
+
+def forever(loader: Iterable[T]) -> Iterator[T]:
+    """The loader's batches, pass after pass (a training run counted in steps, not epochs).
+
+    Example:
+        >>> from itertools import islice
+        >>> list(islice(forever([1, 2]), 5))
+        [1, 2, 1, 2, 1]
+    """
+    while True:
+        yield from loader

@@ -1,0 +1,252 @@
+"""The options of ``multigpu train --model lm`` and what they turn into: a strategy, a checkpointer.
+
+Kept out of ``lm.py`` so that the example file shows the model and the training loop only.
+
+Environment variables read: ``RANK`` (only rank 0 prints a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+import multigpu
+from multigpu.context import Context
+from multigpu.examples.lm_data import Corpus
+
+DEFAULT_BATCH_SIZE = 32
+"""Sequences per optimizer step, over all processes (the launcher checks it divides)."""
+
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The training options of the LM job.
+
+    Example:
+        >>> build_parser().parse_args(["--strategy", "fsdp"]).n_layer
+        4
+    """
+    p = argparse.ArgumentParser(
+        prog="multigpu train --model lm",
+        allow_abbrev=False,
+        description="Train a small GPT on the bytes of Python's standard library (no download) "
+        "on all local devices; prints train and validation loss (nats per byte) beside the "
+        "unigram baseline, and tokens/s.",
+    )
+    add = p.add_argument
+    add("--steps", type=_positive(int), default=400, help="optimizer steps (400)")
+    add(
+        "--batch-size",
+        type=_positive(int),
+        default=DEFAULT_BATCH_SIZE,
+        help=f"GLOBAL sequences per optimizer step, split over processes ({DEFAULT_BATCH_SIZE})",
+    )
+    add("--block-size", type=_positive(int), default=64, help="context length in bytes (64)")
+    add("--n-layer", type=_positive(int), default=4, help="transformer blocks (4)")
+    add("--n-head", type=_positive(int), default=4, help="attention heads (4)")
+    add("--n-embd", type=_positive(int), default=128, help="model width (128)")
+    add(
+        "--lr",
+        type=_positive(float),
+        default=2e-3,
+        help="AdamW peak learning rate, after a linear warm-up, cosine-decayed to a tenth (2e-3)",
+    )
+    add("--seed", type=int, default=0, help="seed for every RNG and the data order (0)")
+    add(
+        "--accumulation-steps",
+        type=_positive(int),
+        default=1,
+        help="micro-batches per optimizer step (the global batch stays --batch-size)",
+    )
+    add("--precision", choices=("32", "bf16-mixed"), default="32", help="32 or bf16-mixed")
+    add(
+        "--strategy",
+        choices=STRATEGIES,
+        default="auto",
+        help="auto (ddp above one process), single, ddp, or fsdp (each Block a shard unit)",
+    )
+    add(
+        "--activation-checkpointing",
+        action="store_true",
+        help="with --strategy fsdp: recompute each block's activations in backward",
+    )
+    add(
+        "--corpus-mb",
+        type=_positive(float),
+        default=4.0,
+        help="MB of standard-library source to read; the last 10%% is validation (4)",
+    )
+    add("--eval-every", type=_positive(int), default=100, help="evaluate every N steps (100)")
+    add(
+        "--eval-windows",
+        type=_positive(int),
+        default=256,
+        help="validation windows per evaluation, spread evenly over the split (256)",
+    )
+    add("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
+    add(
+        "--checkpoint-every",
+        type=_positive(int),
+        help="save a checkpoint every N steps (to --checkpoint-dir or OUT/checkpoints)",
+    )
+    add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
+    add("--keep-checkpoints", type=_positive(int), default=3, help="newest checkpoints kept (3)")
+    add(
+        "--resume",
+        default="auto",
+        help="auto: continue from the newest complete checkpoint (default); never: start over "
+        "(refused if checkpoints exist); or the path of one checkpoint",
+    )
+    add(
+        "--progress",
+        choices=("lines", "off"),
+        default="lines",
+        help="lines: one line per evaluation (default); off: the summary only",
+    )
+    return p
+
+
+def model_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The ``GPTConfig`` fields the options set.
+
+    Example:
+        >>> model_shape(build_parser().parse_args(["--n-layer", "2"]))["n_layer"]
+        2
+    """
+    return {k: getattr(args, k) for k in ("block_size", "n_layer", "n_head", "n_embd")}
+
+
+def strategy(args: argparse.Namespace, block: type[nn.Module]) -> Any:
+    """``--strategy`` as ``multigpu.init`` takes it: FSDP shards each ``block`` on its own.
+
+    Raises:
+        multigpu.UsageError: ``--activation-checkpointing`` without ``--strategy fsdp``.
+    """
+    if args.strategy != "fsdp":
+        if args.activation_checkpointing:
+            raise multigpu.UsageError(
+                f"--activation-checkpointing is an option of FSDP sharding, not of --strategy "
+                f"{args.strategy}; add --strategy fsdp or leave it out"
+            )
+        return args.strategy
+    return multigpu.FSDPStrategy(
+        blocks=(block,), activation_checkpointing=args.activation_checkpointing
+    )
+
+
+def checkpointer(ctx: Context, args: argparse.Namespace, **objects: Any) -> tuple[Any, int]:
+    """The checkpointer of ``--checkpoint-every`` / ``--checkpoint-dir`` and the step to start at.
+
+    Raises:
+        multigpu.UsageError: checkpoint options that do not fit together (the launcher checks
+            the same before it starts anything; this is for ``python -m`` users).
+    """
+    directory = args.checkpoint_dir or (Path(args.out) / "checkpoints" if args.out else None)
+    if args.checkpoint_every is None and args.checkpoint_dir is None:
+        if args.resume not in ("auto", "never"):
+            raise multigpu.UsageError(
+                f"--resume {args.resume} needs checkpointing; expected --checkpoint-every N "
+                "(and --out or --checkpoint-dir)"
+            )
+        return None, 0
+    if directory is None:
+        raise multigpu.UsageError(
+            "--checkpoint-every was given without a place for the checkpoints; expected "
+            "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
+        )
+    every = args.checkpoint_every or args.steps  # only --checkpoint-dir: save at the end
+    ckpt = ctx.checkpointer(directory, every_steps=every, keep=args.keep_checkpoints, **objects)
+    if args.resume == "never":
+        latest = ckpt.latest()
+        if latest is not None:
+            raise multigpu.UsageError(
+                f"--resume never, but {directory} already holds {latest.name}; expected an "
+                "empty checkpoint directory: use --resume auto to continue that run, or "
+                "another --checkpoint-dir / --out"
+            )
+        return ckpt, 0
+    step = ckpt.resume(args.resume)
+    if step is not None:
+        ctx.print(
+            f"resumed from {args.resume if args.resume != 'auto' else ckpt.latest()} at step {step}"
+        )
+    return ckpt, step or 0
+
+
+def warmup_cosine(args: argparse.Namespace) -> Callable[[int], float]:
+    """The learning-rate factor of each step: a linear warm-up over the first 5 % of the steps,
+    then a cosine decay to a tenth of ``--lr`` at the last step (for ``LambdaLR``).
+
+    Example:
+        >>> f = warmup_cosine(argparse.Namespace(steps=100))
+        >>> [round(f(s), 3) for s in (0, 4, 5, 100)]
+        [0.2, 1.0, 1.0, 0.1]
+    """
+    steps = int(args.steps)
+    warmup = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def check_data(ctx: Context, args: argparse.Namespace, corpus: Corpus) -> None:
+    """Refuse to train on corpora that differ between ranks, or too small for the options.
+
+    Raises:
+        multigpu.UsageError: the ranks' corpus digests differ (nodes with different Pythons);
+            fewer training windows than one global batch; fewer validation windows than ranks.
+    """
+    digests = ctx.gather(corpus.sha256)
+    if len(set(digests)) > 1:
+        ranks = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise multigpu.UsageError(
+            f"ranks {ranks} read another corpus than rank 0 (a different Python standard "
+            "library); expected the same Python version on every node"
+        )
+    train = (len(corpus.train) - 1) // args.block_size
+    val = (len(corpus.val) - 1) // args.block_size
+    if train < args.batch_size or val < ctx.world_size:
+        raise multigpu.UsageError(
+            f"--corpus-mb {args.corpus_mb} gives {train} training and {val} validation windows "
+            f"of --block-size {args.block_size}; expected at least one --batch-size "
+            f"({args.batch_size}) and one per process ({ctx.world_size}): raise --corpus-mb or "
+            "lower --block-size / --batch-size"
+        )
+
+
+def run(train: Callable[[argparse.Namespace], Any], argv: list[str] | None) -> int:
+    """Parse ``argv`` and call ``train``: exit code 0, or 2 with one line on a usage error."""
+    args = build_parser().parse_args(argv)
+    try:
+        train(args)
+    except multigpu.UsageError as e:
+        if os.environ.get("RANK", "0") == "0":  # the same message on every rank: say it once
+            print(f"multigpu train: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{value} must be positive")
+        return value
+
+    return parse
