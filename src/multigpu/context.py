@@ -308,6 +308,7 @@ class Context(RankTools):
             drop_last=drop_last,
             accumulation_steps=accumulation_steps,
             device=self.device if move_to_device else None,
+            even_batches=self.strategy.forward_is_collective,
             **dataloader_kwargs,
         )
         loader.on_batch = self._steps.note_batch

@@ -137,7 +137,9 @@ class Mean(Metric):
                 f"weight of shape {tuple(w.shape)} does not broadcast to value of shape "
                 f"{tuple(v.shape)}; give a number or a tensor of the value's shape"
             ) from e
-        self._add(torch.stack([(v * w).sum(), w.sum()]))
+        # Weight 0 leaves no trace, even of a NaN value (the mean loss of an empty batch).
+        weighted = torch.where(w != 0, v * w, torch.zeros_like(v))
+        self._add(torch.stack([weighted.sum(), w.sum()]))
 
 
 class Sum(Metric):

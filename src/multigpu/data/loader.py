@@ -10,6 +10,14 @@ Progress is counted per batch *delivered to the loop*, not per batch the DataLoa
 with ``num_workers > 0`` the DataLoader pulls indices ahead, so ``state_dict()`` taken while
 holding a batch is exactly "everything up to and including this step".
 
+Even batches (``even_batches=True``, which ``ctx.loader`` sets under FSDP, whose forward is a
+collective): when the last step of a pass gives some ranks a batch fewer (evaluation keeps every
+sample once, so its split can be uneven), those ranks get an *empty* batch instead — the same
+structure with 0 rows — so every rank runs the same number of forwards and none waits forever.
+Nothing is duplicated: metrics count no sample from it (``Mean`` with ``weight=len(batch)``,
+``Accuracy``, ``Sum`` see 0 elements); a loss with ``reduction="mean"`` over it is NaN, so sum
+losses or weight them by the batch length.
+
 Randomness in workers: before each pass the DataLoader's ``generator`` is seeded from
 ``(seed, epoch, rank)``; torch draws the workers' base seed from it and seeds worker ``i`` (torch,
 ``random`` and NumPy) from ``base + i``, so augmentations are reproducible per
@@ -92,6 +100,19 @@ def _plain_cpu_batch(batch: Any) -> bool:
     return True
 
 
+def _rows(batch: Any, n: int) -> Any:
+    """``batch`` with only its first ``n`` rows (tensors sliced, containers rebuilt)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:n]
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _rows(v, n) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_rows(v, n) for v in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(_rows(v, n) for v in batch)
+    return batch
+
+
 class DistributedLoader:
     """Iterate this rank's shard of ``dataset`` through a ``torch.utils.data.DataLoader``.
 
@@ -99,6 +120,7 @@ class DistributedLoader:
         dataset: a map-style dataset of ``sampler.num_samples`` samples.
         sampler: this rank's ``ShardSampler``; the loader owns its progress from now on.
         device: when set, every batch is moved there (``non_blocking`` when ``pin_memory``).
+        even_batches: give ranks that run out a batch early an empty batch instead (FSDP).
         **dataloader_kwargs: passed to ``DataLoader`` (``num_workers``, ``collate_fn``,
             ``pin_memory``, ``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``...).
 
@@ -116,6 +138,7 @@ class DistributedLoader:
         sampler: ShardSampler,
         *,
         device: torch.device | str | None = None,
+        even_batches: bool = False,
         **dataloader_kwargs: Any,
     ) -> None:
         _check_options(dataloader_kwargs)
@@ -127,6 +150,8 @@ class DistributedLoader:
             )
         self.dataset = dataset
         self.sampler = sampler
+        self.even_batches = even_batches
+        """Ranks with a batch fewer get an empty one (see the module doc)."""
         self.device = torch.device(device) if device is not None else None
         self._non_blocking = bool(dataloader_kwargs.get("pin_memory", False))
         self._generator = torch.Generator()
@@ -171,6 +196,8 @@ class DistributedLoader:
 
     def __len__(self) -> int:
         """This rank's number of batches left in the current epoch."""
+        if self.even_batches:
+            return max(self.sampler.rank_num_batches())
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
@@ -180,6 +207,8 @@ class DistributedLoader:
         self._generator.manual_seed(derive_seed(sampler.seed, sampler.epoch, sampler.rank))
         on_cpu = device is not None and device.type == "cpu"
         handed_out = 0
+        every = max(sampler.rank_num_batches()) if self.even_batches else 0
+        batch: Any = None
         for batch, mark in zip(self.dataloader, marks, strict=True):
             # A batch already on the CPU (the default collate's list of CPU tensors) needs no
             # walk through move_to_device: checking costs a fraction of it, at every step.
@@ -191,7 +220,16 @@ class DistributedLoader:
             if self.on_batch is not None:
                 self.on_batch(self)
             yield batch
+        for _ in range(every - handed_out):  # ranks a batch short: the same number of forwards
+            yield self._empty_batch(batch)
         sampler._finish_pass(handed_out)
+
+    def _empty_batch(self, like: Any) -> Any:
+        """A batch of 0 rows shaped like ``like`` (or like the dataset's first sample)."""
+        if like is None:
+            like = self.dataloader.collate_fn([self.dataset[0]])
+        empty = _rows(like, 0)
+        return move_to_device(empty, self.device) if self.device is not None else empty
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's portable progress (see ``ShardSampler.state_dict``)."""
@@ -213,6 +251,7 @@ def make_loader(
     drop_last: bool | None = None,
     accumulation_steps: int = 1,
     device: torch.device | str | None = None,
+    even_batches: bool = False,
     **dataloader_kwargs: Any,
 ) -> DistributedLoader:
     """Build the loader of this rank; ``batch_size`` is the GLOBAL batch per optimizer step.
@@ -253,4 +292,6 @@ def make_loader(
         sampler.batch_size,
         len(sampler),
     )
-    return DistributedLoader(dataset, sampler, device=device, **dataloader_kwargs)
+    return DistributedLoader(
+        dataset, sampler, device=device, even_batches=even_batches, **dataloader_kwargs
+    )

@@ -151,6 +151,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if checkpointer is not None:
             checkpointer.close()
         history = run.history
+        whole = ctx.full_state_dict(model)  # every rank: under FSDP it gathers the shards
         metrics = {
             "test_accuracy": history[-1]["test_accuracy"],
             "world_size": ctx.world_size,
@@ -169,13 +170,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             else None,
             "seconds": round(time.perf_counter() - started, 3),
             "final_loss": history[-1]["loss"],
-            "param_sha256": parameter_sha256(ctx.unwrap(model)),
+            "param_sha256": parameter_sha256(whole),
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "resumed_from_step": resumed,
             "history": history,
         }
         if ctx.is_main:
-            _write_outputs(ctx, model, metrics, args)
+            _write_outputs(ctx, whole, metrics, args)
         ctx.print(
             f"test accuracy {metrics['test_accuracy']:.4f} on {ctx.world_size} process(es) in "
             f"{metrics['seconds']:.1f} s ({metrics['samples_per_second']:.0f} samples/s)"
@@ -183,16 +184,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
-def _strategy(args: argparse.Namespace) -> str | DDPStrategy:
+def _strategy(args: argparse.Namespace) -> str | DDPStrategy | None:
     """``--strategy``, as a ``DDPStrategy`` carrying ``--compression`` when that is given."""
-    if args.strategy in ("single", "dp") and args.compression not in (None, "none"):
+    if args.strategy in ("single", "dp", "fsdp") and args.compression not in (None, "none"):
         raise multigpu.UsageError(
             f"--compression {args.compression} compresses DDP's gradient all-reduce, which "
             f"--strategy {args.strategy} does not have; use --strategy ddp (or auto), or "
             "leave out --compression"
         )
-    if args.compression is None or args.strategy in ("single", "dp"):
-        return str(args.strategy)
+    if args.compression is None or args.strategy in ("single", "dp", "fsdp"):
+        return args.strategy  # type: ignore[no-any-return]
     return DDPStrategy(compression=args.compression)
 
 
@@ -292,11 +293,12 @@ def _progress(ctx: Context, mode: str) -> Any:
     return progress
 
 
-def _write_outputs(ctx: Context, model: nn.Module, metrics: dict[str, Any], args: Any) -> None:
+def _write_outputs(
+    ctx: Context, state: dict[str, torch.Tensor], metrics: dict[str, Any], args: Any
+) -> None:
     out = Path(args.out) if args.out else None
     save = Path(args.save) if args.save else (out / "model.pt" if out else None)
     if save is not None:
-        state = {k: v.detach().cpu() for k, v in ctx.unwrap(model).state_dict().items()}
         atomic_write(save, lambda fh: torch.save(state, fh))
         metrics["model_path"] = str(save)
         ctx.print(f"saved the model's state dict (unwrapped, CPU tensors) to {save}")
@@ -331,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategy",
         choices=STRATEGY_NAMES,
-        default="auto",
-        help="auto (ddp above one process), single, dp (legacy), ddp",
+        help="auto (ddp above one process), single, dp (legacy), ddp, fsdp (sharded); "
+        "default MULTIGPU_STRATEGY, else auto",
     )
     p.add_argument(
         "--compression",

@@ -74,8 +74,8 @@ class RunState:
         return run
 
 
-def parameter_sha256(model: nn.Module) -> str:
-    """SHA-256 over the names and raw bytes of ``model``'s state dict, in order.
+def parameter_sha256(state: nn.Module | Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over the names and raw bytes of a state dict (or a model's), in order.
 
     Two runs have bitwise-equal weights exactly when their checksums match, whatever the device.
 
@@ -84,7 +84,8 @@ def parameter_sha256(model: nn.Module) -> str:
         64
     """
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    tensors = state.state_dict() if isinstance(state, nn.Module) else state
+    for name, tensor in tensors.items():
         digest.update(name.encode())
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(str(flat.dtype).encode())

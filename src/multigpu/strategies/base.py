@@ -39,6 +39,9 @@ class Strategy(ABC):
     otherwise the Context wraps the model's forward in autocast."""
     needs_process_group: bool = False
     """True when the strategy needs a process group even for one process (FSDP's mesh)."""
+    forward_is_collective: bool = False
+    """True when the model's forward communicates (FSDP all-gathers): every rank must run the
+    same number of forwards, so evaluation loaders give a rank short of data an empty batch."""
     auto: bool = False
     """True when ``strategy="auto"`` chose it: ``ctx.setup`` may still switch to FSDP when the
     model does not fit a rank's memory under it."""

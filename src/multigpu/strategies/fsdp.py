@@ -74,6 +74,7 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     handles_precision = True
     needs_process_group = True
+    forward_is_collective = True
 
     def __init__(
         self,

@@ -1,0 +1,167 @@
+"""Module-level workers for the FSDP tests (run_distributed pickles them by name).
+
+Each worker runs several configurations one after another in the same process group (a process
+start costs ~4 s on 2 cores): every run reseeds and builds its own model, optimizer and loader,
+so it is the same run as in a process of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import multigpu
+from multigpu.examples.digits import DigitsCNN
+from multigpu.seed import seed_everything
+
+SAMPLES = 416
+BATCH = 32  # global
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block (causal attention + MLP), ~200k parameters at d=128."""
+
+    def __init__(self, d: int = 128, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        att = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """A small decoder-only LM over bytes: embeddings, 2 blocks, a head."""
+
+    def __init__(self, d: int = 128, layers: int = 2, block: int = 16) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(block, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, 256)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def _data(kind: str) -> TensorDataset:
+    g = torch.Generator().manual_seed(7)
+    if kind == "cnn":
+        x = torch.randn(SAMPLES, 1, 8, 8, generator=g)
+        y = torch.randint(0, 10, (SAMPLES,), generator=g)  # memorised: a smooth trajectory
+        return TensorDataset(x, torch.arange(SAMPLES), y)
+    seq = torch.randint(0, 256, (SAMPLES, 17), generator=g)
+    seq[:, 1::2] = (seq[:, 0::2][:, : seq[:, 1::2].shape[1]] + 1) % 256  # something to learn
+    return TensorDataset(seq[:, :-1], torch.arange(SAMPLES), seq[:, 1:])
+
+
+def build(kind: str) -> nn.Module:
+    """The model of ``kind`` ("cnn": the digits CNN, "lm": TinyLM), from the current RNG."""
+    return DigitsCNN() if kind == "cnn" else TinyLM()
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def train(
+    ctx: Any, kind: str, steps: int, acc: int = 1, clip: float | None = None
+) -> dict[str, Any]:
+    """One SGD-with-momentum run of ``steps`` optimizer steps; the whole final state on rank 0."""
+    seed_everything(0)
+    net = build(kind)
+    model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+    loader = ctx.loader(_data(kind), batch_size=BATCH, accumulation_steps=acc)
+    norms: list[float] = []
+    done = 0
+    while done < steps:
+        for x, _index, y in loader:
+            with ctx.accumulate(model):
+                ctx.backward(_loss(model(x), y))
+                norm = ctx.clip_grad_norm(model, opt, clip) if clip is not None else None
+                if ctx.step(opt):
+                    done += 1
+                    if norm is not None:
+                        norms.append(float(norm))
+            if done == steps:
+                break
+    return {
+        "state": ctx.full_state_dict(model),
+        "norms": norms,
+        "describe": ctx.strategy.describe(),
+    }
+
+
+RUNS = [("cnn", 1, None), ("cnn", 2, None), ("lm", 1, 0.5), ("lm", 2, 0.5)]
+"""(model, micro-steps, clip) of the equivalence test: 100 steps each."""
+
+
+def equivalence(strategy: str, steps: int) -> list[dict[str, Any]]:
+    """Every run of RUNS under ``strategy`` in one process group."""
+    with multigpu.init(strategy=strategy, seed=0) as ctx:
+        return [train(ctx, kind, steps, acc, clip) for kind, acc, clip in RUNS]
+
+
+def fsdp_then_ddp_norms(steps: int) -> dict[str, list[float]]:
+    """Clipping norms of the same LM run under FSDP and under DDP, on this world size."""
+    with multigpu.init(strategy="fsdp", seed=0) as fsdp:
+        sharded = train(fsdp, "lm", steps, clip=0.5)["norms"]
+        with multigpu.init(strategy="ddp", seed=0) as ddp:  # the same process group
+            replicated = train(ddp, "lm", steps, clip=0.5)["norms"]
+    return {"fsdp": sharded, "ddp": replicated}
+
+
+def initial_weights(strategy: str, meta: bool) -> dict[str, torch.Tensor]:
+    """The whole LM right after ``ctx.setup``, built eagerly or in ``ctx.init_module()``."""
+    with multigpu.init(strategy=strategy, seed=0) as ctx:
+        seed_everything(3)
+        if meta:
+            with ctx.init_module():
+                net = build("lm")
+        else:
+            net = build("lm")
+        model = ctx.setup(net)
+        draw = torch.rand(4)  # the generator goes on from where an eager build left it
+        state = ctx.full_state_dict(model)
+        if state:
+            state["_next_draw"] = draw
+        return state
+
+
+def variants(steps: int) -> dict[str, dict[str, Any]]:
+    """The LM under FSDP options that must not change the numbers (or only by rounding).
+
+    The contexts nest: the outer one owns the process group, the inner ones reuse it.
+    """
+    with multigpu.init(strategy=multigpu.FSDPStrategy(), seed=0) as default:
+        out = {"default": train(default, "lm", steps)}
+        blocks = multigpu.FSDPStrategy(blocks=(Block,), activation_checkpointing=True)
+        with multigpu.init(strategy=blocks, seed=0) as ctx:
+            out["blocks+checkpointing"] = train(ctx, "lm", steps)
+        kept = multigpu.FSDPStrategy(reshard_after_forward=False)
+        with multigpu.init(strategy=kept, seed=0) as ctx:
+            out["no reshard"] = train(ctx, "lm", steps)
+        with multigpu.init(strategy="fsdp", precision="bf16-mixed", seed=0) as ctx:
+            out["bf16-mixed"] = train(ctx, "lm", steps)
+    return out
+
+
+def build_state_zero(kind: str) -> dict[str, torch.Tensor]:
+    """The initial weights every run of ``kind`` starts from."""
+    seed_everything(0)
+    return {k: v.detach().clone() for k, v in build(kind).state_dict().items()}
