@@ -78,15 +78,19 @@ def _wait(proc: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> str
     return log.read_text()
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+def _uninterrupted(out: Path, *extra: str) -> dict[str, object]:
+    out.parent.mkdir(parents=True, exist_ok=True)
     log = out.parent / "log.txt"
-    text = _wait(_start(_train_argv(out), log), log)
+    text = _wait(_start(_train_argv(out, *extra), log), log)
     metrics: dict[str, object] = json.loads((out / "metrics.json").read_text())
     assert metrics["restarts"] == 0 and metrics["resumed_from_step"] is None, text
     assert _complete_steps(out / "checkpoints")[-1] == 64  # keep=3 newest: 56, 60, 64
     return metrics
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted") / "run")
 
 
 def test_checkpointing_does_not_change_the_result(tmp_path: Path, uninterrupted: dict) -> None:
@@ -102,12 +106,25 @@ def test_checkpointing_does_not_change_the_result(tmp_path: Path, uninterrupted:
 def test_a_killed_worker_is_restarted_and_the_run_ends_bitwise_equal(
     tmp_path: Path, uninterrupted: dict, seed: int
 ) -> None:
+    _kill_and_compare(tmp_path, uninterrupted, seed)
+
+
+def test_a_killed_fsdp_worker_resumes_its_shards_and_ends_bitwise_equal(
+    tmp_path: Path,
+) -> None:
+    fsdp = ("--strategy", "fsdp")
+    reference = _uninterrupted(tmp_path / "reference" / "run", *fsdp)
+    _kill_and_compare(tmp_path / "killed", reference, 7, *fsdp)
+
+
+def _kill_and_compare(tmp_path: Path, uninterrupted: dict, seed: int, *extra: str) -> None:
     rng = random.Random(seed)
     target = rng.choice(range(EVERY, 60, EVERY))  # a checkpoint before the last one
     victim = rng.randrange(2)  # local rank
     out = tmp_path / "run"
     log = tmp_path / "log.txt"
-    proc = _start(_train_argv(out, "--max-restarts", "3"), log)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    proc = _start(_train_argv(out, "--max-restarts", "3", *extra), log)
     killed = None
     deadline = time.monotonic() + 180
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
