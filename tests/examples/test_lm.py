@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from multigpu.examples import lm_data
 from multigpu.examples.lm import Block, build_model, train
 from multigpu.examples.lm_options import build_parser, warmup_cosine
 from multigpu.testing import run_distributed
-from tests.launch._util import run_multigpu
+from tests.launch._util import child_env, run_multigpu
 
 # A model and corpus small enough for a few seconds of training on two CPU processes.
 TINY = [
@@ -132,7 +134,7 @@ def _train(argv: list[str]) -> dict[str, Any]:
     return train(build_parser().parse_args(argv))
 
 
-def test_two_processes_learn_below_the_unigram_baseline_and_match_one_process(tmp_path: Path):
+def test_two_processes_learn_below_the_unigram_baseline_and_match_one_process():
     argv = [*TINY, "--steps", "60", "--eval-every", "30"]
     alone = run_distributed(_train, world_size=1, args=(argv,))[0]
     r0, r1 = run_distributed(_train, world_size=2, args=(argv,))
@@ -181,3 +183,16 @@ def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     model = build_model(n_layer=1, n_head=2, n_embd=64, block_size=32)
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt"]
+
+
+def test_a_corpus_too_small_for_the_options_is_one_line_and_exit_2(tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, "-m", "multigpu.examples.lm", "--corpus-mb", "0.001", "--steps", "1"],
+        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "multigpu train: error: --corpus-mb 0.001 gives 14 training and 1 validation windows of "
+        "--block-size 64; expected at least one --batch-size (32) and one per process (1): "
+        "raise --corpus-mb or lower --block-size / --batch-size"
+    ]

@@ -4,6 +4,8 @@ Reads like nanoGPT on purpose: the model, then a training loop written against m
 API as a user would write it. Run it through the launcher (``multigpu train --model lm --cpu 2
 [--strategy fsdp]``) or directly (``python -m multigpu.examples.lm``). The corpus needs no
 download (``lm_data``); options and checkpoints are in ``lm_options``, reports in ``lm_log``.
+
+Environment variables read: none here (``multigpu.init`` reads the launcher's ``RANK``, ...).
 """
 
 from __future__ import annotations
@@ -178,8 +180,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if step % args.eval_every == 0 or step == args.steps:
                 run.pause()  # evaluation is not training time
                 run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
-        if ckpt is not None:
-            ckpt.close()
         if not run.history:  # resumed at the last step: nothing left to train, still evaluate
             run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
         state = ctx.full_state_dict(model)  # gathered from the shards under FSDP (collective)

@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--lr",
         type=_positive(float),
-        default=2e-3,
-        help="AdamW peak learning rate, after a linear warm-up, cosine-decayed to a tenth (2e-3)",
+        default=5e-3,
+        help="AdamW peak learning rate, after a linear warm-up, cosine-decayed to a tenth (5e-3)",
     )
     add("--seed", type=int, default=0, help="seed for every RNG and the data order (0)")
     add(
