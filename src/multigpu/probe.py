@@ -10,7 +10,7 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
 - ``rank{r}.json``: ``{"rank", "world_size", "steps", "losses" (this rank's mean loss of each
   optimizer step; null where ``ctx.backward`` was not used), "loaders" [{"global_batch_size",
   "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout" [module names],
-  "dtype", "precision", "deterministic"}``;
+  "dtype", "optimizers" (class names), "precision", "deterministic", "strategy"}``;
 - ``params.pt`` (rank 0): the unwrapped models' ``state_dict`` on CPU (``model{i}.`` prefixed
   when there are several).
 
@@ -51,6 +51,7 @@ class VerifyProbe:
         self.world_size = world_size
         self.models: list[nn.Module] = []
         self.full_states: list[Callable[[nn.Module], dict[str, Any]]] = []
+        self.optimizers: list[str] = []
         self.loaders: list[dict[str, Any]] = []
         self.losses: list[float | None] = []
         self._pending: list[float] = []
@@ -81,6 +82,7 @@ class VerifyProbe:
         self.full_states.append(full_state or (lambda m: unwrap_module(m).state_dict()))
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizers.append(type(optimizer).__name__)
         optimizer.register_step_post_hook(lambda *_: self._on_step())
 
     def watch_loader(self, info: dict[str, Any]) -> None:
@@ -116,6 +118,7 @@ class VerifyProbe:
                 if isinstance(mod, _DROPOUT) and mod.p > 0
             ],
             "dtype": str(params.dtype).removeprefix("torch.") if params is not None else None,
+            "optimizers": self.optimizers,
             **self.info,
         }
         text = json.dumps(record).encode()

@@ -148,3 +148,17 @@ def test_load_run_reads_what_the_probe_writes(tmp_path: Path) -> None:
     assert run.steps == 2 and run.recorded_world_size == 2
     assert run.losses == [1.5, 2.0]
     assert torch.equal(run.params["fc.weight"], torch.arange(3.0))
+
+
+def test_adaptive_optimizers_judge_tensors_by_their_l2_difference() -> None:
+    from multigpu.diagnostics.compare import Tolerance, tensor_diff
+
+    reference = torch.linspace(1.0, 2.0, 1000)
+    flipped = reference.clone()
+    flipped[0] += 0.06  # one weight moved the other way (Adam: a sign flip)
+    strict = tensor_diff("w", flipped, reference, Tolerance(rtol=1e-4))
+    by_l2 = tensor_diff("w", flipped, reference, Tolerance(rtol=1e-4, l2_rtol=1e-2))
+    assert strict.max_rel == by_l2.max_rel == pytest.approx(0.03, rel=1e-4)
+    assert by_l2.l2_rel == pytest.approx(0.06 / float(reference.norm()), rel=1e-4)
+    assert not strict.ok and by_l2.ok
+    assert not tensor_diff("w", flipped * 1.1, reference, Tolerance(rtol=1, l2_rtol=1e-2)).ok

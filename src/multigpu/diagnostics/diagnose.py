@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from multigpu.diagnostics.compare import RunComparison
+from multigpu.diagnostics.compare import RunComparison, Tolerance
 from multigpu.diagnostics.records import RunRecord
 
 NOT_DETERMINISTIC = (
@@ -217,3 +217,23 @@ def find_notes(runs: Sequence[RunRecord], steps_requested: int) -> list[str]:
             f"({_by_world_size(short, lambda r: f'{r.steps} steps')}): compared at its end"
         )
     return notes
+
+
+def adaptive_note(
+    optimizers: Sequence[str], comparisons: Sequence[RunComparison], tol: Tolerance
+) -> str:
+    """Why an adaptive optimizer's run is judged on L2 differences, with the figures.
+
+    Example:
+        >>> adaptive_note(["AdamW"], [], Tolerance(rtol=1e-4, l2_rtol=1e-2))[:40]
+        'AdamW amplifies float rounding: a gradi'
+    """
+    worst_max = max((c.max_rel for c in comparisons), default=0.0)
+    worst_l2 = max((c.l2_rel for c in comparisons), default=0.0)
+    return (
+        f"{', '.join(dict.fromkeys(optimizers))} amplifies float rounding: a gradient that "
+        "nearly cancels can change sign between world sizes and move its weight a full step "
+        f"the other way, so single elements differ by up to {worst_max:.2e} of their tensor's "
+        f"largest value; parameters were judged by their L2 difference instead (worst "
+        f"{worst_l2:.2e}, tolerance {tol.l2_rtol:g}). With SGD the elements agree to about 1e-6"
+    )

@@ -22,6 +22,8 @@ from typing import NoReturn
 from multigpu.errors import UsageError
 
 PROG = "multigpu verify"
+VERIFY_STRATEGIES = ("auto", "single", "ddp", "fsdp")
+"""What ``--strategy`` accepts (dp is one process: nothing to compare across world sizes)."""
 BUILTIN_JOB = ("multigpu.examples.digits", ("--progress", "off"))
 """The job verified when no script is given: the digits CNN, as ``-m`` module and arguments."""
 
@@ -70,6 +72,8 @@ class VerifyOptions:
     """CPU processes even on a machine with GPUs."""
     timeout: float = 900.0
     """Seconds one run may take before it is stopped."""
+    strategy: str | None = None
+    """The strategy of every run (``MULTIGPU_STRATEGY``), for scripts that leave it to init()."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -168,6 +172,12 @@ def build_verify_parser() -> argparse.ArgumentParser:
         default=900.0,
         help="seconds one run may take before it is stopped (900)",
     )
+    p.add_argument(
+        "--strategy",
+        choices=VERIFY_STRATEGIES,
+        help="run every world size under this strategy (MULTIGPU_STRATEGY; the built-in job "
+        "and scripts that call multigpu.init() without one follow it), e.g. --strategy fsdp",
+    )
     return p
 
 
@@ -245,6 +255,7 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
         keep=ns.keep,
         cpu=ns.cpu,
         timeout=ns.timeout,
+        strategy=ns.strategy,
     )
 
 

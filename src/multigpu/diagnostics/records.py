@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 RANK_FILE = "rank{rank}.json"
 """One rank's record (steps, losses, loaders, dropout modules, dtype, precision)."""
 
+ADAPTIVE_OPTIMIZERS = frozenset(
+    {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam"}
+)
+"""torch optimizers whose step divides each gradient by a running scale of its own."""
+
 PARAMS_FILE = "params.pt"
 """Rank 0's unwrapped ``state_dict`` at the end of the run (CPU tensors)."""
 
@@ -72,6 +77,21 @@ class RunRecord:
     def dtype(self) -> str | None:
         """The first parameter's dtype (``"float32"``...)."""
         return self.main.get("dtype")
+
+    @property
+    def optimizers(self) -> list[str]:
+        """Class names of the optimizers given to ``ctx.setup`` (rank 0)."""
+        return list(self.main.get("optimizers", []))
+
+    @property
+    def adaptive(self) -> list[str]:
+        """The optimizers among them that scale each gradient by its own history (Adam...).
+
+        Example:
+            >>> RunRecord(world_size=1, ranks=[{"optimizers": ["AdamW", "SGD"]}]).adaptive
+            ['AdamW']
+        """
+        return [name for name in self.optimizers if name in ADAPTIVE_OPTIMIZERS]
 
     @property
     def precision(self) -> str | None:

@@ -84,6 +84,7 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         "steps_requested": result.steps_requested,
         "rtol": result.tolerance.rtol,
         "atol": result.tolerance.atol,
+        "l2_rtol": result.tolerance.l2_rtol,
         "deterministic": result.deterministic,
         "runs": [
             {
@@ -112,6 +113,7 @@ def _comparison_json(c: RunComparison) -> dict[str, Any]:
         "reference_steps": c.reference_steps,
         "max_abs_diff": _num(c.max_abs),
         "max_rel_diff": _num(c.max_rel),
+        "l2_rel_diff": _num(c.l2_rel),
         "losses": {
             "compared": c.losses.compared,
             "max_abs_diff": _num(c.losses.max_abs),
@@ -125,6 +127,7 @@ def _comparison_json(c: RunComparison) -> dict[str, Any]:
                 "shape": list(t.shape),
                 "max_abs_diff": _num(t.max_abs),
                 "max_rel_diff": _num(t.max_rel),
+                "l2_rel_diff": _num(t.l2_rel),
                 "ok": t.ok,
                 **({"problem": t.problem} if t.problem else {}),
             }
@@ -168,6 +171,7 @@ def render(result: VerifyResult, console: Console) -> None:
         for c in comparisons:
             table.add_column(f"max abs diff ({c.world_size})", justify="right")
             table.add_column(f"max rel diff ({c.world_size})", justify="right")
+            table.add_column(f"L2 rel diff ({c.world_size})", justify="right")
             table.add_column(f"ws {c.world_size}")
         shown, hidden = _rows(comparisons)
         for name, diffs in shown:
@@ -176,10 +180,10 @@ def render(result: VerifyResult, console: Console) -> None:
             for c in comparisons:
                 t = diffs.get(c.world_size)
                 if t is None:
-                    cells += ["-", "-", "[red]FAIL[/] missing"]
+                    cells += ["-", "-", "-", "[red]FAIL[/] missing"]
                 else:
                     status = "[green]OK[/]" if t.ok else f"[red]FAIL[/] {t.problem}".rstrip()
-                    cells += [_cell(t.max_abs), _cell(t.max_rel), status]
+                    cells += [_cell(t.max_abs), _cell(t.max_rel), _cell(t.l2_rel), status]
             table.add_row(*cells)
         if hidden:
             table.caption = f"{hidden} more tensors within tolerance not shown (--json lists all)"
@@ -187,7 +191,8 @@ def render(result: VerifyResult, console: Console) -> None:
     for c in comparisons:
         console.print(_steps_line(c) + "; " + _loss_line(c), highlight=False)
     tol = result.tolerance
-    console.print(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g}", highlight=False)
+    judged = f", tensors by L2: l2_rtol {tol.l2_rtol:g}" if tol.l2_rtol is not None else ""
+    console.print(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g}{judged}", highlight=False)
     for run in result.runs:
         if run.returncode:
             console.print(

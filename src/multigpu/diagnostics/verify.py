@@ -35,8 +35,14 @@ from pathlib import Path
 from rich.console import Console
 
 from multigpu.diagnostics.child_run import run_child
-from multigpu.diagnostics.compare import Tolerance, compare_runs, default_rtol
+from multigpu.diagnostics.compare import (
+    ADAPTIVE_L2_RTOL,
+    Tolerance,
+    compare_runs,
+    default_rtol,
+)
 from multigpu.diagnostics.diagnose import (
+    adaptive_note,
     find_notes,
     find_reasons,
     nondeterminism_reason,
@@ -98,6 +104,8 @@ def run_once(
     env = child_env(
         os.environ, directory, options.steps, device=device, deterministic=options.deterministic
     )
+    if options.strategy is not None:
+        env["MULTIGPU_STRATEGY"] = options.strategy  # for a script that leaves it to init()
     log.info("verify: world size %s (%s) ...", world_size, _devices(device, world_size))
     run = run_child(command, env, timeout=options.timeout, logs=directory)
     code, seconds = run.returncode, run.seconds
@@ -155,9 +163,12 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
     rtol = options.rtol
     if rtol is None:
         rtol = default_rtol(ref.dtype, ref.precision) if ref else default_rtol(None, None)
-    tol = Tolerance(rtol=rtol, atol=options.atol)
+    adaptive = ref.adaptive if ref is not None and options.rtol is None else []
+    tol = Tolerance(rtol=rtol, atol=options.atol, l2_rtol=ADAPTIVE_L2_RTOL if adaptive else None)
     comparisons = tuple(compare_runs(run, records[0], tol) for run in records[1:])
     notes = find_notes(records, options.steps)
+    if adaptive and comparisons:
+        notes.append(adaptive_note(adaptive, comparisons, tol))
     result = VerifyResult(
         world_sizes=options.nproc,
         device=device,

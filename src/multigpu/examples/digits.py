@@ -193,7 +193,7 @@ def _strategy(args: argparse.Namespace) -> str | DDPStrategy | None:
             "leave out --compression"
         )
     if args.compression is None or args.strategy in ("single", "dp", "fsdp"):
-        return args.strategy  # type: ignore[no-any-return]
+        return args.strategy
     return DDPStrategy(compression=args.compression)
 
 
