@@ -7,7 +7,6 @@ so it is the same run as in a process of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch

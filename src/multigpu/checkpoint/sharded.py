@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import pickle
 import warnings
@@ -213,7 +214,7 @@ def read_whole(directory: str | os.PathLike[str], names: set[str] | None = None)
 def _place(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
     """Put ``value`` at ``path`` in ``root``, making dicts (str keys) and lists (int keys)."""
     node: Any = root
-    for part, after in zip(path[:-1], path[1:], strict=True):
+    for part, after in itertools.pairwise(path):
         empty: Any = [] if isinstance(after, int) else {}
         if isinstance(node, list):
             node.extend(None for _ in range(part + 1 - len(node)))
