@@ -44,7 +44,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "resumed": {
             **{(k, 1): v for k, v in resumed1.items()},
             **{(k, 2): v for k, v in resumed2.items()},
-        },  # fmt: skip
+        },
         "root": Path(root),
     }
 
