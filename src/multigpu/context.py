@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How the hang explainer names a backward pass: the collective it runs inside.
+_BACKWARD_OPS = {
+    "ddp": "backward (DDP gradient all-reduce)",
+    "fsdp": "backward (FSDP all-gather and reduce-scatter)",
+}
+
 
 class Context(RankTools):
     """Where this process runs and how to train in it.
@@ -212,7 +218,7 @@ class Context(RankTools):
         if recorder is None:
             self._steps.backward(loss, **kwargs)
         else:  # a call with no shapes: the loss's are not those of the all-reduce
-            op = "backward (DDP gradient all-reduce)"
+            op = _BACKWARD_OPS.get(self.strategy.name, "backward")
             recorder.call(op, self._steps.backward, loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
     Metadata,
@@ -174,14 +174,35 @@ def check_fits(
 
 
 def load_sharded(targets: dict[str, Any], directory: Path) -> None:
-    """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place."""
-    with _quiet():
+    """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place.
+
+    Raises:
+        CheckpointError: a piece could not be read or was refused (DCP's multi-rank report
+            unwrapped to its first failure).
+    """
+    with _quiet(), _unwrapped():
         dcp.load(
             targets,
             storage_reader=SafeReader(directory),
             planner=SafeLoadPlanner(),
             no_dist=not _distributed(),
         )
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """DCP reports a failure as a CheckpointException holding every rank's error and its
+    traceback; say the first one in one line (ours as it was raised)."""
+    try:
+        yield
+    except CheckpointException as e:
+        failures = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        ours = [f for f in failures if isinstance(f, CheckpointError)]
+        if ours:
+            raise ours[0] from e
+        first = failures[0] if failures else e
+        text = " ".join(str(first).strip().split("\n", 1)[0].split())
+        raise CheckpointError(f"{type(first).__name__}: {text[:300]}") from e
 
 
 def read_whole(directory: str | os.PathLike[str], names: set[str] | None = None) -> dict[str, Any]:
@@ -201,7 +222,7 @@ def read_whole(directory: str | os.PathLike[str], names: set[str] | None = None)
         if isinstance(info, TensorStorageMetadata):
             value = torch.empty(tuple(info.size), dtype=info.properties.dtype)
         _place(target, path, value)
-    with _quiet():
+    with _quiet(), _unwrapped():
         dcp.load(
             target,
             storage_reader=SafeReader(Path(directory)),

@@ -1,0 +1,109 @@
+"""One canary per private or version-dependent torch API multigpu uses (``multigpu.torch_compat``).
+
+Each test fails loudly when a torch release moves or changes the thing it checks, so that an
+upgrade of torch is this file's run and ``torch_compat.py``'s edit.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+
+from multigpu import torch_compat
+from multigpu.checkpoint.sharded import (
+    METADATA_FILE,
+    load_sharded,
+    read_metadata,
+    save_sharded,
+)
+from multigpu.errors import CheckpointError
+from multigpu.strategies import state
+
+
+@pytest.fixture
+def group() -> Iterator[None]:
+    """A one-rank gloo group with an in-memory store (FSDP2 needs a group even alone)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_version_is_parsed_and_fsdp2_is_there() -> None:
+    assert torch_compat.TORCH_VERSION == tuple(int(p) for p in torch.__version__.split(".")[:2])
+    assert torch_compat.TORCH_VERSION >= torch_compat.FSDP_MIN_VERSION
+
+
+def test_fully_shard_makes_fsdp_modules_with_dtensor_parameters(group: None) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+    net = nn.Linear(5, 3)
+    policy = torch_compat.mixed_precision_policy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32
+    )
+    torch_compat.fully_shard(net, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    assert isinstance(net, torch_compat.fsdp_module_class())
+    assert torch_compat.is_dtensor(net.weight) and not torch_compat.is_dtensor(torch.ones(1))
+    whole = torch.arange(15.0).reshape(3, 5)
+    assert torch.equal(torch_compat.distribute_like(whole, net.weight), whole)
+    for method in ("set_requires_gradient_sync", "set_reshard_after_backward"):
+        assert callable(getattr(net, method))  # FSDPStrategy.no_sync calls them
+    assert net(torch.ones(2, 5)).dtype == torch.float32  # output_dtype honoured
+    assert type(torch_compat.cpu_offload_policy()).__name__ == "CPUOffloadPolicy"
+
+
+def test_our_dcp_metadata_reader_reads_what_torch_writes(tmp_path: Path) -> None:
+    net = nn.Linear(3, 2)
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    save_sharded(
+        {"model": state.model_state(net), "optim": state.optimizer_state(net, opt)}, tmp_path
+    )
+    ours = read_metadata(tmp_path)  # the allow-list: DCP_METADATA_GLOBALS
+    theirs = FileSystemReader(tmp_path).read_metadata()
+    assert ours.state_dict_metadata == theirs.state_dict_metadata
+    assert ours.planner_data == theirs.planner_data  # read_whole rebuilds objects from it
+    assert ("optim", "param_groups", 0, "lr") in ours.planner_data.values()
+
+
+def test_a_hostile_dcp_metadata_file_is_refused(tmp_path: Path) -> None:
+    class Boom:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("this would have run",))
+
+    (tmp_path / METADATA_FILE).write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(CheckpointError, match=r"builtins\.print is not a class"):
+        read_metadata(tmp_path)
+
+
+class _Opaque:
+    """Not plain data: weights_only loading refuses it."""
+
+    value = 3
+
+
+def test_a_value_weights_only_cannot_load_is_refused_by_the_load_planner(tmp_path: Path) -> None:
+    dcp.save({"x": {"w": torch.ones(2), "extra": _Opaque()}}, checkpoint_id=tmp_path, no_dist=True)
+    target = {"x": {"w": torch.zeros(2), "extra": None}}
+    with pytest.raises(CheckpointError, match="'x.extra' of the checkpoint is not plain data"):
+        load_sharded(target, tmp_path)
+
+
+def test_torch_still_creates_optimizer_state_when_asked_for_it() -> None:
+    """Why strategies.state saves an optimizer that has not stepped without asking torch."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    net = nn.Linear(2, 2)
+    opt = torch.optim.Adam(net.parameters())
+    assert state.optimizer_state(net, opt)["state"] == {} and not opt.state
+    get_optimizer_state_dict(net, opt)
+    assert opt.state and float(opt.state[net.weight]["step"]) == 1.0  # torch stepped it
