@@ -67,6 +67,24 @@ def _no_leaked_state():
     assert not leaked_pg, "test leaked an initialised process group"
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_a_gpu_test(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _no_leaked_state: None
+) -> None:
+    """CPU processes for every test not marked ``requires("gpus>=N")``, GPUs or not.
+
+    On a GPU machine ``multigpu.init()`` would otherwise take ``cuda:LOCAL_RANK``: the CPU
+    tests' expectations (gloo, two ranks on a one-GPU machine) hold only on the CPU.
+    """
+    wants_gpu = any(
+        str(name).startswith("gpus>=")
+        for marker in request.node.iter_markers("requires")
+        for name in marker.args
+    )
+    if not wants_gpu:
+        monkeypatch.setenv("MULTIGPU_DEVICE", "cpu")
+
+
 @pytest.fixture
 def python() -> str:
     """The interpreter running the tests (workers and CLI subprocesses use the same)."""

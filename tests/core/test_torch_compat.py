@@ -37,7 +37,8 @@ def group() -> Iterator[None]:
 
 
 def test_version_is_parsed_and_fsdp2_is_there() -> None:
-    assert torch_compat.TORCH_VERSION == tuple(int(p) for p in torch.__version__.split(".")[:2])
+    major, minor = torch.__version__.split(".")[:2]
+    assert (int(major), int(minor)) == torch_compat.TORCH_VERSION
     assert torch_compat.TORCH_VERSION >= torch_compat.FSDP_MIN_VERSION
 
 

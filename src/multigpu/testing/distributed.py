@@ -3,9 +3,10 @@
 Each worker is a fresh ``spawn``-ed Python process with the torchrun variables set (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), ``GLOO_SOCKET_IFNAME=lo`` and one thread, so ``multigpu.init()`` inside the
-function builds a real gloo process group. A worker's exception is re-raised in the parent with
-its traceback; a worker that does not finish within ``timeout`` seconds is killed (by pid) and
-named in the error.
+function builds a real gloo process group — on CPU processes even on a machine with GPUs
+(``MULTIGPU_DEVICE=cpu``), unless ``device="cuda"`` asks for one GPU per rank (NCCL). A worker's
+exception is re-raised in the parent with its traceback; a worker that does not finish within
+``timeout`` seconds is killed (by pid) and named in the error.
 
 Example:
     >>> def work(x):                                   # must be a module-level function
@@ -74,6 +75,7 @@ def run_distributed(
     args: Sequence[Any] = (),
     env: Mapping[str, str] | None = None,
     timeout: float = 120.0,
+    device: str = "cpu",
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` processes and return their results, by rank.
 
@@ -83,10 +85,14 @@ def run_distributed(
         args: positional arguments given to ``fn`` on every rank (picklable).
         env: extra environment variables for every worker.
         timeout: seconds for the whole run; past it every worker still running is killed.
+        device: ``"cpu"`` (gloo, the default, also where GPUs exist) or ``"cuda"`` (rank r on
+            GPU r, NCCL: the machine needs ``world_size`` GPUs).
 
     Raises:
         DistributedTestError: a worker raised (its traceback is in the message) or timed out.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
     port = free_port()
@@ -102,6 +108,8 @@ def run_distributed(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
+        if device == "cpu":
+            child_env["MULTIGPU_DEVICE"] = "cpu"
         child_env.update(env or {})
         proc = ctx.Process(target=_worker, args=(fn, args, child_env, rank, results), daemon=False)
         proc.start()
