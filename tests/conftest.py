@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,20 +70,27 @@ def _no_leaked_state():
 
 @pytest.fixture(autouse=True)
 def _cpu_unless_a_gpu_test(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _no_leaked_state: None
-) -> None:
+    request: pytest.FixtureRequest, _no_leaked_state: None
+) -> Iterator[None]:
     """CPU processes for every test not marked ``requires("gpus>=N")``, GPUs or not.
 
     On a GPU machine ``multigpu.init()`` would otherwise take ``cuda:LOCAL_RANK``: the CPU
-    tests' expectations (gloo, two ranks on a one-GPU machine) hold only on the CPU.
+    tests' expectations (gloo, two ranks on a one-GPU machine) hold only on the CPU. Set after
+    and undone before the leak check (it depends on it).
     """
     wants_gpu = any(
         str(name).startswith("gpus>=")
         for marker in request.node.iter_markers("requires")
         for name in marker.args
     )
+    before = os.environ.get("MULTIGPU_DEVICE")
     if not wants_gpu:
-        monkeypatch.setenv("MULTIGPU_DEVICE", "cpu")
+        os.environ["MULTIGPU_DEVICE"] = "cpu"
+    yield
+    if before is None:
+        os.environ.pop("MULTIGPU_DEVICE", None)
+    else:
+        os.environ["MULTIGPU_DEVICE"] = before
 
 
 @pytest.fixture

@@ -41,7 +41,13 @@ def choose_device(env: ClusterEnv, accelerator: str = "auto") -> torch.device:
         raise DeviceError(
             f"accelerator={accelerator!r} is not known; expected 'auto', 'cuda' or 'cpu'"
         )
-    if accelerator == "cpu" or os.environ.get("MULTIGPU_DEVICE", "").lower() == "cpu":
+    forced_cpu = os.environ.get("MULTIGPU_DEVICE", "").lower() == "cpu"
+    if forced_cpu and accelerator in ("cuda", "gpu"):
+        raise DeviceError(
+            f"accelerator={accelerator!r} was asked for in code, but MULTIGPU_DEVICE=cpu (set by "
+            "`multigpu run --cpu`) asks for CPU processes; drop one of the two"
+        )
+    if accelerator == "cpu" or forced_cpu:
         return torch.device("cpu")
     count = cuda_count()
     if count == 0:

@@ -72,7 +72,10 @@ def test_unknown_strategy_and_backend_errors():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
-def test_cuda_requested_without_cuda_is_an_error():
+def test_cuda_requested_without_cuda_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(multigpu.DeviceError, match="MULTIGPU_DEVICE=cpu"):
+        multigpu.init(accelerator="cuda", environ=PLAIN)  # the tests' CPU-only setting
+    monkeypatch.delenv("MULTIGPU_DEVICE")
     with pytest.raises(multigpu.DeviceError, match="no CUDA device"):
         multigpu.init(accelerator="cuda", environ=PLAIN)
 

@@ -107,7 +107,7 @@ def train(
 
 
 RUNS = [("cnn", 1, None), ("cnn", 2, None), ("lm", 1, 0.5), ("lm", 2, 0.5)]
-"""(model, micro-steps, clip) of the equivalence test: 100 steps each."""
+"""(model, micro-steps, clip) of the equivalence test."""
 
 
 def equivalence(strategy: str, steps: int) -> list[dict[str, Any]]:
@@ -125,38 +125,68 @@ def fsdp_then_ddp_norms(steps: int) -> dict[str, list[float]]:
     return {"fsdp": sharded, "ddp": replicated}
 
 
-def initial_weights(strategy: str, meta: bool) -> dict[str, torch.Tensor]:
+def _initial(ctx: Any, meta: bool) -> dict[str, torch.Tensor]:
     """The whole LM right after ``ctx.setup``, built eagerly or in ``ctx.init_module()``."""
-    with multigpu.init(strategy=strategy, seed=0) as ctx:
-        seed_everything(3)
-        if meta:
-            with ctx.init_module():
-                net = build("lm")
-        else:
+    seed_everything(3)
+    if meta:
+        with ctx.init_module():
             net = build("lm")
-        model = ctx.setup(net)
-        draw = torch.rand(4)  # the generator goes on from where an eager build left it
-        state = ctx.full_state_dict(model)
-        if state:
-            state["_next_draw"] = draw
-        return state
+    else:
+        net = build("lm")
+    model = ctx.setup(net)
+    draw = torch.rand(4)  # the generator goes on from where an eager build left it
+    state = ctx.full_state_dict(model)
+    if state:
+        state["_next_draw"] = draw
+    return state
 
 
-def variants(steps: int) -> dict[str, dict[str, Any]]:
+def initial_weights(strategy: str, meta: bool) -> dict[str, torch.Tensor]:
+    """``_initial`` in a context of its own (the GPU tests)."""
+    with multigpu.init(strategy=strategy, seed=0) as ctx:
+        return _initial(ctx, meta)
+
+
+def _variants(steps: int) -> dict[str, dict[str, Any]]:
     """The LM under FSDP options that must not change the numbers (or only by rounding).
 
-    The contexts nest: the outer one owns the process group, the inner ones reuse it.
+    Call it inside a context that owns the process group: these contexts reuse it.
     """
-    with multigpu.init(strategy=multigpu.FSDPStrategy(), seed=0) as default:
-        out = {"default": train(default, "lm", steps)}
-        blocks = multigpu.FSDPStrategy(blocks=(Block,), activation_checkpointing=True)
-        with multigpu.init(strategy=blocks, seed=0) as ctx:
-            out["blocks+checkpointing"] = train(ctx, "lm", steps)
-        kept = multigpu.FSDPStrategy(reshard_after_forward=False)
-        with multigpu.init(strategy=kept, seed=0) as ctx:
-            out["no reshard"] = train(ctx, "lm", steps)
-        with multigpu.init(strategy="fsdp", precision="bf16-mixed", seed=0) as ctx:
-            out["bf16-mixed"] = train(ctx, "lm", steps)
+    out: dict[str, dict[str, Any]] = {}
+    for label, strategy, precision in (
+        ("default", multigpu.FSDPStrategy(), "32"),
+        (
+            "blocks+checkpointing",
+            multigpu.FSDPStrategy(blocks=(Block,), activation_checkpointing=True),
+            "32",
+        ),
+        ("no reshard", multigpu.FSDPStrategy(reshard_after_forward=False), "32"),
+        ("bf16-mixed", multigpu.FSDPStrategy(), "bf16-mixed"),
+    ):
+        with multigpu.init(strategy=strategy, precision=precision, seed=0) as ctx:
+            out[label] = train(ctx, "lm", steps)
+    return out
+
+
+def one_process(steps: int) -> dict[str, Any]:
+    """Everything the FSDP tests compare against, on one process without sharding."""
+    with multigpu.init(strategy="single", seed=0) as ctx:
+        out: dict[str, Any] = {"runs": [train(ctx, k, steps, a, c) for k, a, c in RUNS]}
+        out["eager"] = _initial(ctx, meta=False)
+        with multigpu.init(strategy="fsdp", seed=0) as fsdp:  # a one-rank group of its own
+            out["meta"] = _initial(fsdp, meta=True)
+    return out
+
+
+def two_processes(steps: int, short: int) -> dict[str, Any]:
+    """Everything the FSDP tests check on two processes, in one process group."""
+    with multigpu.init(strategy="fsdp", seed=0) as fsdp:
+        out: dict[str, Any] = {"runs": [train(fsdp, k, steps, a, c) for k, a, c in RUNS]}
+        out["meta"] = _initial(fsdp, meta=True)
+        out["fsdp_norms"] = train(fsdp, "lm", short, clip=0.5)["norms"]
+        with multigpu.init(strategy="ddp", seed=0) as ddp:
+            out["ddp_norms"] = train(ddp, "lm", short, clip=0.5)["norms"]
+        out["variants"] = _variants(short)
     return out
 
 

@@ -2,6 +2,7 @@
 
 FSDP2 on CPU processes is the real thing (``fully_shard`` over a gloo DeviceMesh): parameters,
 gradients and optimizer state are sharded, all-gathered and reduce-scattered exactly as on GPUs.
+Two process starts in all: one process runs every reference, two run everything sharded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from multigpu.testing import run_distributed
 from tests.strategies import fsdp_workers
 
 STEPS = 100
+SHORT = 20
 
 
 def max_relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -23,48 +25,53 @@ def max_relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 
 @pytest.fixture(scope="module")
-def one_process() -> list[dict[str, Any]]:
-    """Every run of RUNS on one process without sharding: the reference."""
-    (runs,) = run_distributed(fsdp_workers.equivalence, world_size=1, args=("single", STEPS))
-    return runs  # type: ignore[no-any-return]
+def alone() -> dict[str, Any]:
+    (result,) = run_distributed(fsdp_workers.one_process, world_size=1, args=(STEPS,))
+    return result  # type: ignore[no-any-return]
 
 
-def test_fsdp_on_two_processes_trains_like_one_process(one_process: list[dict[str, Any]]) -> None:
-    sharded, other = run_distributed(fsdp_workers.equivalence, world_size=2, args=("fsdp", STEPS))
-    assert all(run["state"] == {} for run in other)  # the whole state is rank 0's alone
-    for (kind, acc, clip), alone, pair in zip(fsdp_workers.RUNS, one_process, sharded, strict=True):
-        label = f"{kind}, {acc} micro-step(s)"
-        assert pair["describe"]["mesh"] == {"dp_shard": 2}, label
-        assert max_relative(pair["state"], fsdp_workers.build_state_zero(kind)) > 1e-2, label
-        assert max_relative(pair["state"], alone["state"]) <= 1e-5, label
-        if clip is not None:  # the norm over sharded gradients is the one-process norm
-            assert len(pair["norms"]) == STEPS
-            assert pair["norms"] == pytest.approx(alone["norms"], rel=1e-5), label
-    lm_units = sharded[2]["describe"]["units"]
-    assert lm_units == ["blocks.0", "blocks.1", "<root>"]  # >= 100k parameters each
-
-
-def test_clipping_norms_under_fsdp_equal_ddp_on_two_processes() -> None:
-    first, _ = run_distributed(fsdp_workers.fsdp_then_ddp_norms, world_size=2, args=(20,))
-    assert len(first["fsdp"]) == 20
-    assert first["fsdp"] == pytest.approx(first["ddp"], rel=1e-5)
-
-
-def test_meta_init_gives_the_eager_weights_at_any_world_size() -> None:
-    (eager,) = run_distributed(fsdp_workers.initial_weights, world_size=1, args=("single", False))
-    (meta_one,) = run_distributed(fsdp_workers.initial_weights, world_size=1, args=("fsdp", True))
-    meta_two, rest = run_distributed(
-        fsdp_workers.initial_weights, world_size=2, args=("fsdp", True)
+@pytest.fixture(scope="module")
+def sharded() -> dict[str, Any]:
+    rank0, rank1 = run_distributed(
+        fsdp_workers.two_processes, world_size=2, args=(STEPS, SHORT), timeout=240
     )
-    assert rest == {}
-    for meta in (meta_one, meta_two):
+    assert all(run["state"] == {} for run in rank1["runs"])  # the whole state is rank 0's alone
+    assert rank1["meta"] == {}
+    return rank0  # type: ignore[no-any-return]
+
+
+def test_fsdp_on_two_processes_trains_like_one_process(
+    alone: dict[str, Any], sharded: dict[str, Any]
+) -> None:
+    runs = zip(fsdp_workers.RUNS, alone["runs"], sharded["runs"], strict=True)
+    for (kind, acc, clip), one, two in runs:
+        label = f"{kind}, {acc} micro-step(s)"
+        assert two["describe"]["mesh"] == {"dp_shard": 2}, label
+        assert max_relative(two["state"], fsdp_workers.build_state_zero(kind)) > 1e-2, label
+        assert max_relative(two["state"], one["state"]) <= 1e-5, label
+        if clip is not None:  # the norm over sharded gradients is the one-process norm
+            assert len(two["norms"]) == STEPS
+            assert two["norms"] == pytest.approx(one["norms"], rel=1e-5), label
+    assert sharded["runs"][2]["describe"]["units"] == ["blocks.0", "blocks.1", "<root>"]
+
+
+def test_clipping_norms_under_fsdp_equal_ddp_on_two_processes(sharded: dict[str, Any]) -> None:
+    assert len(sharded["fsdp_norms"]) == SHORT
+    assert sharded["fsdp_norms"] == pytest.approx(sharded["ddp_norms"], rel=1e-5)
+
+
+def test_meta_init_gives_the_eager_weights_at_any_world_size(
+    alone: dict[str, Any], sharded: dict[str, Any]
+) -> None:
+    eager = alone["eager"]
+    for meta in (alone["meta"], sharded["meta"]):
         assert meta.keys() == eager.keys()
         for name, tensor in eager.items():
             assert torch.equal(meta[name], tensor), name  # bitwise, the draw after it too
 
 
-def test_fsdp_options_keep_the_numbers_and_bf16_trains() -> None:
-    runs, _ = run_distributed(fsdp_workers.variants, world_size=2, args=(30,))
+def test_fsdp_options_keep_the_numbers_and_bf16_trains(sharded: dict[str, Any]) -> None:
+    runs = sharded["variants"]
     default = runs["default"]["state"]
     assert runs["blocks+checkpointing"]["describe"]["units"] == ["blocks.0", "blocks.1", "<root>"]
     assert runs["blocks+checkpointing"]["describe"]["activation_checkpointing"] is True
