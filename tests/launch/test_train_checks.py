@@ -105,3 +105,17 @@ def test_bad_checkpoint_options_exit_2_with_one_line_and_write_nothing(tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("multigpu: error: --checkpoint-every")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fsdp_with_ddp_compression_is_refused_before_any_worker_starts(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    code = main(
+        ["train", "--cpu", "2", "--strategy", "fsdp", "--compression", "bf16", "--out", str(out)]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "--compression bf16 compresses DDP's gradient all-reduce" in err[0]
+    assert "--strategy fsdp does not have" in err[0]
+    assert not out.exists()  # nothing written, nothing started

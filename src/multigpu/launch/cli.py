@@ -210,6 +210,7 @@ def _train(argv: Sequence[str]) -> int:
         TRAIN_MODULES,
         check_batch_size,
         check_checkpoint_options,
+        check_strategy_options,
         choose_model,
         split_launch_args,
         training_help,
@@ -233,6 +234,7 @@ def _train(argv: Sequence[str]) -> int:
 
     def check(plan: LaunchPlan) -> None:
         check_checkpoint_options(job_argv)
+        check_strategy_options(job_argv)
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
         if low == high:  # an elastic node count has no fixed world size to check against
             check_batch_size(job_argv, plan.nproc_per_node * low, model)
