@@ -15,47 +15,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
+from multigpu.examples import lm
 from multigpu.examples.digits import DigitsCNN
 from multigpu.seed import seed_everything
 
 SAMPLES = 416
 BATCH = 32  # global
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block (causal attention + MLP), ~200k parameters at d=128."""
-
-    def __init__(self, d: int = 128, heads: int = 4) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        att = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyLM(nn.Module):
-    """A small decoder-only LM over bytes: embeddings, 2 blocks, a head."""
-
-    def __init__(self, d: int = 128, layers: int = 2, block: int = 16) -> None:
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(block, d)
-        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, 256)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
 
 
 def _data(kind: str) -> TensorDataset:
@@ -70,8 +35,9 @@ def _data(kind: str) -> TensorDataset:
 
 
 def build(kind: str) -> nn.Module:
-    """The model of ``kind`` ("cnn": the digits CNN, "lm": TinyLM), from the current RNG."""
-    return DigitsCNN() if kind == "cnn" else TinyLM()
+    """The model of ``kind`` from the current RNG: "cnn" the digits CNN of ``multigpu train``,
+    "lm" the GPT of ``multigpu train --model lm`` (2 blocks of ~200k parameters, context 16)."""
+    return DigitsCNN() if kind == "cnn" else lm.build_model(n_layer=2, block_size=16)
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -157,7 +123,7 @@ def _variants(steps: int) -> dict[str, dict[str, Any]]:
         ("default", multigpu.FSDPStrategy(), "32"),
         (
             "blocks+checkpointing",
-            multigpu.FSDPStrategy(blocks=(Block,), activation_checkpointing=True),
+            multigpu.FSDPStrategy(blocks=(lm.Block,), activation_checkpointing=True),
             "32",
         ),
         ("no reshard", multigpu.FSDPStrategy(reshard_after_forward=False), "32"),
