@@ -9,9 +9,8 @@ import atexit
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -19,8 +18,8 @@ from torch import nn
 
 from multigpu import dist
 from multigpu.auto_strategy import choose_for_memory
-from multigpu.checkpoint.direct import load_state, save_state
 from multigpu.checkpoint.manager import Checkpointer
+from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
@@ -45,7 +44,7 @@ _BACKWARD_OPS = {
 }
 
 
-class Context(RankTools):
+class Context(RankTools, Checkpointing):
     """Where this process runs and how to train in it.
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down
@@ -334,77 +333,6 @@ class Context(RankTools):
     def to_device(self, obj: T) -> T:
         """Move tensors (also nested in dicts, lists, dataclasses) or a module to ``device``."""
         return move_to_device(obj, self.device)
-
-    # ---- checkpoints --------------------------------------------------------------------------
-    def checkpointer(
-        self,
-        directory: str | Path,
-        *,
-        every_steps: int | None = None,
-        keep: int | None = None,
-        async_save: bool = False,
-        save_on_sigterm: bool = False,
-        **objects: Any,
-    ) -> Checkpointer:
-        """A ``Checkpointer`` saving ``objects`` (and the GradScaler of ``16-mixed``) under
-        ``directory``: every ``every_steps`` calls of ``step()``, keeping the ``keep`` newest
-        (None: all); ``async_save`` writes in the background; ``save_on_sigterm`` saves and exits
-        143 when any rank gets SIGTERM. See ``multigpu.checkpoint.manager``.
-        """
-        ckpt = Checkpointer(
-            directory,
-            rank=self.rank,
-            world_size=self.world_size,
-            adapter=self.strategy,
-            comm_device=self._comm_device(),
-            timeout=self.timeout.total_seconds(),
-            every_steps=every_steps,
-            keep=keep,
-            async_save=async_save,
-            save_on_sigterm=save_on_sigterm,
-            describe=self.strategy.describe,
-        )
-        ckpt.track(**objects)
-        if self.precision.scaler is not None and "grad_scaler" not in objects:
-            ckpt.track(grad_scaler=self.precision.scaler)
-        self._checkpointers.append(ckpt)
-        return ckpt
-
-    def save(self, path: str | Path, state: Mapping[str, Any]) -> Path:
-        """Save ``state`` — models, optimizers, loaders, schedulers, plain values — at ``path``.
-
-        Collective: every rank calls it. The checkpoint is a directory written atomically (a
-        temp dir renamed once complete, with a manifest and checksums); models and optimizers
-        are sharded through DCP, so it loads on any world size under any strategy. RNG states
-        are not saved (use a ``Checkpointer`` for exact resume).
-
-        Example:
-            >>> ctx.save("runs/final", {"model": model, "opt": opt, "epoch": 3})  # doctest: +SKIP
-        """
-        return save_state(
-            path,
-            state,
-            rank=self.rank,
-            world_size=self.world_size,
-            adapter=self.strategy,
-            timeout=self.timeout.total_seconds(),
-            strategy=self.strategy.describe(),
-        )
-
-    def load(self, path: str | Path, state: MutableMapping[str, Any]) -> dict[str, Any]:
-        """Fill ``state`` in place from a checkpoint; return the saved entries it did not ask for.
-
-        ``path``: a directory written by ``ctx.save``, a ``Checkpointer``'s ``step-*``
-        directory, or a ``Checkpointer``'s directory (its newest complete checkpoint). Models
-        and optimizers are loaded into the objects (resharded to this run), plain values are
-        replaced in ``state``. Collective: every rank calls it.
-
-        Example:
-            >>> state = {"model": model, "optimizer": opt, "epoch": 0}       # doctest: +SKIP
-            >>> rest = ctx.load("runs/final", state); state["epoch"]          # doctest: +SKIP
-            3
-        """
-        return load_state(path, state, rank=self.rank, adapter=self.strategy)
 
     # ---- lifetime -----------------------------------------------------------------------------
     def teardown(self) -> None:
