@@ -18,6 +18,7 @@ from multigpu.device import move_to_device
 from multigpu.env import ClusterEnv, detect
 from multigpu.errors import (
     CheckpointError,
+    CheckpointMismatchError,
     DeviceError,
     EnvError,
     LaunchError,
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Accuracy",
     "CheckpointError",
+    "CheckpointMismatchError",
     "CheckpointStatus",
     "Checkpointer",
     "ClusterEnv",

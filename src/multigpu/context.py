@@ -9,9 +9,10 @@ import atexit
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from torch import nn
@@ -360,6 +361,8 @@ class Context(RankTools, Checkpointing):
             self._report_stragglers()  # a collective: only when every rank ends normally
         report_lost_peers(exc[1])  # after a failed collective: which ranks still answer
         self.teardown()
+        if isinstance(exc[1], UsageError) and self.env.source == "torchrun":
+            refuse(exc[1], self.rank)
 
     def _report_stragglers(self) -> None:
         recorder = active_log()
@@ -368,3 +371,18 @@ class Context(RankTools, Checkpointing):
         busy = self.gather((recorder.busy_s, recorder.steps))
         for line in straggler_lines(busy):
             self.print(line, file=sys.stderr)
+
+
+def refuse(error: UsageError, rank: int) -> NoReturn:
+    """End a launched worker on a usage error: one line on stderr, exit code 2 (what the
+    launcher reports as the user's error, not a crash).
+
+    Every rank usually refuses the same input: a rank other than 0 waits a moment, in which
+    the agent stops it once rank 0 has exited, so the message appears once; if rank 0 did not
+    refuse, it still appears, from the rank that did.
+    """
+    if rank != 0:
+        time.sleep(1.0)
+    prefix = f"rank {rank}: " if rank else ""
+    print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
+    raise SystemExit(2) from error

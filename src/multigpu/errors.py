@@ -29,3 +29,8 @@ class LaunchError(MultiGPUError):
 
 class CheckpointError(MultiGPUError):
     """A checkpoint is missing, incomplete, corrupt or does not match what is being restored."""
+
+
+class CheckpointMismatchError(CheckpointError, UsageError):
+    """A complete checkpoint that does not fit the model given (other shapes, other names):
+    the user's choice of checkpoint or model, so a usage error too (exit code 2)."""

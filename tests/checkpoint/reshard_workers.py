@@ -72,3 +72,20 @@ def resume_runs(root: str, sources: list[str]) -> dict[str, Any]:
             for source in sources:
                 out[f"{source}->ddp"] = _run(ddp, f"{root}/{source}", None, True)
     return out
+
+
+def save_sharded_model(directory: str) -> dict[str, torch.Tensor]:
+    """Train the LM to STOP under FSDP and checkpoint it (each rank writes its shards)."""
+    with multigpu.init(strategy="fsdp", seed=0) as ctx:
+        return _run(ctx, directory, STOP, False)["state"]  # type: ignore[no-any-return]
+
+
+def load_converted(path: str, strategy: str) -> dict[str, Any]:
+    """``ctx.load`` the converted checkpoint into a fresh LM, and resume a Checkpointer on it."""
+    with multigpu.init(strategy=strategy, seed=1) as ctx:
+        model = ctx.setup(fsdp_workers.build("lm"))
+        rest = ctx.load(path, {"model": model})
+        loaded = ctx.full_state_dict(model)
+        again = ctx.setup(fsdp_workers.build("lm"))
+        step = ctx.checkpointer(path + "-unused", model=again).resume(path)
+        return {"loaded": loaded, "resumed": ctx.full_state_dict(again), "rest": rest, "step": step}

@@ -10,6 +10,7 @@ import torch
 
 import multigpu
 from multigpu.checkpoint.layout import STATE_FILE
+from multigpu.checkpoint.sharded import read_whole
 from tests.checkpoint.test_portable import storages_recorded_as_cuda
 from tests.launch._util import popen_multigpu, run_multigpu
 
@@ -44,9 +45,13 @@ def test_inspect_shows_tensors_step_and_health(checkpoints: Path) -> None:
     assert code == 0, err
     assert "model/0.weight" in out and "3×4" in out and "float32" in out
     assert "step 2, saved by 1 rank(s)" in out and "newest complete: step-00000002" in out
+    assert "sharded (DCP, reshards on load): model 4 tensors" in out
+    assert "shard files: __0_0.distcp" in out and "saved under single" in out
     info = json.loads(as_json)
     assert info["step"] == 1 and info["complete"] and info["total_numel"] == 4 * 3 + 3 + 3 * 2 + 2
-    assert info["objects"] == {"model": "module"}
+    assert info["objects"] == {"model": "module"} and info["storage"] == {"model": "dcp"}
+    assert info["format_version"] == 2 and info["strategy"] == {"strategy": "single"}
+    assert info["sharded"]["model"]["tensors"] == 4 and "__0_0.distcp" in info["files"]
 
 
 def test_inspect_of_a_corrupt_checkpoint_exits_1_and_names_the_problem(
@@ -68,7 +73,7 @@ def test_inspect_of_a_corrupt_checkpoint_exits_1_and_names_the_problem(
 def test_convert_writes_a_plain_state_dict_and_refuses_to_overwrite(
     checkpoints: Path, tmp_path: Path
 ) -> None:
-    state = torch.load(checkpoints / "step-00000002" / STATE_FILE)["objects"]["model"]
+    state = read_whole(checkpoints / "step-00000002")["model"]
     with storages_recorded_as_cuda():  # a DDP model's state dict saved on a GPU machine
         torch.save({f"module.{k}": v for k, v in state.items()}, tmp_path / "ddp_cuda.pt")
     (tmp_path / "existing.pt").write_bytes(b"keep me")

@@ -37,3 +37,16 @@ def test_workers_refusing_their_input_give_exit_2_without_a_crash_report(tmp_pat
     assert "batch_size=3 is not divisible by world_size=2" in done.stdout + done.stderr
     assert "Root Cause" not in done.stderr
     assert done.stderr.rstrip().splitlines()[-1].startswith("multigpu: error: the workers stopped")
+
+
+def test_a_usage_error_escaping_a_launched_script_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "fsdp_no_params.py")], tmp_path)
+    assert done.returncode == 2, done.stderr
+    refusals = [
+        line for line in done.stderr.splitlines() if "got a model with no parameters" in line
+    ]
+    assert refusals == [
+        "multigpu: error: strategy='fsdp' got a model with no parameters (ReLU); FSDP shards "
+        "parameters: give the model that holds them, or use strategy='ddp'"
+    ]
+    assert "Traceback" not in done.stderr and "Root Cause" not in done.stderr

@@ -15,10 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
-
-from multigpu.checkpoint.atomic import atomic_write
-from multigpu.checkpoint.portable import read_weights
+from multigpu.checkpoint.convert import to_dcp, to_file
 from multigpu.checkpoint.summary import summarize
 from multigpu.errors import CheckpointError, UsageError
 
@@ -50,13 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
     convert = sub.add_parser(
         "convert",
-        help="write a plain, portable state dict (CPU tensors, no module./_orig_mod.)",
-        description="Convert a multigpu checkpoint, a DataParallel/DDP/compiled or CUDA-saved "
-        "state dict into a plain state dict loadable with torch.load(..., weights_only=True).",
+        help="one plain state dict from any checkpoint (sharded too), or a sharded checkpoint "
+        "from a plain state dict",
+        description="--to file (default): the model of a multigpu checkpoint (sharded by any "
+        "number of ranks under any strategy), or of a DataParallel/DDP/compiled/CUDA-saved "
+        "state dict, as one plain state dict loadable with torch.load(..., weights_only=True) "
+        "(DST ending in .safetensors: a safetensors file). --to dcp: a plain state dict (.pt or "
+        ".safetensors) as a sharded checkpoint directory that ctx.load and a Checkpointer "
+        "resume on any world size and strategy.",
     )
     convert.add_argument("src")
     convert.add_argument("dst")
-    convert.add_argument("--key", help="the object or dict key holding the model")
+    convert.add_argument(
+        "--to", choices=("file", "dcp"), default="file", help="what to write (default file)"
+    )
+    convert.add_argument("--key", help="the object or dict key holding the model in SRC")
+    convert.add_argument(
+        "--name", default="model", help="--to dcp: the model's object name in DST (model)"
+    )
     convert.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
     convert.add_argument("--force", action="store_true", help="overwrite DST")
     return parser
@@ -75,7 +83,7 @@ def _print_summary(info: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(soft_wrap=True)  # long lines stay whole (greppable)
     for entry in info.get("checkpoints", []):
         state = "complete" if entry["complete"] else "BROKEN: " + "; ".join(entry["problems"])
         console.print(f"{entry['name']}: {state}", highlight=False)
@@ -97,6 +105,7 @@ def _print_summary(info: dict[str, Any]) -> None:
         )
     if info.get("objects"):
         lines.append("objects: " + ", ".join(f"{n} ({k})" for n, k in info["objects"].items()))
+    lines += _layout_lines(info)
     if info.get("newest_complete"):
         lines.append(f"newest complete: {info['newest_complete']}")
     if info.get("devices_mapped"):
@@ -107,6 +116,28 @@ def _print_summary(info: dict[str, Any]) -> None:
         lines.append("complete: marker present, sizes and SHA-256 checksums match the manifest")
     for line in lines:
         console.print(line, highlight=False)
+
+
+def _layout_lines(info: dict[str, Any]) -> list[str]:
+    """How a format-2 checkpoint is laid out: the strategy, the sharded objects, the shards."""
+    lines = []
+    strategy = info.get("strategy") or {}
+    if strategy.get("strategy"):
+        mesh = strategy.get("mesh")
+        shape = " on mesh " + ", ".join(f"{a}={n}" for a, n in mesh.items()) if mesh else ""
+        lines.append(f"saved under {strategy['strategy']}{shape}")
+    sharded = info.get("sharded") or {}
+    if sharded:
+        lines.append(
+            "sharded (DCP, reshards on load): "
+            + ", ".join(
+                f"{n} {s['tensors']} tensors, {_size(s['bytes'])}" for n, s in sharded.items()
+            )
+        )
+    shards = {n: b for n, b in (info.get("files") or {}).items() if n.endswith(".distcp")}
+    if shards:
+        lines.append("shard files: " + ", ".join(f"{n} {_size(b)}" for n, b in shards.items()))
+    return lines
 
 
 def _inspect(ns: argparse.Namespace) -> int:
@@ -120,17 +151,11 @@ def _inspect(ns: argparse.Namespace) -> int:
 
 def _convert(ns: argparse.Namespace) -> int:
     dst = Path(ns.dst)
-    if dst.exists() and not ns.force:
-        raise UsageError(f"{dst} exists; expected a new path; pass --force to overwrite it")
-    if dst.exists() and dst.is_dir():
-        raise UsageError(f"{dst} is a directory; expected a file path such as {dst}/model.pt")
-    state, report = read_weights(ns.src, key=ns.key, trust=ns.trust)
-    # In place on our own copy, so the state dict keeps its _metadata (per-module versions).
-    for name, value in state.items():
-        if isinstance(value, torch.Tensor):
-            state[name] = value.detach().cpu().contiguous()
-    atomic_write(dst, lambda fh: torch.save(state, fh))
-    print(f"wrote {dst}: {report}")
+    if ns.to == "dcp":
+        said = to_dcp(ns.src, dst, key=ns.key, name=ns.name, trust=ns.trust, force=ns.force)
+    else:
+        said = to_file(ns.src, dst, key=ns.key, trust=ns.trust, force=ns.force)
+    print(f"wrote {dst}: {said}")
     return 0
 
 

@@ -1,12 +1,11 @@
 """Portable weights: load any common checkpoint into a model, on any device, saying what changed.
 
-Accepted: multigpu checkpoints (a checkpoint directory, one ``step-*`` directory, its
-``state.pt``), plain state dicts, state dicts nested under a usual key (``state_dict``,
-``model_state_dict``, ``model``, ``module``, ``net``), saved from DataParallel / DDP (``module.``
-keys), from ``torch.compile`` (``_orig_mod.``) or on CUDA (loaded on the CPU). Files are read
-with ``weights_only=True``; a legacy pickle needs ``trust=True`` (see ``loading``).
-
-Environment variables read: none.
+Accepted: multigpu checkpoints (a checkpoint directory, one ``step-*`` directory or a
+``ctx.save`` directory, its ``state.pt``; sharded ones are read whole from their DCP files),
+plain state dicts, state dicts nested under a usual key (``state_dict``, ``model_state_dict``,
+``model``, ``module``, ``net``), saved from DataParallel / DDP (``module.`` keys), from
+``torch.compile`` (``_orig_mod.``) or on CUDA (loaded on the CPU). Files are read with
+``weights_only=True``; a legacy pickle needs ``trust=True`` (see ``loading``).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from torch import nn
 from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, MANIFEST_FILE
 from multigpu.checkpoint.loading import load_file, resolve
+from multigpu.checkpoint.sharded import read_whole
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.wrappers import unwrap_module
 
@@ -116,38 +116,50 @@ def _as_state_dict(obj: Any, where: str) -> Mapping[str, Any]:
     )
 
 
-def _module_kinds(state_file: Path) -> dict[str, str]:
+def _manifest(state_file: Path) -> dict[str, Any]:
     try:
-        objects = json.loads((state_file.parent / MANIFEST_FILE).read_text()).get("objects", {})
-        return {name: info.get("kind", "object") for name, info in objects.items()}
-    except (OSError, ValueError, AttributeError):
+        found = json.loads((state_file.parent / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _from_our_checkpoint(
     obj: Mapping[str, Any], state_file: Path, key: str | None
 ) -> tuple[Mapping[str, Any], str]:
-    objects, step = obj["objects"], obj.get("step")
-    kinds = _module_kinds(state_file)
+    """The model of a multigpu checkpoint: from ``state.pt`` (format 1, small objects) or, for
+    what the manifest says is in the DCP part (format 2), read whole from the shards."""
+    manifest = _manifest(state_file)
+    described: dict[str, Any] = manifest.get("objects", {}) if manifest else {}
+    small, step = obj["objects"], obj.get("step")
+    names = list(described) or list(small)
+    kinds = {n: described.get(n, {}).get("kind", "?") for n in names}
     if key is None:
-        modules = [n for n in objects if kinds.get(n) == "module"] or [
-            n for n, v in objects.items() if _is_state_dict(v)
+        modules = [n for n in names if kinds[n] == "module"] or [
+            n for n, v in small.items() if _is_state_dict(v)
         ]
         if "model" in modules:  # the name Checkpointer's users give the model they train
             modules = ["model"]
         if len(modules) != 1:
-            listed = ", ".join(f"{n} ({kinds.get(n, '?')})" for n in objects) or "nothing"
+            listed = ", ".join(f"{n} ({kinds[n]})" for n in names) or "nothing"
             raise UsageError(
-                f"{state_file} holds {len(modules)} models among {listed}; pass key=NAME "
+                f"{state_file.parent} holds {len(modules)} models among {listed}; pass key=NAME "
                 "(CLI: --key NAME) to choose one"
             )
         key = modules[0]
-    if key not in objects:
+    if key not in names:
         raise UsageError(
-            f"key={key!r} is not in {state_file}; it holds {sorted(objects)}: pass one of those"
+            f"key={key!r} is not in {state_file.parent}; it holds {sorted(names)}: pass one of "
+            "those"
         )
-    where = f"object {key!r} (kind {kinds.get(key, '?')}) of {state_file}"
-    return _as_state_dict(objects[key], where), f"multigpu checkpoint step {step}, object {key!r}"
+    source = f"multigpu checkpoint step {step}, object {key!r}"
+    where = f"object {key!r} (kind {kinds[key]}) of {state_file.parent}"
+    if described.get(key, {}).get("storage") == "dcp":
+        saved = read_whole(state_file.parent, {key}).get(key, {})
+        strategy = manifest.get("strategy", {}).get("strategy", "?")
+        source += f" (sharded: {manifest.get('world_size')} rank(s), {strategy})"
+        return _as_state_dict(saved, where), source
+    return _as_state_dict(small[key], where), source
 
 
 def extract_state_dict(

@@ -80,12 +80,14 @@ def restore_checkpoint(
     saved_objects: dict[str, Any] = manifest.get("objects", {})
     step, saved_world = int(state["step"]), int(state["world_size"])
     legacy = int(manifest.get("version", 1)) < 2
-    mine = load_part(path / rank_file_name(rank)) if rank < saved_world else None
+    # ctx.save and `ckpt convert` write no rank files: no RNG states to restore, none to seed.
+    per_rank_files = legacy or any(n.startswith("rank-") for n in manifest.get("files", {}))
+    mine = load_part(path / rank_file_name(rank)) if per_rank_files and rank < saved_world else None
     per_rank_saved = (mine or {}).get("objects", {})
     in_state = state.get("objects", {})
     available = set(in_state) if legacy else set(saved_objects)
     missing = [n for n in shared if n not in available]
-    if mine is not None:
+    if mine is not None or not per_rank_files:
         missing += [n for n in per_rank if n not in per_rank_saved]
     if missing:
         raise CheckpointError(
@@ -103,7 +105,7 @@ def restore_checkpoint(
         restore_sharded(path, sharded, saved_objects, adapter)
         for name, obj in small.items():
             load_into(name, obj, in_state[name])
-    _restore_rank(path, rank, step, saved_world, mine, per_rank, rng)
+    _restore_rank(path, rank, step, saved_world, mine, per_rank, rng and per_rank_files)
     if rank == 0:
         log.info("resumed from %s (step %d, saved by %d ranks)", path, step, saved_world)
     return step

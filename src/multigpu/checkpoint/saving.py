@@ -28,7 +28,7 @@ from multigpu.checkpoint.layout import FORMAT, FORMAT_VERSION, STATE_FILE, rank_
 from multigpu.checkpoint.objects import kind_of, state_of
 from multigpu.checkpoint.rng import capture_rng
 from multigpu.checkpoint.sharded import save_sharded, save_sharded_async, written_by
-from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, sharded_state
+from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateSource, sharded_state
 from multigpu.checkpoint.writer import (
     FileInfo,
     commit,
@@ -62,7 +62,7 @@ class SaveJob:
     """Objects whose state differs per rank (``rank-XXXXX.pt``)."""
     rng: bool = True
     """Save every rank's RNG states (``rank-XXXXX.pt``)."""
-    adapter: StateAdapter
+    adapter: StateSource
     timeout: float
     """Seconds rank 0's background thread waits for the other ranks' parts."""
     strategy: Mapping[str, Any] = field(default_factory=dict)

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import ReadItem
 
-from multigpu.errors import CheckpointError
+from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.torch_compat import dcp_metadata_global_allowed
 
 METADATA_FILE = ".metadata"
@@ -166,7 +166,7 @@ def check_fits(
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         problems.append("missing: " + ", ".join(missing[:5]) + more)
     if problems:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {where} does not fit this model: {'; '.join(problems)}; load it into "
             "the model (and optimizer) that saved it, or convert the weights with "
             "'multigpu ckpt convert' and load what fits with multigpu.load_weights(strict=False)"

@@ -26,14 +26,18 @@ SHARDED_KINDS = frozenset({"module", "optimizer"})
 """Kinds whose state goes to the DCP part."""
 
 
-class StateAdapter(Protocol):
-    """How the strategy in use produces and loads model and optimizer state."""
+class StateSource(Protocol):
+    """How the strategy in use produces model and optimizer state (what a save needs)."""
 
     def model_state(self, module: nn.Module) -> dict[str, Any]: ...
 
     def optimizer_state(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
     ) -> dict[str, Any]: ...
+
+
+class StateAdapter(StateSource, Protocol):
+    """How the strategy in use produces and loads model and optimizer state."""
 
     def load_model_state(self, module: nn.Module, saved: Mapping[str, Any]) -> None: ...
 
@@ -71,7 +75,7 @@ def pair_optimizers(objects: Mapping[str, Any]) -> dict[str, nn.Module]:
 
 
 def sharded_state(
-    objects: Mapping[str, Any], adapter: StateAdapter
+    objects: Mapping[str, Any], adapter: StateSource
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The DCP state of the tracked models and optimizers, and what the manifest says of each."""
     pairs = pair_optimizers(objects)

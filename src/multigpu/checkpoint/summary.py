@@ -5,12 +5,14 @@ Environment variables read: none.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from multigpu.checkpoint.layout import (
     FORMAT,
@@ -21,6 +23,7 @@ from multigpu.checkpoint.layout import (
 )
 from multigpu.checkpoint.loading import load_file
 from multigpu.checkpoint.portable import extract_state_dict
+from multigpu.checkpoint.sharded import read_metadata
 from multigpu.errors import CheckpointError, UsageError
 
 
@@ -43,25 +46,68 @@ def _tensor_rows(state: Mapping[str, Any], prefix: str = "") -> list[dict[str, A
 def _status_fields(path: Path) -> dict[str, Any]:
     status = verify_checkpoint(path)
     manifest = status.manifest or {}
+    described = manifest.get("objects", {})
     return {
-        "step": status.step,
+        "step": status.step if status.step is not None else manifest.get("step"),
         "complete": status.complete,
         "problems": list(status.problems),
+        "format_version": manifest.get("version"),
         "world_size": manifest.get("world_size"),
         "epoch": manifest.get("epoch"),
+        "strategy": manifest.get("strategy") or None,
         "torch_version": manifest.get("torch_version"),
         "created": manifest.get("created"),
-        "objects": {n: i.get("kind") for n, i in manifest.get("objects", {}).items()},
+        "objects": {n: i.get("kind") for n, i in described.items()},
+        "storage": {n: i.get("storage", "state") for n, i in described.items()},
+        "files": {n: int(i.get("bytes", 0)) for n, i in manifest.get("files", {}).items()},
     }
+
+
+def _sharded_rows(path: Path, storage: Mapping[str, str]) -> tuple[list[dict[str, Any]], dict]:
+    """Rows of the sharded models' tensors, and a size summary of every sharded object, from
+    DCP's index alone (no tensor data is read; global shapes, whatever the shards)."""
+    sharded = {n for n, where in storage.items() if where == "dcp"}
+    if not sharded:
+        return [], {}
+    metadata = read_metadata(path)
+    paths: Mapping[str, Any] = metadata.planner_data or {}
+    rows: list[dict[str, Any]] = []
+    sizes: dict[str, dict[str, int]] = {}
+    for key, info in metadata.state_dict_metadata.items():
+        if not isinstance(info, TensorStorageMetadata):
+            continue
+        parts = [str(p) for p in paths.get(key, (key,))]
+        name, rest = parts[0], ".".join(parts[1:])
+        numel = math.prod(info.size)
+        size = numel * info.properties.dtype.itemsize
+        total = sizes.setdefault(name, {"tensors": 0, "numel": 0, "bytes": 0})
+        total["tensors"] += 1
+        total["numel"] += numel
+        total["bytes"] += size
+        if storage.get(name) == "dcp" and rest and not rest.startswith(("state.", "param_groups")):
+            rows.append(
+                {
+                    "name": f"{name}/{rest}",
+                    "shape": list(info.size),
+                    "dtype": str(info.properties.dtype).removeprefix("torch."),
+                    "numel": numel,
+                    "bytes": size,
+                }
+            )
+    return rows, sizes
 
 
 def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str, Any]:
     """A JSON-ready description of ``path`` (a checkpoint root, a ``step-*`` dir, or a file).
 
     Keys: ``path``, ``kind``, ``complete`` (False when any checkpoint looked at is broken),
-    ``tensors`` (name, shape, dtype, numel, bytes of the model's tensors), ``total_numel``,
-    ``total_bytes``, ``devices_mapped``; for our checkpoints also ``step``, ``world_size``,
-    ``epoch``, ``objects``, ``problems``, ``torch_version``; for a root ``checkpoints``.
+    ``tensors`` (name, shape, dtype, numel, bytes of the models' tensors: global shapes, from
+    DCP's index for sharded ones, no data read), ``total_numel``, ``total_bytes``,
+    ``devices_mapped``; for our checkpoints also ``step``, ``world_size``, ``epoch``,
+    ``objects`` (name: kind), ``storage`` (name: "dcp" | "state" | "rank"), ``strategy`` (as
+    saved: name, mesh, units...), ``format_version``, ``files`` (name: bytes — one
+    ``__<rank>_<n>.distcp`` per writing rank), ``sharded`` (per sharded object: tensors, numel,
+    bytes), ``problems``, ``torch_version``; for a root ``checkpoints``.
 
     Example:
         >>> summarize("runs/ckpt")["newest_complete"]  # doctest: +SKIP
@@ -96,6 +142,7 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
             return info
         p = complete[-1].path
         info["newest_complete"] = p.name
+    sharded_rows: list[dict[str, Any]] = []
     if p.is_dir():
         fields = _status_fields(p)
         info.update(
@@ -103,6 +150,11 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
             kind="multigpu checkpoint",
             complete=info.get("complete", True) and fields["complete"],
         )
+        try:
+            sharded_rows, info["sharded"] = _sharded_rows(p, fields["storage"])
+        except CheckpointError as e:  # a broken index: described, exit 1
+            info.setdefault("problems", []).append(str(e))
+            info["complete"] = False
         file = p / STATE_FILE
         if not file.is_file():
             info.update(tensors=[], total_numel=0, total_bytes=0, devices_mapped={})
@@ -118,7 +170,7 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
         info.setdefault("problems", []).append(str(e))
         info.update(complete=False, tensors=[], total_numel=0, total_bytes=0, devices_mapped={})
         return info
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = list(sharded_rows)
     if isinstance(obj, Mapping) and obj.get("format") == FORMAT:
         info.setdefault("kind", "multigpu checkpoint")
         info.setdefault("complete", True)

@@ -1,0 +1,147 @@
+"""``multigpu ckpt convert``: between one plain file and a sharded (DCP) checkpoint.
+
+- to a file: the chosen model of any checkpoint — sharded by N ranks under any strategy, or a
+  format-1 one, or a DataParallel/DDP/compiled/CUDA-saved state dict — becomes one plain state
+  dict (CPU tensors, no prefixes) that ``model.load_state_dict(torch.load(DST,
+  weights_only=True))`` takes, or a ``.safetensors`` file;
+- to DCP (``--to dcp``): a plain state dict (``.pt`` or ``.safetensors``) becomes a complete
+  checkpoint directory (DCP shards, manifest, ``COMMITTED``) holding it as one model object,
+  which ``ctx.load`` and a ``Checkpointer`` tracking that model resume on any world size
+  under any strategy.
+
+Both read everything into one process's memory (the model only: an optimizer is not read) and
+write atomically: nothing is left at the destination when they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from multigpu.checkpoint.atomic import atomic_write
+from multigpu.checkpoint.layout import MANIFEST_FILE, TMP_PREFIX
+from multigpu.checkpoint.portable import read_weights
+from multigpu.checkpoint.saving import SaveJob, save
+from multigpu.errors import UsageError
+
+SAFETENSORS = ".safetensors"
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors.torch
+    except ImportError as e:
+        raise UsageError(
+            "a .safetensors file needs the safetensors package, which is not installed; run "
+            "pip install 'multigpu[safetensors]' (or use a .pt path)"
+        ) from e
+    return safetensors.torch
+
+
+def read_plain(
+    src: str | os.PathLike[str], *, key: str | None, trust: bool
+) -> tuple[dict[str, torch.Tensor], str]:
+    """The model state dict in ``src`` (any checkpoint, or a .safetensors file) and where from."""
+    if str(src).endswith(SAFETENSORS):
+        if not Path(src).is_file():
+            raise UsageError(f"{src} does not exist; expected a checkpoint file or directory")
+        state = _safetensors().load_file(str(src), device="cpu")
+        return dict(state), f"{len(state)} tensors from safetensors file ({src})"
+    found, report = read_weights(src, key=key, trust=trust)
+    # Our own copy, in place, so the state dict keeps its _metadata (per-module versions).
+    for name, value in found.items():
+        if isinstance(value, torch.Tensor):
+            found[name] = value.detach().cpu().contiguous()
+    return found, str(report)
+
+
+def _check_destination(dst: Path, *, force: bool, directory: bool) -> None:
+    if not dst.exists():
+        return
+    if not force:
+        raise UsageError(f"{dst} exists; expected a new path; pass --force to overwrite it")
+    if directory and not (dst.is_dir() and (dst / MANIFEST_FILE).is_file()):
+        raise UsageError(
+            f"{dst} exists and is not a multigpu checkpoint; --force replaces only a checkpoint: "
+            "choose a new path"
+        )
+    if not directory and dst.is_dir():
+        raise UsageError(f"{dst} is a directory; expected a file path such as {dst}/model.pt")
+
+
+def to_file(
+    src: str | os.PathLike[str], dst: Path, *, key: str | None, trust: bool, force: bool
+) -> str:
+    """Write ``src``'s model to the file ``dst`` (``.safetensors``: safetensors); say what."""
+    _check_destination(dst, force=force, directory=False)
+    writer = _safetensors() if str(dst).endswith(SAFETENSORS) else None  # refused before reading
+    state, report = read_plain(src, key=key, trust=trust)
+    if writer is not None:
+        tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        data = writer.save(tensors)
+        atomic_write(dst, lambda fh: fh.write(data))
+    else:
+        atomic_write(dst, lambda fh: torch.save(state, fh))
+    return report
+
+
+class _Held(nn.Module):
+    """A state dict in the place of the model it came from: what ``saving`` is given to save."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.held = dict(state)
+
+
+class _AsSaved:
+    """The state source of a conversion: a held state dict is the model's state, as it is."""
+
+    def model_state(self, module: nn.Module) -> dict[str, Any]:
+        assert isinstance(module, _Held)
+        return module.held
+
+    def optimizer_state(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
+    ) -> dict[str, Any]:
+        raise UsageError("a conversion writes a model's weights only, no optimizer state")
+
+
+def to_dcp(
+    src: str | os.PathLike[str],
+    dst: Path,
+    *,
+    key: str | None,
+    name: str,
+    trust: bool,
+    force: bool,
+) -> str:
+    """Write ``src``'s model as the object ``name`` of a new checkpoint directory ``dst``."""
+    if not name.isidentifier():
+        raise UsageError(f"--name {name!r} is not an identifier; give e.g. --name model")
+    _check_destination(dst, force=force, directory=True)
+    state, report = read_plain(src, key=key, trust=trust)
+    job = SaveJob(
+        final=dst,
+        stale=f"{TMP_PREFIX}{dst.name}-*",
+        step=0,
+        epoch=None,
+        rank=0,
+        world_size=1,
+        objects={name: _Held(state)},
+        rng=False,
+        adapter=_AsSaved(),
+        timeout=60.0,
+        strategy={"strategy": "converted", "from": str(src)},
+    )
+    try:
+        save(job)
+    finally:  # a failed save leaves its temp dir for the next save; a conversion has none
+        for stale in dst.parent.glob(f"{TMP_PREFIX}{dst.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    return f"{report}; as object {name!r} of a sharded (DCP) checkpoint"

@@ -1,0 +1,105 @@
+"""``multigpu ckpt convert`` round trip: DCP (2 shards) -> one file -> DCP -> resumed elsewhere.
+
+FSDP on 2 real processes writes the checkpoint (each rank its own shard file); the CLI turns it
+into one plain state dict and back into a sharded checkpoint, which loads on 1 process without
+sharding and on 2 under FSDP — with the very weights that were saved, bitwise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from multigpu.testing import run_distributed
+from tests.checkpoint import reshard_workers as w
+from tests.launch._util import run_multigpu
+
+
+def test_sharded_to_one_file_to_sharded_resumes_on_any_world_size(tmp_path: Path) -> None:
+    saved, _ = run_distributed(w.save_sharded_model, world_size=2, args=(str(tmp_path / "ck"),))
+    step = tmp_path / "ck" / f"step-{w.STOP:08d}"
+    assert sorted(p.name for p in step.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    first = run_multigpu(["ckpt", "convert", str(step), "model.pt"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "object 'model' (sharded: 2 rank(s), fsdp)" in first.stdout
+    plain = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert plain.keys() == saved.keys()
+    assert all(torch.equal(plain[k], saved[k]) for k in saved)
+    back = run_multigpu(["ckpt", "convert", "model.pt", "back", "--to", "dcp"], tmp_path)
+    assert back.returncode == 0, back.stderr
+    (alone,) = run_distributed(
+        w.load_converted, world_size=1, args=(str(tmp_path / "back"), "single")
+    )
+    pair, _ = run_distributed(w.load_converted, world_size=2, args=(str(tmp_path / "back"), "fsdp"))
+    for result in (alone, pair):
+        assert result["rest"] == {} and result["step"] == 0
+        for state in (result["loaded"], result["resumed"]):
+            assert all(torch.equal(state[k], saved[k]) for k in saved)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["ckpt", "convert", "model.pt", "taken", "--to", "dcp", "--force"],
+            "not a multigpu checkpoint",
+        ),
+        (
+            ["ckpt", "convert", "model.pt", "new", "--to", "dcp", "--name", "my-model"],
+            "not an identifier",
+        ),
+        (["ckpt", "convert", "model.pt", "taken", "--to", "dcp"], "pass --force"),
+    ],
+)
+def test_bad_conversions_are_one_line_exit_2_and_write_nothing(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    done = run_multigpu(argv, tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_checkpoint_of_another_shape_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    import multigpu
+
+    with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+        ctx.save(tmp_path / "small", {"model": torch.nn.Linear(4, 3)})
+        with pytest.raises(multigpu.CheckpointError) as caught:
+            ctx.load(tmp_path / "small", {"model": torch.nn.Linear(5, 3)})
+    assert isinstance(caught.value, multigpu.UsageError)  # the user's choice: exit code 2
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "model.weight (3, 4) in the checkpoint vs (3, 5) here" in message
+
+
+def test_safetensors_both_ways(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    from multigpu.checkpoint.commands import ckpt_main
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
+    torch.save(state, tmp_path / "plain.pt")
+    assert (
+        ckpt_main(["convert", str(tmp_path / "plain.pt"), str(tmp_path / "ck"), "--to", "dcp"]) == 0
+    )
+    assert ckpt_main(["convert", str(tmp_path / "ck"), str(tmp_path / "m.safetensors")]) == 0
+    from safetensors.torch import load_file
+
+    loaded = load_file(str(tmp_path / "m.safetensors"))
+    assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
+    assert (
+        ckpt_main(
+            ["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "ck2"), "--to", "dcp"]
+        )
+        == 0
+    )
+    from multigpu.checkpoint.sharded import read_whole
+
+    again = read_whole(tmp_path / "ck2")["model"]
+    assert all(torch.equal(again[k], state[k]) for k in state)
