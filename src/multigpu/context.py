@@ -9,19 +9,19 @@ import atexit
 import contextlib
 import logging
 import sys
-import time
+import weakref
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from multigpu import dist
+from multigpu import dist, out_of_memory
 from multigpu.auto_strategy import choose_for_memory
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.context_checkpoints import Checkpointing
-from multigpu.context_comm import RankTools
+from multigpu.context_comm import RankTools, refuse
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
@@ -87,48 +87,10 @@ class Context(RankTools, Checkpointing):
         self._checkpointers: list[Checkpointer] = []
         self._watchdog = watchdog
         self._meta_rng = MetaRng()
+        self._chosen = False
+        self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
+        self._loaders: weakref.WeakSet[DistributedLoader] = weakref.WeakSet()
         atexit.register(self.teardown)
-
-    # ---- where we are -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        """Global rank of this process."""
-        return self.env.rank
-
-    @property
-    def local_rank(self) -> int:
-        """Rank of this process on its node (its GPU index when on CUDA)."""
-        return self.env.local_rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes in the job."""
-        return self.env.world_size
-
-    @property
-    def local_world_size(self) -> int:
-        """Number of processes on this node."""
-        return self.env.local_world_size
-
-    @property
-    def node_rank(self) -> int:
-        """Index of this node."""
-        return self.env.node_rank
-
-    @property
-    def num_nodes(self) -> int:
-        """Number of nodes in the job."""
-        return self.env.num_nodes
-
-    @property
-    def is_main(self) -> bool:
-        """True on global rank 0 (the one that prints and writes files)."""
-        return self.env.rank == 0
-
-    @property
-    def is_distributed(self) -> bool:
-        """True when more than one process takes part."""
-        return self.env.world_size > 1
 
     def __repr__(self) -> str:
         return (
@@ -153,10 +115,14 @@ class Context(RankTools, Checkpointing):
             raise UsageError(
                 f"setup() got {type(model).__name__} as the model; expected a torch.nn.Module"
             )
-        if self.strategy.auto and self.is_distributed:
+        if self.strategy.auto and self.is_distributed and not self._chosen:
+            self._chosen = True  # once: the first model decides (a second one joins it)
             self.strategy = choose_for_memory(self, model, optimizers)
             self._steps.strategy = self.strategy
-        with self._meta_rng.drawing(model):
+            for made in self._loaders:  # loaders made before: FSDP's forwards are collectives
+                made.even_batches = self.strategy.forward_is_collective
+        with self._meta_rng.drawing(model), self._memory_said("ctx.setup"):
+            self._trained = (model, optimizers)  # for the estimate an out-of-memory error gives
             wrapped = self.strategy.setup(model, optimizers)
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)
@@ -215,11 +181,12 @@ class Context(RankTools, Checkpointing):
         accumulating), so they are the mean over the global batch.
         """
         recorder = active_log() if self.is_distributed else None
-        if recorder is None:
-            self._steps.backward(loss, **kwargs)
-        else:  # a call with no shapes: the loss's are not those of the all-reduce
-            op = _BACKWARD_OPS.get(self.strategy.name, "backward")
-            recorder.call(op, self._steps.backward, loss, **kwargs)
+        with self._memory_said("ctx.backward"):
+            if recorder is None:
+                self._steps.backward(loss, **kwargs)
+            else:  # a call with no shapes: the loss's are not those of the all-reduce
+                op = _BACKWARD_OPS.get(self.strategy.name, "backward")
+                recorder.call(op, self._steps.backward, loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
         """Step the optimizer(s) at the end of an optimizer step, then zero the gradients.
@@ -227,7 +194,30 @@ class Context(RankTools, Checkpointing):
         Inside ``accumulate`` on a micro-batch that does not end its step it does nothing; with
         ``precision="16-mixed"`` it goes through the GradScaler. Returns whether it stepped.
         """
-        return self._steps.step(*optimizers, zero_grad=zero_grad)
+        with self._memory_said("ctx.step"):
+            return self._steps.step(*optimizers, zero_grad=zero_grad)
+
+    @contextlib.contextmanager
+    def _memory_said(self, where: str) -> Iterator[None]:
+        """A failed allocation becomes one line: the rank, the step, what would fit."""
+        try:
+            yield
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            if not out_of_memory.is_out_of_memory(e):
+                raise
+            model, optimizers = self._trained
+            raise out_of_memory.explain(
+                e,
+                where=where,
+                rank=self.rank,
+                strategy=self.strategy.name,
+                world_size=self.world_size,
+                local_world_size=self.local_world_size,
+                device=self.device,
+                precision=self.precision.name,
+                model=model,
+                optimizers=optimizers,
+            ) from e
 
     def accumulate(
         self, model: nn.Module, sync: bool | None = None
@@ -318,6 +308,7 @@ class Context(RankTools, Checkpointing):
             **dataloader_kwargs,
         )
         loader.on_batch = self._steps.note_batch
+        self._loaders.add(loader)
         if self._probe is not None:
             sampler = loader.sampler
             self._probe.watch_loader(
@@ -371,18 +362,3 @@ class Context(RankTools, Checkpointing):
         busy = self.gather((recorder.busy_s, recorder.steps))
         for line in straggler_lines(busy):
             self.print(line, file=sys.stderr)
-
-
-def refuse(error: UsageError, rank: int) -> NoReturn:
-    """End a launched worker on a usage error: one line on stderr, exit code 2 (what the
-    launcher reports as the user's error, not a crash).
-
-    Every rank usually refuses the same input: a rank other than 0 waits a moment, in which
-    the agent stops it once rank 0 has exited, so the message appears once; if rank 0 did not
-    refuse, it still appears, from the rank that did.
-    """
-    if rank != 0:
-        time.sleep(1.0)
-    prefix = f"rank {rank}: " if rank else ""
-    print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
-    raise SystemExit(2) from error

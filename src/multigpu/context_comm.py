@@ -1,4 +1,4 @@
-"""What a Context offers for talking between ranks: collectives, rank-0 printing, ordering.
+"""Where a Context's process sits among the ranks, and how it talks to the others.
 
 A mixin of ``Context`` (kept apart to keep each file to one concept): every method works at
 world size 1 too, where a collective returns its input.
@@ -9,31 +9,65 @@ from __future__ import annotations
 import builtins
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
 from multigpu import dist
+from multigpu.env.types import ClusterEnv
+from multigpu.errors import UsageError
 
 T = TypeVar("T")
 
 
 class RankTools:
-    """Collectives and output for the ranks of a job (mixed into ``Context``)."""
+    """Rank facts, collectives and output for the ranks of a job (mixed into ``Context``)."""
 
+    env: ClusterEnv
     backend: str | None
     device: torch.device
-    if TYPE_CHECKING:  # defined by Context
 
-        @property
-        def rank(self) -> int: ...
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        return self.env.rank
 
-        @property
-        def is_main(self) -> bool: ...
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node (its GPU index when on CUDA)."""
+        return self.env.local_rank
 
-        @property
-        def is_distributed(self) -> bool: ...
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.env.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this node."""
+        return self.env.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this node."""
+        return self.env.node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes in the job."""
+        return self.env.num_nodes
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the one that prints and writes files)."""
+        return self.env.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.env.world_size > 1
 
     def barrier(self) -> None:
         """Wait until every rank arrives (bounded by the timeout)."""
@@ -82,3 +116,18 @@ class RankTools:
         yield
         if self.is_main:
             self.barrier()
+
+
+def refuse(error: UsageError, rank: int) -> NoReturn:
+    """End a launched worker on a usage error: one line on stderr, exit code 2 (what the
+    launcher reports as the user's error, not a crash).
+
+    Every rank usually refuses the same input: a rank other than 0 waits a moment, in which
+    the agent stops it once rank 0 has exited, so the message appears once; if rank 0 did not
+    refuse, it still appears, from the rank that did.
+    """
+    if rank != 0:
+        time.sleep(1.0)
+    prefix = f"rank {rank}: " if rank else ""
+    print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
+    raise SystemExit(2) from error

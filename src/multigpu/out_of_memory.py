@@ -1,0 +1,85 @@
+"""An allocation that fails in a training step, said in one line with what would fit.
+
+torch says ``DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes`` (or
+CUDA's ``OutOfMemoryError``) from wherever the allocation happened. The Context turns it into a
+``DeviceError`` naming the rank, the step it was in, the model's estimated training state under
+the strategy in use against what the rank has, and the ways out.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from multigpu.errors import DeviceError, UsageError
+from multigpu.estimate import device_capacity, estimate_memory
+from multigpu.estimate.capacity import GIB
+from multigpu.estimate.memory import PRECISIONS
+
+_SIZE = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is torch failing to allocate memory (CPU or CUDA).
+
+    Example:
+        >>> is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: ..."))
+        True
+    """
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and (
+        "can't allocate memory" in text  # torch's CPU allocator
+        or "std::bad_alloc" in text  # C++ new, inside autograd or gloo
+        or "out of memory" in text.lower()
+    )
+
+
+def explain(
+    error: BaseException,
+    *,
+    where: str,
+    rank: int,
+    strategy: str,
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    precision: str,
+    model: nn.Module | None,
+    optimizers: Sequence[torch.optim.Optimizer],
+) -> DeviceError:
+    """The one-line error for an allocation that failed in ``where`` (see the module doc)."""
+    size = _SIZE.search(str(error))
+    tried = f" (it tried to allocate {size.group(1)})" if size else ""
+    need = ""
+    if model is not None:
+        try:
+            est = estimate_memory(
+                model,
+                world_size=world_size,
+                optimizer=optimizers[0] if optimizers else "adamw",
+                precision=precision if precision in PRECISIONS else "32",
+            )
+        except UsageError:  # an optimizer the estimate does not know
+            est = estimate_memory(model, world_size=world_size)
+        name = strategy if strategy in ("ddp", "fsdp") else "ddp"
+        capacity = device_capacity(device, local_world_size)
+        need = (
+            f": the model's training state under {strategy} needs ~"
+            f"{est.of(name).device / GIB:.2f} GiB per rank (fsdp: "
+            f"~{est.of('fsdp').device / GIB:.2f} GiB), and this rank has {capacity}"
+        )
+    advice = (
+        "use strategy='fsdp' (or 'auto'), more processes, precision='bf16-mixed' or a smaller batch"
+        if strategy != "fsdp"
+        else "use more processes, precision='bf16-mixed', activation checkpointing or a smaller "
+        "batch"
+    )
+    return DeviceError(
+        f"rank {rank} ({socket.gethostname()}) ran out of memory in {where}{tried}{need}; {advice}"
+    )
