@@ -72,7 +72,7 @@ def explain(
         need = (
             f": the model's training state under {strategy} needs ~"
             f"{est.of(name).device / GIB:.2f} GiB per rank (fsdp: "
-            f"~{est.of('fsdp').device / GIB:.2f} GiB), and this rank has {capacity}"
+            f"~{est.of('fsdp').device / GIB:.2f} GiB), with {capacity} left on this rank"
         )
     advice = (
         "use strategy='fsdp' (or 'auto'), more processes, precision='bf16-mixed' or a smaller batch"

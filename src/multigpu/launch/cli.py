@@ -1,5 +1,5 @@
-"""The ``multigpu`` command line (argparse only): run, train, verify, doctor, bench, ckpt, slurm,
-gpus.
+"""The ``multigpu`` command line (argparse only): run, train, verify, doctor, bench, estimate,
+ckpt, slurm, gpus.
 
 ``multigpu run`` is torchrun's own parser (``torch.distributed.run.get_args_parser``) with
 multigpu's options added, so every torchrun flag keeps its name, spellings and meaning.
@@ -27,7 +27,7 @@ from multigpu.launch.timeouts import seconds_arg
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
-SUBCOMMANDS = ("run", "train", "verify", "doctor", "bench", "ckpt", "slurm", "gpus")
+SUBCOMMANDS = ("run", "train", "verify", "doctor", "bench", "estimate", "ckpt", "slurm", "gpus")
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level ``multigpu`` parser with its subcommands."""
     parser = _Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{run,train,verify,doctor,bench,ckpt,slurm,gpus}"
+        dest="command",
+        required=True,
+        metavar="{run,train,verify,doctor,bench,estimate,ckpt,slurm,gpus}",
     )
     run = build_run_parser()
     sub.add_parser(
@@ -174,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="check this machine (or every node of a job) for distributed training, with the "
         "fixes (see 'multigpu doctor --help')",
+    )
+    sub.add_parser(
+        "estimate",
+        help="memory per rank of a model under ddp/fsdp, and what fits "
+        "(see 'multigpu estimate --help')",
     )
     sub.add_parser("ckpt", help="inspect or convert checkpoints (see 'multigpu ckpt --help')")
     sub.add_parser("bench", help="collective bandwidth and scaling (see 'multigpu bench --help')")
@@ -295,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             from multigpu.diagnostics.bench.cli import bench_main
 
             return bench_main(args[1:])
+        if args and args[0] == "estimate":
+            from multigpu.diagnostics.estimate_cli import estimate_main
+
+            return estimate_main(args[1:])
         if args and args[0] == "ckpt":
             from multigpu.checkpoint.commands import ckpt_main
 
