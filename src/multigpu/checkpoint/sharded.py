@@ -101,11 +101,17 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+_NO_GROUP = "torch.distributed is disabled, unavailable or uninitialized"
+# DCP's background thread (async_save) warns too, outside any catch_warnings of the caller's:
+# one process with no group is what no_dist=True says, not something to warn about.
+warnings.filterwarnings("ignore", message=_NO_GROUP)
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Without torch's warning that one process means "no process group" (we said no_dist)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message=_NO_GROUP)
         yield
 
 
