@@ -25,6 +25,7 @@ from multigpu.errors import (
     MultiGPUError,
     UsageError,
 )
+from multigpu.estimate import MemoryEstimate, estimate_memory
 from multigpu.initialize import init
 from multigpu.metrics import Accuracy, Mean, Metric, Sum, gather_all, gather_in_dataset_order
 from multigpu.seed import seed_everything
@@ -56,6 +57,7 @@ __all__ = [
     "LaunchError",
     "LoadReport",
     "Mean",
+    "MemoryEstimate",
     "MeshShape",
     "Metric",
     "MultiGPUError",
@@ -65,6 +67,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "detect",
+    "estimate_memory",
     "find_latest",
     "gather_all",
     "gather_in_dataset_order",
