@@ -1,21 +1,49 @@
-"""How much memory a rank has for its model: its GPU's free memory, or its share of CPU RAM.
+"""How much memory one rank has for its model: its GPU's free memory, or its share of CPU RAM.
 
-On CPU processes the tightest of: this process's ``RLIMIT_AS`` / ``RLIMIT_DATA`` (minus what it
-already maps), the cgroup's memory limit minus its usage, and ``MemAvailable`` — the last two
-shared by the processes of the node. Each reading is a pure function of the text it parses, so
-the choice is tested with recorded files.
+On CPU processes the tightest of:
+
+- this process's ``RLIMIT_DATA`` soft limit minus ``VmData`` (what the limit counts: private
+  writable mappings, i.e. the heap and every tensor) and ``RLIMIT_AS`` minus ``VmSize``;
+- the cgroup's memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, the tightest along
+  this process's cgroup path) minus its usage less reclaimable page cache, shared by the
+  processes of this node;
+- ``MemAvailable`` (``/proc/meminfo``) shared by the processes of this node.
+
+``Capacity.source`` says which one bounded it. A worker asks about its own GPU with
+``torch.cuda.mem_get_info`` (its CUDA context exists already, and that is exactly its device,
+MIG and ``CUDA_VISIBLE_DEVICES`` resolved); the command line, which must not create a CUDA
+context, reads ``multigpu.gpus`` (NVML, then nvidia-smi) instead: ``gpus_capacity``.
+
+Every reading is a pure function of the text it parses, so the choice is tested with recorded
+files; ``read_memory_files`` reads the real ones.
+
+Environment variables read: none.
 """
 
 from __future__ import annotations
 
 import resource
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from multigpu.gpus.types import GPUInfo
+
 GIB = 2**30
+MIB = 2**20
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+V2 = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat")
+"""The keys of a cgroup v2 limit, usage and statistics in ``files`` (the tightest cgroup's)."""
+V1 = (
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+    "/sys/fs/cgroup/memory/memory.stat",
+)
+"""The same for cgroup v1."""
+_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +51,11 @@ class Capacity:
     """Bytes one rank can use, and what bounds it."""
 
     bytes: int
+    """Memory this rank can still use for the model's training state."""
     source: str
     """What gave the figure, readable: ``"MemAvailable 22.1 GiB / 2 processes"``."""
+    kind: str = "cpu"
+    """``"cpu"`` (RAM of CPU processes) or ``"cuda"`` (a GPU's memory)."""
 
     def __str__(self) -> str:
         return f"{self.bytes / GIB:.1f} GiB ({self.source})"
@@ -37,10 +68,7 @@ def meminfo_available(text: str) -> int | None:
         >>> meminfo_available("MemTotal: 100 kB\\nMemAvailable:  2048 kB\\n")
         2097152
     """
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None
+    return _kib_field(text, "MemAvailable")
 
 
 def status_kib(text: str, field: str) -> int:
@@ -50,25 +78,136 @@ def status_kib(text: str, field: str) -> int:
         >>> status_kib("VmSize:\\t  1024 kB\\n", "VmSize")
         1048576
     """
+    return _kib_field(text, field) or 0
+
+
+def _kib_field(text: str, field: str) -> int | None:
     for line in text.splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
-    return 0
+    return None
 
 
-def cgroup_room(limit: str | None, usage: str | None) -> int | None:
-    """Bytes left under a cgroup memory limit (v2 ``memory.max`` / ``memory.current``).
+def cgroup_room(limit: str | None, usage: str | None, stat: str | None = None) -> int | None:
+    """Bytes left under a cgroup memory limit; None when there is no limit.
+
+    Usage counts the page cache; its inactive part (``inactive_file``, v1's
+    ``total_inactive_file``) is given back under pressure, so it counts as room.
 
     Example:
         >>> cgroup_room("1073741824\\n", "73741824\\n"), cgroup_room("max\\n", "1\\n")
         (1000000000, None)
+        >>> cgroup_room("1000", "600", "anon 100\\ninactive_file 200\\n")
+        600
     """
     if not limit or limit.strip() in ("max", "") or usage is None:
         return None
     value = int(limit.strip())
-    if value >= 2**60:  # cgroup v1's "no limit"
+    if value >= _NO_LIMIT:
         return None
-    return max(0, value - int(usage.strip()))
+    reclaimable = 0
+    for line in (stat or "").splitlines():
+        key, _, number = line.partition(" ")
+        if key in ("inactive_file", "total_inactive_file") and number.strip().isdigit():
+            reclaimable = int(number)
+    return max(0, value - max(0, int(usage.strip()) - reclaimable))
+
+
+def cpu_capacity(
+    local_processes: int,
+    *,
+    files: Mapping[str, str | None] | None = None,
+    limits: Mapping[str, int] | None = None,
+) -> Capacity:
+    """One CPU process's share of memory: the tightest bound (see the module doc).
+
+    Args:
+        local_processes: the processes of this node sharing its RAM.
+        files: texts by path: ``/proc/meminfo``, ``/proc/self/status`` and the cgroup's
+            (keys ``V2`` or ``V1``); default: ``read_memory_files()``.
+        limits: ``{"RLIMIT_AS": bytes, "RLIMIT_DATA": bytes}`` soft limits (default: this
+            process's; absent or ``resource.RLIM_INFINITY``: none).
+
+    Example:
+        >>> cpu_capacity(2, files={"/proc/meminfo": "MemAvailable: 8388608 kB"}, limits={}).source
+        'MemAvailable 8.0 GiB / 2 processes'
+    """
+    n = max(1, local_processes)
+    files = read_memory_files() if files is None else files
+    if limits is None:
+        limits = {
+            name: resource.getrlimit(getattr(resource, name))[0]
+            for name in ("RLIMIT_AS", "RLIMIT_DATA")
+        }
+    found: list[Capacity] = []
+    available = meminfo_available(files.get("/proc/meminfo") or "")
+    if available is not None:
+        source = f"MemAvailable {available / GIB:.1f} GiB / {n} process{'es' * (n > 1)}"
+        found.append(Capacity(bytes=available // n, source=source))
+    for keys in (V2, V1):
+        room = cgroup_room(*(files.get(key) for key in keys))
+        if room is not None:
+            source = f"cgroup memory limit, {room / GIB:.1f} GiB free / {n} process{'es' * (n > 1)}"
+            found.append(Capacity(bytes=room // n, source=source))
+    status = files.get("/proc/self/status") or ""
+    for name, used_field in (("RLIMIT_DATA", "VmData"), ("RLIMIT_AS", "VmSize")):
+        limit = limits.get(name, resource.RLIM_INFINITY)
+        if limit != resource.RLIM_INFINITY and limit > 0:
+            used = status_kib(status, used_field)
+            source = (
+                f"{name} {limit / GIB:.1f} GiB of this process, {used / GIB:.2f} GiB in use "
+                f"({used_field})"
+            )
+            found.append(Capacity(bytes=max(0, limit - used), source=source))
+    if not found:
+        return Capacity(bytes=0, source="unknown: no /proc/meminfo, no limit found")
+    return min(found, key=lambda c: c.bytes)
+
+
+def read_memory_files(root: str = CGROUP_ROOT) -> dict[str, str | None]:
+    """The texts ``cpu_capacity`` reads, from this machine (a missing file: None).
+
+    The cgroup files are those of the tightest limit on this process's cgroup path (a limit
+    may sit on any ancestor), under the keys ``V2`` / ``V1``.
+
+    Example:
+        >>> "/proc/meminfo" in read_memory_files()
+        True
+    """
+    files: dict[str, str | None] = {
+        path: _read(path) for path in ("/proc/meminfo", "/proc/self/status")
+    }
+    own = _read("/proc/self/cgroup") or ""
+    for keys, controller in ((V2, ""), (V1, "memory")):
+        base = Path(root) if not controller else Path(root) / controller
+        chosen: tuple[str | None, ...] = (None, None, None)
+        tightest: int | None = None
+        for folder in _cgroup_folders(own, controller, base):
+            texts = tuple(_read(str(folder / Path(key).name)) for key in keys)
+            room = cgroup_room(*texts)
+            if room is not None and (tightest is None or room < tightest):
+                chosen, tightest = texts, room
+        files.update(zip(keys, chosen, strict=True))
+    return files
+
+
+def _cgroup_folders(own: str, controller: str, base: Path) -> list[Path]:
+    """This process's cgroup folder and its ancestors up to ``base`` (those that exist)."""
+    relative = ""
+    for line in own.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if (controllers == "" and not controller) or (
+            controller and controller in controllers.split(",")
+        ):
+            relative = path.strip().lstrip("/")
+    folders = [base]
+    parts = [p for p in relative.split("/") if p and p != ".."]
+    for i in range(1, len(parts) + 1):
+        folders.append(base.joinpath(*parts[:i]))
+    return [f for f in folders if f.is_dir()]
 
 
 def _read(path: str) -> str | None:
@@ -78,85 +217,51 @@ def _read(path: str) -> str | None:
         return None
 
 
-def cpu_capacity(
-    local_processes: int,
-    *,
-    files: Mapping[str, str | None] | None = None,
-    limits: Mapping[str, int] | None = None,
-) -> Capacity:
-    """One CPU process's share of memory (see the module doc).
-
-    Args:
-        local_processes: the processes of this node sharing its RAM.
-        files: the texts of ``/proc/meminfo``, ``/proc/self/status`` and the cgroup's
-            ``memory.max``/``memory.current`` (default: read them).
-        limits: ``{"RLIMIT_AS": bytes, "RLIMIT_DATA": bytes}`` soft limits (default: this
-            process's; ``resource.RLIM_INFINITY`` for none).
+def gpus_capacity(gpus: Sequence[GPUInfo], processes: int) -> Capacity | None:
+    """The free memory per process on this machine's GPUs (one process per GPU), as the
+    launcher would pick them: the ``processes`` GPUs with the most free memory, bounded by the
+    least free of those. None when there are fewer GPUs than processes.
 
     Example:
-        >>> cpu_capacity(2, files={"/proc/meminfo": "MemAvailable: 8388608 kB"}, limits={}).source
-        'MemAvailable 8.0 GiB / 2 processes'
+        >>> from multigpu.gpus.types import GPUInfo
+        >>> gpu = GPUInfo(index=0, logical_index=0, uuid="GPU-0", name="NVIDIA H100",
+        ...               pci_bus_id="", memory_total_mib=81559, memory_free_mib=76800,
+        ...               utilization_percent=0, visible_id="GPU-0")
+        >>> gpus_capacity([gpu], 1).source
+        'GPU 0: NVIDIA H100 79.6 GiB, 75.0 GiB free'
     """
-    n = max(1, local_processes)
-    if files is None:
-        files = {
-            path: _read(path)
-            for path in (
-                "/proc/meminfo",
-                "/proc/self/status",
-                "/sys/fs/cgroup/memory.max",
-                "/sys/fs/cgroup/memory.current",
-            )
-        }
-    if limits is None:
-        limits = {
-            name: resource.getrlimit(getattr(resource, name))[0]
-            for name in ("RLIMIT_AS", "RLIMIT_DATA")
-        }
-    status = files.get("/proc/self/status") or ""
-    found: list[Capacity] = []
-    available = meminfo_available(files.get("/proc/meminfo") or "")
-    if available is not None:
-        found.append(
-            Capacity(
-                bytes=available // n,
-                source=f"MemAvailable {available / GIB:.1f} GiB / {n} processes",
-            )
-        )
-    room = cgroup_room(
-        files.get("/sys/fs/cgroup/memory.max"), files.get("/sys/fs/cgroup/memory.current")
+    if processes < 1 or len(gpus) < processes:
+        return None
+    chosen = sorted(gpus, key=lambda g: -g.memory_free_mib)[:processes]
+    least = min(chosen, key=lambda g: g.memory_free_mib)
+    index = least.index if least.logical_index is None else least.logical_index
+    source = (
+        f"GPU {index}: {least.name} {least.memory_total_mib * MIB / GIB:.1f} GiB, "
+        f"{least.memory_free_mib * MIB / GIB:.1f} GiB free"
     )
-    if room is not None:
-        found.append(
-            Capacity(
-                bytes=room // n,
-                source=f"cgroup memory limit, {room / GIB:.1f} GiB free / {n} processes",
-            )
-        )
-    for name, used_field in (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData")):
-        limit = limits.get(name, resource.RLIM_INFINITY)
-        if limit != resource.RLIM_INFINITY and limit > 0:
-            left = max(0, limit - status_kib(status, used_field))
-            found.append(
-                Capacity(bytes=left, source=f"{name} {limit / GIB:.1f} GiB of this process")
-            )
-    if not found:
-        return Capacity(bytes=0, source="unknown (no /proc/meminfo)")
-    return min(found, key=lambda c: c.bytes)
+    if processes > 1:
+        source += f" (the least free of {processes})"
+    return Capacity(bytes=least.memory_free_mib * MIB, source=source, kind="cuda")
 
 
 def gpu_capacity(device: torch.device) -> Capacity:
-    """The free memory of this rank's GPU (``torch.cuda.mem_get_info``)."""
+    """The free memory of this rank's GPU (``torch.cuda.mem_get_info``, in a worker)."""
     free, total = torch.cuda.mem_get_info(device)
     name = torch.cuda.get_device_name(device)
     return Capacity(
         bytes=int(free),
-        source=f"{device} ({name}): {free / GIB:.1f} of {total / GIB:.1f} GiB free",
+        source=f"GPU {device.index}: {name} {total / GIB:.1f} GiB, {free / GIB:.1f} GiB free",
+        kind="cuda",
     )
 
 
 def device_capacity(device: torch.device, local_processes: int) -> Capacity:
-    """What one rank on ``device`` can hold: its GPU's free memory, or its share of RAM."""
+    """What one rank on ``device`` can hold: its GPU's free memory, or its share of RAM.
+
+    Example:
+        >>> device_capacity(torch.device("cpu"), 2).kind
+        'cpu'
+    """
     if device.type == "cuda":
         return gpu_capacity(device)
     return cpu_capacity(local_processes)

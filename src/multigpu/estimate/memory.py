@@ -1,23 +1,31 @@
 """How much memory one rank needs for a model's training state, per strategy.
 
-Counted from the model's parameters alone (a meta-device model costs nothing to ask about):
+Counted from the model's parameters alone (a meta-device model costs nothing to ask about).
+With P the parameters' bytes, S the optimizer's state tensors per parameter, N processes, L the
+largest FSDP unit's and R the root unit's parameters, c the bytes of a weight in compute (2
+under ``bf16-mixed``, else as stored):
 
-- **ddp**: every rank holds the parameters, their gradients, the optimizer state, and DDP's
-  gradient buckets — a second copy of the gradients that the all-reduce works on;
-- **fsdp** over N ranks: 1/N of the parameters, gradients and optimizer state, plus what is
-  gathered whole for compute: the root unit (kept gathered, its backward comes first) and the
-  largest unit twice (the one computing and the one prefetched) with its unsharded gradient;
-- **fsdp+offload** (GPU only): the same, with the sharded state in CPU RAM — the device holds
-  only what is gathered.
+- **ddp**: params P, gradients P, optimizer S·P, buffers: DDP's gradient buckets, a second copy
+  of the gradients the all-reduce works on (none with ``gradient_as_bucket_view``, none on one
+  process: multigpu runs it unwrapped), and under ``bf16-mixed`` autocast's bf16 copy of the
+  weights that the backward keeps (2 bytes a parameter);
+- **fsdp**: params, gradients and optimizer state sharded (each parameter's dim 0 split in N,
+  padded as FSDP2 pads it), and buffers: what is gathered whole — the root unit kept gathered
+  with its unsharded gradient (2·c·R), and three copies of the largest unit in the backward
+  (its gathered weights, the next unit's prefetched ones, its unsharded gradient: 3·c·L) with
+  the reduce-scatter's float32 input (4·L);
+- **fsdp+offload** (GPU only): the same, with the sharded state in CPU RAM: the GPU holds only
+  what is gathered.
 
-Optimizer state per parameter: Adam/AdamW/Adamax/NAdam/RAdam 2 tensors, SGD with momentum,
-RMSprop, Adagrad 1, plain SGD 0; ``bf16-mixed`` computes with bfloat16 copies of the weights
-(autocast's cache under DDP, FSDP's gathered units) while the weights, gradients and optimizer
-state stay float32. Activations are not included: they grow with the batch, not the model.
+Not included: activations (they grow with the batch, not the model), the framework's own
+memory (CUDA context, torch's libraries: about 0.2–0.3 GiB of RAM for a CPU process), and the
+allocator's slack. The formulas were checked against the peak RSS of 2 CPU processes training
+stacks of Linear blocks with AdamW (``benchmarks/memory.py``, ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,36 +34,32 @@ import torch
 from torch import nn
 
 from multigpu.errors import UsageError
+from multigpu.estimate import choice, render
+from multigpu.estimate.capacity import Capacity
+from multigpu.estimate.optimizers import STATES_PER_PARAM, optimizer_state_count
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, unit_sizes
 
-STATES_PER_PARAM = {
-    "adam": 2, "adamw": 2, "adamax": 2, "nadam": 2, "radam": 2,
-    "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1, "adadelta": 2, "sgd": 0,
-}  # fmt: skip
-"""Optimizer state tensors kept per parameter, by optimizer name."""
-
 PRECISIONS = ("32", "bf16-mixed")
+"""The precisions the estimate knows (``16-mixed`` has no FSDP here)."""
 
+STRATEGIES = ("ddp", "fsdp", "fsdp+offload")
 
-def optimizer_states(optimizer: str | torch.optim.Optimizer) -> tuple[str, int]:
-    """(name, state tensors per parameter) of an optimizer or an optimizer name.
+__all__ = [
+    "PRECISIONS",
+    "STATES_PER_PARAM",
+    "STRATEGIES",
+    "MemoryEstimate",
+    "StrategyMemory",
+    "estimate_memory",
+]
 
-    Example:
-        >>> optimizer_states("AdamW"), optimizer_states("sgd")
-        (('adamw', 2), ('sgd', 0))
-    """
-    if isinstance(optimizer, torch.optim.Optimizer):
-        name = type(optimizer).__name__.lower()
-        if name == "sgd" and any(g.get("momentum", 0) for g in optimizer.param_groups):
-            name = "sgd-momentum"
-    else:
-        name = str(optimizer).lower()
-    if name not in STATES_PER_PARAM:
-        raise UsageError(
-            f"optimizer {optimizer!r} is not known to the estimate; expected one of "
-            f"{sorted(STATES_PER_PARAM)} (or an optimizer object of those classes)"
-        )
-    return name, STATES_PER_PARAM[name]
+UNIT_BUFFERS = 3.0
+"""Largest-unit-sized copies alive at FSDP's backward peak, in compute bytes (the float32
+reduce-scatter input adds 4 bytes a parameter): the unit's gathered weights, the next unit's
+prefetched ones, its unsharded gradient. Checked against the peak RSS of 2 CPU processes at
+201M parameters (``benchmarks/RESULTS.md``): within 3 %."""
+
+ACTIVATIONS_NOTE = "activations are not included: they grow with the batch, not with the model"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,12 +69,18 @@ class StrategyMemory:
     strategy: str
     """``ddp``, ``fsdp`` or ``fsdp+offload``."""
     params: int
+    """The parameters this rank holds (a shard under FSDP), and the model's buffers."""
     grads: int
+    """Their gradients."""
     optimizer: int
+    """The optimizer's state for them."""
     buffers: int
-    """DDP's buckets (and autocast's bf16 copies); FSDP's gathered units."""
+    """Communication and compute copies: DDP's buckets (and autocast's bf16 weights); FSDP's
+    gathered units, their unsharded gradients and the collectives' flat buffers."""
     host: int = 0
-    """Of the above, what sits in CPU RAM rather than on the device (offload)."""
+    """Of the above, what sits in CPU RAM rather than on the GPU (offload)."""
+    gpu_only: bool = False
+    """True for a strategy that means nothing on CPU processes (offload)."""
 
     @property
     def total(self) -> int:
@@ -79,7 +89,7 @@ class StrategyMemory:
 
     @property
     def device(self) -> int:
-        """What this rank's device holds (its GPU; on CPU processes, RAM: all of it)."""
+        """What this rank's device holds (its GPU; on CPU processes: RAM, all of it)."""
         return self.total - self.host
 
 
@@ -88,47 +98,89 @@ class MemoryEstimate:
     """A model's training state per rank, for each strategy (see the module doc)."""
 
     parameters: int
-    """Number of parameters (elements)."""
+    """Number of parameters (elements; shared ones once)."""
     param_bytes: int
     """Their bytes as stored (float32: 4 per element)."""
     world_size: int
+    """Processes sharing the work; FSDP shards over all of them."""
     optimizer: str
+    """The optimizer's name (``adamw``, ``sgd-momentum``...)."""
     states_per_param: int
+    """Parameter-sized state tensors the optimizer keeps per parameter."""
     precision: str
+    """``"32"`` or ``"bf16-mixed"``."""
     units: tuple[tuple[str, int], ...]
     """FSDP's units (name, parameters), the root (``""``) last."""
     strategies: tuple[StrategyMemory, ...] = field(default=())
+    """``ddp``, ``fsdp`` and ``fsdp+offload``, in that order."""
+    capacity: Capacity | None = None
+    """What a rank has, when given: ``fits`` and ``choose`` compare against it."""
+    resident_bytes: int = 0
+    """Parameter bytes the model already holds on ``resident_device`` (0 on the meta device):
+    already counted as used by the capacity, so they are added back to it."""
+    resident_device: str = "meta"
+    """The device type of the model's parameters (``meta``, ``cpu``, ``cuda``)."""
+    notes: tuple[str, ...] = (ACTIVATIONS_NOTE,)
+    """What the figures leave out or assume, one sentence each."""
 
     def of(self, strategy: str) -> StrategyMemory:
-        """The estimate of one strategy (``ddp``, ``fsdp``, ``fsdp+offload``)."""
+        """The estimate of one strategy (``ddp``, ``fsdp``, ``fsdp+offload``).
+
+        Example:
+            >>> with torch.device("meta"):
+            ...     net = nn.Linear(10, 10)
+            >>> estimate_memory(net, world_size=2, optimizer="sgd").of("ddp").total
+            1320
+        """
         for found in self.strategies:
             if found.strategy == strategy:
                 return found
-        raise KeyError(strategy)
+        raise KeyError(f"{strategy!r}; expected one of {', '.join(STRATEGIES)}")
+
+    @property
+    def largest_unit(self) -> int:
+        """Parameters of the largest FSDP unit other than the root (0 when there is none)."""
+        return max((n for _, n in self.units[:-1]), default=0)
+
+    def room(self, capacity: Capacity | None = None) -> int | None:
+        """Bytes a rank has for the model's state: the capacity plus what the model already
+        holds on that kind of device (None without a capacity)."""
+        capacity = capacity or self.capacity
+        if capacity is None:
+            return None
+        held = self.resident_bytes if self.resident_device == capacity.kind else 0
+        return capacity.bytes + held
+
+    def fits(self, strategy: str, capacity: Capacity | None = None) -> bool | None:
+        """Whether a rank holds ``strategy``'s state (None: no capacity, or offload on CPUs)."""
+        room = self.room(capacity)
+        chosen = self.of(strategy)
+        kind = (capacity or self.capacity or Capacity(bytes=0, source="")).kind
+        if room is None or (chosen.gpu_only and kind != "cuda"):
+            return None
+        return chosen.device <= room
+
+    def choose(self, capacity: Capacity | None = None) -> tuple[str, str]:
+        """(``"ddp"`` or ``"fsdp"``, a one-line reason): what ``strategy="auto"`` picks.
+
+        DDP when its state takes at most ``HEADROOM`` (80 %) of the rank's memory, else FSDP
+        (the reason then says whether it fits, and if not what would). See ``choice.choose``.
+        """
+        capacity = capacity or self.capacity
+        if capacity is None:
+            raise UsageError(
+                "MemoryEstimate.choose() has no capacity to compare with; pass "
+                "capacity=device_capacity(device, local_processes) or give it to estimate_memory"
+            )
+        return choice.choose(self, capacity)
+
+    def table(self) -> str:
+        """The estimate as plain text: one row per strategy, then the capacity and the choice."""
+        return render.as_text(self)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: the model's figures and each strategy's bytes per rank."""
-        return {
-            "parameters": self.parameters,
-            "param_bytes": self.param_bytes,
-            "world_size": self.world_size,
-            "optimizer": self.optimizer,
-            "states_per_param": self.states_per_param,
-            "precision": self.precision,
-            "largest_unit": max((n for _, n in self.units[:-1]), default=0),
-            "strategies": {
-                s.strategy: {
-                    "params": s.params,
-                    "grads": s.grads,
-                    "optimizer": s.optimizer,
-                    "buffers": s.buffers,
-                    "total": s.total,
-                    "device": s.device,
-                    "host": s.host,
-                }
-                for s in self.strategies
-            },
-        }
+        """A JSON-ready dict: the model's figures, each strategy's bytes per rank, the fit."""
+        return render.as_json(self)
 
 
 def estimate_memory(
@@ -140,73 +192,98 @@ def estimate_memory(
     blocks: Sequence[type[nn.Module]] | None = None,
     min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
     gradient_as_bucket_view: bool = False,
+    capacity: Capacity | None = None,
 ) -> MemoryEstimate:
     """Estimate one rank's memory for ``model``'s training state under ddp, fsdp, fsdp+offload.
 
-    Build the model on the meta device to ask about one that does not fit anywhere:
-    ``with torch.device("meta"): model = Big()``.
+    Build the model on the meta device to ask about one that fits nowhere:
+    ``with torch.device("meta"): model = Big()``. Activations are not included.
 
     Args:
         model: the plain model (wrappers are not looked through).
         world_size: processes sharing the work (FSDP shards over all of them).
-        optimizer: an optimizer or its name (``adamw``, ``sgd-momentum``...).
+        optimizer: an optimizer or its name (``adamw``, ``adam``, ``sgd``, ``sgd-momentum``...).
         precision: ``"32"`` or ``"bf16-mixed"``.
-        blocks / min_block_params: FSDP's unit choice, as given to ``FSDPStrategy``.
-        gradient_as_bucket_view: DDP's option (its buckets are then the gradients).
+        blocks: FSDP's unit classes, as given to ``FSDPStrategy`` (None: its default choice).
+        min_block_params: the size threshold of FSDP's default unit choice.
+        gradient_as_bucket_view: DDP's option (its buckets are then the gradients themselves).
+        capacity: what a rank has (``device_capacity(...)``), for ``fits`` and ``choose``.
+
+    Raises:
+        UsageError: a world size below 1, an unknown precision or optimizer name.
 
     Example:
         >>> with torch.device("meta"):
         ...     net = nn.Sequential(*(nn.Linear(1000, 1000) for _ in range(8)))
         >>> est = estimate_memory(net, world_size=2)
         >>> round(est.of("ddp").total / 2**20), round(est.of("fsdp").total / 2**20)
-        (153, 73)
+        (153, 76)
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise UsageError(f"world_size={world_size!r}; expected a positive number of processes")
+        raise UsageError(
+            f"world_size={world_size!r}; expected a positive number of processes, e.g. 2"
+        )
     if precision not in PRECISIONS:
-        raise UsageError(f"precision={precision!r}; expected one of {PRECISIONS}")
-    name, states = optimizer_states(optimizer)
+        raise UsageError(
+            f"precision={precision!r}; the memory estimate knows {', '.join(PRECISIONS)}"
+        )
+    opt = optimizer_state_count(optimizer)
     params = list({id(p): p for p in model.parameters()}.values())
     count = sum(p.numel() for p in params)
     stored = sum(p.numel() * p.element_size() for p in params)
-    per_element = stored / count if count else 4.0
+    model_buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    n, states = world_size, opt.states
     units = tuple(unit_sizes(model, blocks, min_block_params))
-    compute = 2 if precision == "bf16-mixed" else per_element  # bytes of a gathered weight
-    n = world_size
-    cast_cache = int(count * 2) if precision == "bf16-mixed" else 0
+    per_element = stored / count if count else 4.0
+    compute = 2.0 if precision == "bf16-mixed" else per_element
     ddp = StrategyMemory(
         strategy="ddp",
-        params=stored,
+        params=stored + model_buffers,
         grads=stored,
-        optimizer=int(stored * states),
-        buffers=(0 if gradient_as_bucket_view or n == 1 else stored) + cast_cache,
+        optimizer=stored * states,
+        buffers=(0 if gradient_as_bucket_view or n == 1 else stored)
+        + (2 * count if precision == "bf16-mixed" else 0),
     )
-    root = units[-1][1]
-    largest = max((size for _, size in units[:-1]), default=0)
-    gathered = 0 if n == 1 else int(root * compute + 2 * largest * compute + largest * 4)
-    shard = -(-stored // n)  # ceil: the first ranks hold the remainder
+    shard = sum(_shard_bytes(p, n) for p in params)
+    root, largest = units[-1][1], max((size for _, size in units[:-1]), default=0)
+    reduce_bytes = max(per_element, 4.0)  # gradients are reduced in float32 (or as stored)
+    gathered = math.ceil(2 * compute * root + largest * (UNIT_BUFFERS * compute + reduce_bytes))
+    held = shard + model_buffers
     fsdp = StrategyMemory(
-        strategy="fsdp",
-        params=shard,
-        grads=shard,
-        optimizer=int(shard * states),
-        buffers=gathered,
+        strategy="fsdp", params=held, grads=shard, optimizer=shard * states, buffers=gathered
     )
     offload = StrategyMemory(
         strategy="fsdp+offload",
-        params=shard,
+        params=held,
         grads=shard,
-        optimizer=int(shard * states),
+        optimizer=shard * states,
         buffers=gathered,
         host=shard * (2 + states),
+        gpu_only=True,
     )
+    resident = [p for p in params if p.device.type != "meta"]
+    notes = [ACTIVATIONS_NOTE]
+    if opt.assumption:
+        notes.append(opt.assumption)
     return MemoryEstimate(
         parameters=count,
         param_bytes=stored,
         world_size=n,
-        optimizer=name,
+        optimizer=opt.name,
         states_per_param=states,
         precision=precision,
         units=units,
         strategies=(ddp, fsdp, offload),
+        capacity=capacity,
+        resident_bytes=sum(p.numel() * p.element_size() for p in resident),
+        resident_device=resident[0].device.type if resident else "meta",
+        notes=tuple(notes),
     )
+
+
+def _shard_bytes(param: torch.Tensor, world_size: int) -> int:
+    """One rank's bytes of ``param`` under FSDP2: dim 0 split in ``world_size``, padded."""
+    if param.dim() == 0:
+        return param.element_size()
+    rows = -(-param.shape[0] // world_size)
+    return rows * (param.numel() // max(1, param.shape[0])) * param.element_size()

@@ -1,0 +1,125 @@
+"""The estimate shown: a rich table (one row per strategy), plain text, or one JSON object."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from multigpu.estimate.capacity import GIB
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from multigpu.estimate.memory import MemoryEstimate
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def _fit(estimate: MemoryEstimate, strategy: str) -> str:
+    fits = estimate.fits(strategy)
+    if fits is None:
+        return "GPU only" if estimate.of(strategy).gpu_only else "-"
+    share = 100 * estimate.of(strategy).device / max(1, estimate.room() or 1)
+    return f"{'yes' if fits else 'NO'} ({share:.0f} %)"
+
+
+def summary(estimate: MemoryEstimate) -> str:
+    """One line about the model: parameters, optimizer, precision, processes, FSDP units.
+
+    Example:
+        >>> import torch
+        >>> from multigpu.estimate.memory import estimate_memory
+        >>> with torch.device("meta"):
+        ...     net = torch.nn.Linear(1000, 1000)
+        >>> summary(estimate_memory(net, world_size=2))
+        '1.00M parameters (0.00 GiB), adamw (2 states a parameter), precision 32, 2 processes, 1 FSDP unit (largest 0)'
+    """  # noqa: E501
+    units = len(estimate.units)
+    return (
+        f"{estimate.parameters / 1e6:.2f}M parameters ({_gib(estimate.param_bytes)}), "
+        f"{estimate.optimizer} ({estimate.states_per_param} state"
+        f"{'s' * (estimate.states_per_param != 1)} a parameter), precision {estimate.precision}, "
+        f"{estimate.world_size} process{'es' * (estimate.world_size > 1)}, {units} FSDP unit"
+        f"{'s' * (units > 1)} (largest {estimate.largest_unit / 1e6:.2f}M)"
+    ).replace("(largest 0.00M)", "(largest 0)")
+
+
+def rich_view(estimate: MemoryEstimate, *, title: str | None = None) -> RenderableType:
+    """The estimate as rich renderables: the summary, the table, the capacity, the choice."""
+    table = Table(title=title, title_justify="left")
+    for name in ("strategy", "params", "grads", "optimizer", "buffers", "total / rank"):
+        table.add_column(name, justify="left" if name == "strategy" else "right")
+    table.add_column("on device", justify="right")
+    table.add_column("host", justify="right")
+    if estimate.capacity is not None:
+        table.add_column("fits", justify="right")
+    for row in estimate.strategies:
+        cells = [
+            row.strategy,
+            *(_gib(v) for v in (row.params, row.grads, row.optimizer, row.buffers, row.total)),
+            _gib(row.device),
+            _gib(row.host),
+        ]
+        if estimate.capacity is not None:
+            cells.append(_fit(estimate, row.strategy))
+        table.add_row(*cells)
+    lines: list[RenderableType] = [Text(summary(estimate)), table]
+    if estimate.capacity is not None:
+        room = estimate.room() or 0
+        lines.append(Text(f"per rank: {_gib(room)} ({estimate.capacity.source})"))
+        name, why = estimate.choose()
+        lines.append(Text(f"strategy auto would choose {name}: {why}"))
+    lines.extend(Text(f"note: {note}") for note in estimate.notes)
+    return Group(*lines)
+
+
+def as_text(estimate: MemoryEstimate, width: int = 120) -> str:
+    """``rich_view`` rendered to plain text (no colours)."""
+    out = io.StringIO()
+    Console(file=out, width=width, no_color=True, highlight=False).print(rich_view(estimate))
+    return out.getvalue()
+
+
+def as_json(estimate: MemoryEstimate) -> dict[str, Any]:
+    """A JSON-ready dict: the model's figures, each strategy's bytes per rank, the fit."""
+    out: dict[str, Any] = {
+        "parameters": estimate.parameters,
+        "param_bytes": estimate.param_bytes,
+        "world_size": estimate.world_size,
+        "optimizer": estimate.optimizer,
+        "states_per_param": estimate.states_per_param,
+        "precision": estimate.precision,
+        "units": len(estimate.units),
+        "largest_unit": estimate.largest_unit,
+        "strategies": {
+            s.strategy: {
+                "params": s.params,
+                "grads": s.grads,
+                "optimizer": s.optimizer,
+                "buffers": s.buffers,
+                "total": s.total,
+                "device": s.device,
+                "host": s.host,
+                "fits": estimate.fits(s.strategy),
+            }
+            for s in estimate.strategies
+        },
+        "capacity": None,
+        "choice": None,
+        "notes": list(estimate.notes),
+    }
+    if estimate.capacity is not None:
+        out["capacity"] = {
+            "bytes": estimate.room(),
+            "source": estimate.capacity.source,
+            "kind": estimate.capacity.kind,
+        }
+        name, why = estimate.choose()
+        out["choice"] = {"strategy": name, "reason": why}
+    return out
