@@ -29,7 +29,7 @@ from multigpu.checkpoint.objects import kind_of, load_into
 from multigpu.checkpoint.restore import load_part, read_manifest
 from multigpu.checkpoint.saving import SaveJob, save
 from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
-from multigpu.errors import CheckpointError, UsageError
+from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,17 @@ def load_state(
     available = set(small_saved) if legacy else set(saved_objects)
     missing = sorted(k for k in state if k not in available)
     if missing:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {where} has no entry {missing} (it holds {sorted(available)}); ask "
             "for the names it was saved with"
+        )
+    stored_elsewhere = sorted(
+        k for k, v in state.items() if kind_of(v) == "value" and k not in small_saved
+    )
+    if stored_elsewhere:
+        raise CheckpointMismatchError(
+            f"checkpoint {where} holds {stored_elsewhere} as models or optimizers, but state "
+            "gives plain values for them; pass the objects to load them into"
         )
     stateful = {k: v for k, v in state.items() if kind_of(v) != "value"}
     small = {k: v for k, v in stateful.items() if legacy or kind_of(v) not in SHARDED_KINDS}

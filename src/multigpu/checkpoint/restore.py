@@ -23,7 +23,7 @@ from multigpu.checkpoint.legacy import restore_whole
 from multigpu.checkpoint.objects import kind_of, load_into
 from multigpu.checkpoint.rng import restore_rng
 from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
-from multigpu.errors import CheckpointError
+from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.seed import seed_everything
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def restore_checkpoint(
     if mine is not None or not per_rank_files:
         missing += [n for n in per_rank if n not in per_rank_saved]
     if missing:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {path} has no state for {missing} (it holds {sorted(available)}); "
             "track the same objects under the same names as the run that saved it"
         )
