@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.gpus.types import GPUInfo
 from multigpu.launch.cli import main
 
 BIG = """
@@ -22,7 +23,8 @@ def test_a_model_larger_than_the_machine_is_estimated_without_allocating_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "big.py").write_text(BIG)
-    assert main(["estimate", f"{tmp_path / 'big.py'}:build", "--nproc", "8", "--json"]) == 0
+    argv = ["estimate", f"{tmp_path / 'big.py'}:build", "--nproc", "8", "--cpu", "--json"]
+    assert main(argv) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["parameters"] == 16 * (16384 * 16384 + 16384)
     ddp, fsdp = info["strategies"]["ddp"], info["strategies"]["fsdp"]
@@ -41,6 +43,51 @@ def test_builtin_models_print_a_table_and_the_choice(capsys: pytest.CaptureFixtu
     assert "strategy='auto' chooses ddp" in out and "not included: activations" in out
 
 
+def test_gpus_found_are_the_capacity_and_the_step_temporaries_count(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import multigpu.gpus
+
+    gpus = [_gpu(0, 2000), _gpu(1, 70000), _gpu(2, 60000)]
+    monkeypatch.setattr(multigpu.gpus, "list_gpus", lambda: gpus)
+    assert main(["estimate", "lm", "--nproc", "2", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["capacity"]["kind"] == "cuda" and info["capacity"]["bytes"] == 60000 * 2**20
+    assert info["capacity"]["source"].startswith("GPU 2: NVIDIA H100")
+    assert info["strategies"]["ddp"]["optimizer"] == 3 * 4 * info["parameters"]  # AdamW on a GPU
+    assert info["fits"]["fsdp+offload"] is True and info["devices"] == "3 GPU(s), 2 used"
+    assert main(["estimate", "lm"]) == 0  # default: every GPU
+    assert "3 processes; 3 GPU(s), 3 used" in capsys.readouterr().out
+    assert main(["estimate", "lm", "--nproc", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--nproc 4 but this machine has 3 GPU(s)" in err and "--cpu" in err, err
+    assert main(["estimate", "lm", "--nproc", "4", "--cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["capacity"]["kind"] == "cpu"
+
+
+def test_nodes_multiply_the_processes_fsdp_shards_over(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "lm", "--nproc", "2", "--nnodes", "4", "--cpu", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["world_size"], info["nproc"], info["nnodes"]) == (8, 2, 4)
+    keys = {"parameters", "strategies", "fits", "capacity", "choice", "auto", "auto_reason"}
+    assert keys <= set(info) and info["choice"]["strategy"] == info["auto"] == "ddp"
+    assert any("activations" in note for note in info["notes"])
+
+
+def _gpu(index: int, free_mib: int) -> GPUInfo:
+    return GPUInfo(
+        index=index,
+        logical_index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA H100 80GB HBM3",
+        pci_bus_id="",
+        memory_total_mib=81559,
+        memory_free_mib=free_mib,
+        utilization_percent=0,
+        visible_id=f"GPU-{index}",
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -50,11 +97,17 @@ def test_builtin_models_print_a_table_and_the_choice(capsys: pytest.CaptureFixtu
         (["estimate", "torch:get_default_dtype"], "returned a dtype; expected an nn.Module"),
         (["estimate", "lm", "--nproc", "0"], "is not a number of processes"),
         (["estimate", "no_such_package_x:build"], "cannot import 'no_such_package_x'"),
+        (["estimate", "torch.nn:no_such_thing"], "torch.nn has no callable 'no_such_thing'"),
+        (["estimate", "lm", "--nnodes", "0"], "'0' is not a number of processes"),
+        (["estimate", "lm", "--optimizer", "lion"], "invalid choice: 'lion'"),
+        (["estimate", "{dir}/raises.py:build"], "raises.py raised ZeroDivisionError"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "raises.py").write_text("1 / 0\n")
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

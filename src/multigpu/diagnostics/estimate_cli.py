@@ -2,9 +2,16 @@
 
 TARGET is a built-in job's model (``digits``, ``lm``) or ``pkg.module:factory`` /
 ``path/to/file.py:factory``, a callable returning an ``nn.Module``. The model is built on the meta
-device: nothing is allocated, so a model far larger than this machine can be asked about. The
-devices are those found here: the GPUs (NVML, then nvidia-smi), else this machine's RAM shared
-by ``--nproc`` CPU processes (and any memory limit on this process).
+device: nothing is allocated, so a model far larger than this machine can be asked about (a
+file is imported under its own name, not ``__main__``: its ``if __name__ == "__main__"`` block
+does not run). The devices are those found here: the GPUs (NVML, then nvidia-smi; no CUDA
+context), the ``--nproc`` with the most free memory as the launcher picks them, else this
+machine's RAM shared by ``--nproc`` CPU processes (and any memory limit on this process).
+
+``--nproc`` defaults to the GPUs found, else 1 — what ``multigpu run`` starts by default — so
+ask for ``--nproc 2`` (or ``--cpu 2`` on a GPU machine) to compare sharded with replicated.
+
+Environment variables read: ``CUDA_VISIBLE_DEVICES`` (through ``multigpu.gpus``).
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ from typing import Any, NoReturn
 
 import torch
 from rich.console import Console
-from rich.table import Table
 from torch import nn
 
 from multigpu.errors import UsageError
-from multigpu.estimate import Capacity, choose, cpu_capacity, estimate_memory
-from multigpu.estimate.capacity import GIB
-from multigpu.estimate.memory import PRECISIONS, STATES_PER_PARAM
+from multigpu.estimate import Capacity, cpu_capacity, estimate_memory, gpus_capacity
+from multigpu.estimate.memory import PRECISIONS, MemoryEstimate
+from multigpu.estimate.optimizers import STATES_PER_PARAM
+from multigpu.estimate.render import WIDTH, as_json, rich_view, size
+from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS
 
 PROG = "multigpu estimate"
 BUILTIN = {
@@ -52,7 +60,12 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``multigpu estimate`` parser."""
+    """The ``multigpu estimate`` parser.
+
+    Example:
+        >>> build_parser().parse_args(["lm", "--nproc", "2"]).nproc
+        2
+    """
     p = _Parser(
         prog=PROG,
         allow_abbrev=False,
@@ -65,18 +78,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nproc",
         type=_positive,
-        help="processes (ranks) sharing the work (default: the GPUs found, else 1)",
+        help="processes per node (default: the GPUs found, else 1, as 'multigpu run')",
     )
+    p.add_argument("--nnodes", type=_positive, default=1, help="nodes (1); FSDP shards over all")
+    p.add_argument("--cpu", action="store_true", help="CPU processes even where GPUs exist")
     p.add_argument("--optimizer", choices=sorted(STATES_PER_PARAM), default="adamw", help="(adamw)")
     p.add_argument("--precision", choices=PRECISIONS, default="32", help="(32)")
+    p.add_argument(
+        "--min-block-params",
+        type=_positive,
+        default=DEFAULT_MIN_BLOCK_PARAMS,
+        help=f"FSDP's unit size threshold ({DEFAULT_MIN_BLOCK_PARAMS:,})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
+
+
+def _load_file(where: str) -> Any:
+    path = Path(where)
+    if not path.is_file():
+        raise UsageError(f"{where} does not exist; expected a Python file holding the factory")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{where} cannot be imported as a module; expected a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))  # its own imports, as `python file` would
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: which and why, in one line
+        first = " ".join(str(e).split())[:200]
+        raise UsageError(
+            f"importing {where} raised {type(e).__name__}: {first}; fix the file, or keep its "
+            "work under `if __name__ == '__main__':`"
+        ) from e
+    return module
 
 
 def _factory(target: str) -> Callable[[], Any]:
     if target in BUILTIN:
         module_name, attr = BUILTIN[target]
-        return getattr(importlib.import_module(module_name), attr)
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise UsageError(
+                f"the built-in model {target!r} is not available in this installation ({e}); "
+                "expected digits, lm or pkg.module:factory"
+            ) from e
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
         raise UsageError(
@@ -84,14 +131,7 @@ def _factory(target: str) -> Callable[[], Any]:
             "path/to/file.py:factory (a callable that returns an nn.Module)"
         )
     if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise UsageError(f"{where} does not exist; expected a Python file holding {attr}")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None  # a .py file always has one
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(path.parent.resolve()))  # its own imports, as `python file` would
-        spec.loader.exec_module(module)
+        module = _load_file(where)
     else:
         try:
             module = importlib.import_module(where)
@@ -108,6 +148,10 @@ def build_model(target: str) -> nn.Module:
 
     Raises:
         UsageError: TARGET cannot be found, or does not make an ``nn.Module``.
+
+    Example:
+        >>> build_model("digits").fc1.weight.device
+        device(type='meta')
     """
     make = _factory(target)
     try:
@@ -124,80 +168,74 @@ def build_model(target: str) -> nn.Module:
     return model
 
 
-def devices(nproc: int | None) -> tuple[int, Capacity, str]:
-    """(processes, what one rank has, the devices in words) on this machine."""
+def devices(nproc: int | None, *, cpu: bool = False) -> tuple[int, Capacity, str]:
+    """(processes on this node, what one rank has, the devices in words) on this machine.
+
+    Raises:
+        UsageError: more processes than GPUs on a GPU machine.
+    """
     from multigpu.gpus import list_gpus
 
-    gpus = list_gpus()
+    gpus = [] if cpu else list_gpus()
     if gpus:
         n = nproc or len(gpus)
-        used = gpus[:n] if n <= len(gpus) else gpus
-        tightest = min(used, key=lambda g: g.memory_free_mib)
-        where = f"{len(gpus)} GPU(s); the tightest of {min(n, len(gpus))}: {tightest.short()}"
-        capacity = Capacity(
-            bytes=tightest.memory_free_mib * 2**20,
-            source=f"GPU {tightest.index}: {tightest.memory_free_mib / 1024:.1f} of "
-            f"{tightest.memory_total_mib / 1024:.1f} GiB free",
-        )
-        return n, capacity, where
+        capacity = gpus_capacity(gpus, n)
+        if capacity is None:
+            raise UsageError(
+                f"--nproc {n} but this machine has {len(gpus)} GPU(s); expected at most "
+                f"{len(gpus)} (one process per GPU); for several machines add --nnodes, for "
+                "CPU processes --cpu"
+            )
+        return n, capacity, f"{len(gpus)} GPU(s), {n} used"
     n = nproc or 1
-    return n, cpu_capacity(n), f"no GPU: {n} CPU process(es)"
-
-
-def _gib(value: int) -> str:
-    return f"{value / GIB:.2f} GiB" if value >= GIB / 100 else f"{value / 2**20:.1f} MiB"
+    return n, cpu_capacity(n), f"no GPU: {n} CPU process{'es' * (n > 1)}"
 
 
 def estimate_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu estimate``; 0, or a UsageError for the caller (exit 2)."""
+    """Entry point of ``multigpu estimate``; 0, or a UsageError for the caller (exit 2).
+
+    Example:
+        >>> estimate_main(["lm", "--nproc", "2", "--json"])  # doctest: +SKIP
+        0
+    """
     ns = build_parser().parse_args(list(argv))
     model = build_model(ns.target)
-    n, capacity, where = devices(ns.nproc)
-    est = estimate_memory(model, world_size=n, optimizer=ns.optimizer, precision=ns.precision)
-    chosen, why = choose(est, capacity) if n > 1 else ("single", "one process: nothing to split")
-    on_gpu = not where.startswith("no GPU")
-    fits = {
-        s.strategy: (s.device <= capacity.bytes) if on_gpu or s.host == 0 else None
-        for s in est.strategies
-    }
+    n, capacity, where = devices(ns.nproc, cpu=ns.cpu)
+    est = estimate_memory(
+        model,
+        world_size=n * ns.nnodes,
+        optimizer=ns.optimizer,
+        precision=ns.precision,
+        min_block_params=ns.min_block_params,
+        capacity=capacity,
+    )
     if ns.json:
-        out = est.to_json()
-        out.update(
-            target=ns.target,
-            model=type(model).__name__,
-            devices=where,
-            capacity={"bytes": capacity.bytes, "source": capacity.source},
-            fits=fits,
-            auto=chosen,
-            auto_reason=why,
-        )
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_json(ns, model, est, where), indent=2) + "\n")
         return 0
-    console = Console(soft_wrap=True, width=max(100, shutil.get_terminal_size().columns))
-    console.print(
+    console = Console(
+        soft_wrap=True, width=max(WIDTH, shutil.get_terminal_size().columns), highlight=False
+    )
+    nodes = f" x {ns.nnodes} nodes" if ns.nnodes > 1 else ""
+    header = (
         f"{ns.target} ({type(model).__name__}, {est.parameters:,} parameters, "
-        f"{_gib(est.param_bytes)}), {est.optimizer}, precision {est.precision}, "
-        f"{n} process(es); {where}",
-        highlight=False,
+        f"{size(est.param_bytes)}), {est.optimizer}, precision {est.precision}, "
+        f"{n} process{'es' * (n > 1)}{nodes}; {where}"
     )
-    table = Table(title="memory per rank for the training state")
-    for column in ("strategy", "params", "grads", "optimizer", "buffers", "total", "on device"):
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    table.add_column("fits")
-    for s in est.strategies:
-        fit = fits[s.strategy]
-        shown = "n/a (GPU only)" if fit is None else ("[green]yes[/]" if fit else "[red]no[/]")
-        table.add_row(
-            s.strategy,
-            *(_gib(v) for v in (s.params, s.grads, s.optimizer, s.buffers, s.total, s.device)),
-            shown,
-        )
-    console.print(table)
-    console.print(f"one rank has {capacity}", highlight=False)
-    console.print(f"strategy='auto' chooses {chosen}: {why}", highlight=False)
-    console.print(
-        "not included: activations (they grow with the batch and the sequence length) and "
-        "the framework's own memory; buffers = DDP's gradient buckets, FSDP's gathered units",
-        highlight=False,
-    )
+    console.print(rich_view(est, header=header))
     return 0
+
+
+def _json(ns: argparse.Namespace, model: nn.Module, est: MemoryEstimate, where: str) -> Any:
+    out = as_json(est)
+    name, why = est.choose()
+    out.update(
+        target=ns.target,
+        model=type(model).__name__,
+        nproc=est.world_size // ns.nnodes,
+        nnodes=ns.nnodes,
+        devices=where,
+        fits={s.strategy: est.fits(s.strategy) for s in est.strategies},
+        auto=name,
+        auto_reason=why,
+    )
+    return out

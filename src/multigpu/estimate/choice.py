@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from multigpu.estimate.capacity import GIB, Capacity
+from multigpu.estimate.capacity import Capacity
+from multigpu.estimate.render import size
 
 if TYPE_CHECKING:
     from multigpu.estimate.memory import MemoryEstimate
@@ -23,7 +24,8 @@ HEADROOM = 0.8
 
 
 def choose(estimate: MemoryEstimate, capacity: Capacity) -> tuple[str, str]:
-    """(``"ddp"`` or ``"fsdp"``, the one-line reason), from the estimate and the capacity.
+    """(``"ddp"`` or ``"fsdp"``, the one-line reason), from the estimate and the capacity
+    (``"single"`` for one process: there is nothing to split).
 
     Example:
         >>> import torch
@@ -33,11 +35,13 @@ def choose(estimate: MemoryEstimate, capacity: Capacity) -> tuple[str, str]:
         >>> choose(estimate_memory(net, world_size=2), Capacity(bytes=2**30, source="x"))[0]
         'ddp'
     """
+    if estimate.world_size == 1:
+        return "single", "one process: nothing to split"
     ddp, fsdp = estimate.of("ddp").device, estimate.of("fsdp").device
     room = estimate.room(capacity) or 0
     usable = room * HEADROOM
-    need = f"ddp needs ~{_gib(ddp)} per rank, fsdp ~{_gib(fsdp)}"
-    have = f"{_gib(room)} per rank: {capacity.source}"
+    need = f"ddp needs ~{size(ddp)} per rank, fsdp ~{size(fsdp)}"
+    have = f"{size(room)} per rank: {capacity.source}"
     if ddp <= usable:
         share = f"{100 * ddp / max(room, 1):.0f} % <= {100 * HEADROOM:.0f} %"
         return "ddp", f"the model's state fits every rank ({need}; {share} of {have})"
@@ -89,7 +93,3 @@ def _ways_out(estimate: MemoryEstimate, usable: float, capacity: Capacity) -> st
         ways.append("an optimizer with less state (sgd keeps none)")
     ways.append("a smaller model")
     return "it would fit with " + ", or ".join(ways)
-
-
-def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"

@@ -5,22 +5,30 @@ With P the parameters' bytes, S the optimizer's state tensors per parameter, N p
 largest FSDP unit's and R the root unit's parameters, c the bytes of a weight in compute (2
 under ``bf16-mixed``, else as stored):
 
-- **ddp**: params P, gradients P, optimizer S·P, buffers: DDP's gradient buckets, a second copy
-  of the gradients the all-reduce works on (none with ``gradient_as_bucket_view``, none on one
-  process: multigpu runs it unwrapped), and under ``bf16-mixed`` autocast's bf16 copy of the
-  weights that the backward keeps (2 bytes a parameter);
-- **fsdp**: params, gradients and optimizer state sharded (each parameter's dim 0 split in N,
-  padded as FSDP2 pads it), and buffers: what is gathered whole — the root unit kept gathered
-  with its unsharded gradient (2·c·R), and three copies of the largest unit in the backward
-  (its gathered weights, the next unit's prefetched ones, its unsharded gradient: 3·c·L) with
-  the reduce-scatter's float32 input (4·L);
-- **fsdp+offload** (GPU only): the same, with the sharded state in CPU RAM: the GPU holds only
-  what is gathered.
+- **ddp**: params P, gradients P, optimizer S·P (on GPUs + P for the step's temporaries: torch's
+  foreach Adam makes a new tensor list as large as the parameters), buffers: DDP's gradient
+  buckets, a second copy of the gradients the all-reduce works on (none with
+  ``gradient_as_bucket_view``, none on one process: multigpu runs it unwrapped), and under
+  ``bf16-mixed`` autocast's bf16 copy of the weights that the backward keeps (2 bytes a
+  parameter);
+- **fsdp**: params, gradients and optimizer state (and its GPU step temporaries) sharded (each
+  parameter's dim 0 split in N, padded as FSDP2 pads it), and buffers: what is gathered whole —
+  the root unit kept gathered with its unsharded gradient (2·c·R), and three copies of the
+  largest unit in the backward (its gathered weights, the next unit's prefetched ones, its
+  unsharded gradient: 3·c·L) with the reduce-scatter's float32 input (4·L);
+- **fsdp+offload** (GPU only): the same, with the sharded state in CPU RAM (the optimizer
+  steps there): the GPU holds only what is gathered.
+
+The step's temporaries are counted on GPUs only (``device="cuda"``, or a GPU ``capacity``):
+there they are a whole copy of the rank's parameters; on CPUs torch's per-tensor loop holds two
+copies of one tensor at a time, within the slack, and a device not given leaves them out (said
+in ``notes``).
 
 Not included: activations (they grow with the batch, not the model), the framework's own
 memory (CUDA context, torch's libraries: about 0.2–0.3 GiB of RAM for a CPU process), and the
 allocator's slack. The formulas were checked against the peak RSS of 2 CPU processes training
-stacks of Linear blocks with AdamW (``benchmarks/memory.py``, ``benchmarks/RESULTS.md``).
+stacks of Linear blocks with AdamW (``benchmarks/memory.py``, ``benchmarks/RESULTS.md``); the
+GPU terms (step temporaries, gathered units) follow torch's code and are not measured here.
 """
 
 from __future__ import annotations
@@ -59,7 +67,14 @@ reduce-scatter input adds 4 bytes a parameter): the unit's gathered weights, the
 prefetched ones, its unsharded gradient. Checked against the peak RSS of 2 CPU processes at
 201M parameters (``benchmarks/RESULTS.md``): within 3 %."""
 
-ACTIVATIONS_NOTE = "activations are not included: they grow with the batch, not with the model"
+STEP_NOTE = (
+    "the optimizer step's temporaries are not counted (on GPUs, one more copy of the "
+    "parameters for Adam-like optimizers): give device= or capacity="
+)
+ACTIVATIONS_NOTE = (
+    "not included: activations (they grow with the batch and the sequence length), the "
+    "framework's own memory (torch, a CUDA context) and the allocator's slack"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +88,7 @@ class StrategyMemory:
     grads: int
     """Their gradients."""
     optimizer: int
-    """The optimizer's state for them."""
+    """The optimizer's state for them, and on GPUs its step's temporaries."""
     buffers: int
     """Communication and compute copies: DDP's buckets (and autocast's bf16 weights); FSDP's
     gathered units, their unsharded gradients and the collectives' flat buffers."""
@@ -164,7 +179,15 @@ class MemoryEstimate:
         """(``"ddp"`` or ``"fsdp"``, a one-line reason): what ``strategy="auto"`` picks.
 
         DDP when its state takes at most ``HEADROOM`` (80 %) of the rank's memory, else FSDP
-        (the reason then says whether it fits, and if not what would). See ``choice.choose``.
+        (the reason then says whether it fits, and if not what would); ``"single"`` on one
+        process. See ``choice.choose``.
+
+        Example:
+            >>> with torch.device("meta"):
+            ...     net = nn.Sequential(*(nn.Linear(4096, 4096) for _ in range(12)))
+            >>> est = estimate_memory(net, world_size=2)
+            >>> est.choose(Capacity(bytes=3 * 2**30, source="RLIMIT_DATA"))[0]
+            'fsdp'
         """
         capacity = capacity or self.capacity
         if capacity is None:
@@ -193,6 +216,7 @@ def estimate_memory(
     min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
     gradient_as_bucket_view: bool = False,
     capacity: Capacity | None = None,
+    device: str | torch.device | None = None,
 ) -> MemoryEstimate:
     """Estimate one rank's memory for ``model``'s training state under ddp, fsdp, fsdp+offload.
 
@@ -208,6 +232,8 @@ def estimate_memory(
         min_block_params: the size threshold of FSDP's default unit choice.
         gradient_as_bucket_view: DDP's option (its buckets are then the gradients themselves).
         capacity: what a rank has (``device_capacity(...)``), for ``fits`` and ``choose``.
+        device: where the ranks train (``"cuda"``, ``"cpu"``); default: the capacity's kind.
+            On GPUs the optimizer step's temporaries are counted.
 
     Raises:
         UsageError: a world size below 1, an unknown precision or optimizer name.
@@ -233,6 +259,10 @@ def estimate_memory(
     stored = sum(p.numel() * p.element_size() for p in params)
     model_buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     n, states = world_size, opt.states
+    kind = capacity.kind if capacity is not None else None
+    if device is not None:
+        kind = torch.device(device).type
+    copies = states + (opt.step_copies if kind == "cuda" else 0)
     units = tuple(unit_sizes(model, blocks, min_block_params))
     per_element = stored / count if count else 4.0
     compute = 2.0 if precision == "bf16-mixed" else per_element
@@ -240,7 +270,7 @@ def estimate_memory(
         strategy="ddp",
         params=stored + model_buffers,
         grads=stored,
-        optimizer=stored * states,
+        optimizer=stored * copies,
         buffers=(0 if gradient_as_bucket_view or n == 1 else stored)
         + (2 * count if precision == "bf16-mixed" else 0),
     )
@@ -250,7 +280,7 @@ def estimate_memory(
     gathered = math.ceil(2 * compute * root + largest * (UNIT_BUFFERS * compute + reduce_bytes))
     held = shard + model_buffers
     fsdp = StrategyMemory(
-        strategy="fsdp", params=held, grads=shard, optimizer=shard * states, buffers=gathered
+        strategy="fsdp", params=held, grads=shard, optimizer=shard * copies, buffers=gathered
     )
     offload = StrategyMemory(
         strategy="fsdp+offload",
@@ -265,6 +295,8 @@ def estimate_memory(
     notes = [ACTIVATIONS_NOTE]
     if opt.assumption:
         notes.append(opt.assumption)
+    if kind is None and opt.step_copies:
+        notes.append(STEP_NOTE)
     return MemoryEstimate(
         parameters=count,
         param_bytes=stored,

@@ -37,6 +37,19 @@ class OptimizerStates:
     assumption: str | None = None
     """Said when ``states`` was assumed rather than known or measured; None otherwise."""
 
+    @property
+    def step_copies(self) -> int:
+        """Parameter-sized temporaries of one step in torch's foreach implementation (the
+        default on GPUs): Adam-like optimizers, RMSprop and Adagrad take the square root of a
+        state into a new list of tensors as large as the parameters (1); SGD works in place (0).
+        The CPU's per-tensor loop holds two copies of one tensor at a time instead.
+
+        Example:
+            >>> optimizer_state_count("adamw").step_copies, optimizer_state_count("sgd").step_copies
+            (1, 0)
+        """
+        return 0 if self.states == 0 or self.name in ("sgd", "sgd-momentum") else 1
+
 
 def optimizer_state_count(optimizer: str | torch.optim.Optimizer) -> OptimizerStates:
     """The state an optimizer (or an optimizer name) keeps per parameter.

@@ -11,14 +11,25 @@ from rich.text import Text
 
 from multigpu.estimate.capacity import GIB
 
+WIDTH = 130
+"""Columns the table needs without wrapping (wider terminals use their width)."""
+
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from multigpu.estimate.memory import MemoryEstimate
 
 
-def _gib(value: int) -> str:
-    return f"{value / GIB:.2f} GiB"
+def size(value: float) -> str:
+    """Bytes as GiB, or MiB below a hundredth of a GiB.
+
+    Example:
+        >>> size(3 * 2**30), size(5 * 2**20), size(0)
+        ('3.00 GiB', '5.0 MiB', '0 B')
+    """
+    if value == 0:
+        return "0 B"
+    return f"{value / GIB:.2f} GiB" if value >= GIB / 100 else f"{value / 2**20:.1f} MiB"
 
 
 def _fit(estimate: MemoryEstimate, strategy: str) -> str:
@@ -26,7 +37,7 @@ def _fit(estimate: MemoryEstimate, strategy: str) -> str:
     if fits is None:
         return "GPU only" if estimate.of(strategy).gpu_only else "-"
     share = 100 * estimate.of(strategy).device / max(1, estimate.room() or 1)
-    return f"{'yes' if fits else 'NO'} ({share:.0f} %)"
+    return f"{'yes' if fits else 'no'} ({share:.0f}%)"
 
 
 def summary(estimate: MemoryEstimate) -> str:
@@ -38,11 +49,11 @@ def summary(estimate: MemoryEstimate) -> str:
         >>> with torch.device("meta"):
         ...     net = torch.nn.Linear(1000, 1000)
         >>> summary(estimate_memory(net, world_size=2))
-        '1.00M parameters (0.00 GiB), adamw (2 states a parameter), precision 32, 2 processes, 1 FSDP unit (largest 0)'
+        '1.00M parameters (3.8 MiB), adamw (2 states a parameter), precision 32, 2 processes, 1 FSDP unit (largest 0)'
     """  # noqa: E501
     units = len(estimate.units)
     return (
-        f"{estimate.parameters / 1e6:.2f}M parameters ({_gib(estimate.param_bytes)}), "
+        f"{estimate.parameters / 1e6:.2f}M parameters ({size(estimate.param_bytes)}), "
         f"{estimate.optimizer} ({estimate.states_per_param} state"
         f"{'s' * (estimate.states_per_param != 1)} a parameter), precision {estimate.precision}, "
         f"{estimate.world_size} process{'es' * (estimate.world_size > 1)}, {units} FSDP unit"
@@ -50,36 +61,33 @@ def summary(estimate: MemoryEstimate) -> str:
     ).replace("(largest 0.00M)", "(largest 0)")
 
 
-def rich_view(estimate: MemoryEstimate, *, title: str | None = None) -> RenderableType:
-    """The estimate as rich renderables: the summary, the table, the capacity, the choice."""
-    table = Table(title=title, title_justify="left")
-    for name in ("strategy", "params", "grads", "optimizer", "buffers", "total / rank"):
-        table.add_column(name, justify="left" if name == "strategy" else "right")
-    table.add_column("on device", justify="right")
-    table.add_column("host", justify="right")
-    if estimate.capacity is not None:
-        table.add_column("fits", justify="right")
+def rich_view(estimate: MemoryEstimate, *, header: str | None = None) -> RenderableType:
+    """The estimate as rich renderables: a header (default ``summary``), the table, what one
+    rank has, what ``strategy="auto"`` chooses, and what the figures leave out."""
+    table = Table(title="memory per rank for the training state", title_justify="left")
+    names = ["strategy", "params", "grads", "optimizer", "buffers", "total", "on device", "host"]
+    for name in names + ["fits"] * (estimate.capacity is not None):
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for row in estimate.strategies:
         cells = [
             row.strategy,
-            *(_gib(v) for v in (row.params, row.grads, row.optimizer, row.buffers, row.total)),
-            _gib(row.device),
-            _gib(row.host),
+            *(size(v) for v in (row.params, row.grads, row.optimizer, row.buffers, row.total)),
+            size(row.device),
+            size(row.host),
         ]
         if estimate.capacity is not None:
             cells.append(_fit(estimate, row.strategy))
         table.add_row(*cells)
-    lines: list[RenderableType] = [Text(summary(estimate)), table]
+    lines: list[RenderableType] = [Text(header or summary(estimate)), table]
     if estimate.capacity is not None:
-        room = estimate.room() or 0
-        lines.append(Text(f"per rank: {_gib(room)} ({estimate.capacity.source})"))
+        lines.append(Text(f"one rank has {size(estimate.room() or 0)}: {estimate.capacity.source}"))
         name, why = estimate.choose()
-        lines.append(Text(f"strategy auto would choose {name}: {why}"))
-    lines.extend(Text(f"note: {note}") for note in estimate.notes)
+        lines.append(Text(f"strategy='auto' chooses {name}: {why}"))
+    lines.extend(Text(note) for note in estimate.notes)
     return Group(*lines)
 
 
-def as_text(estimate: MemoryEstimate, width: int = 120) -> str:
+def as_text(estimate: MemoryEstimate, width: int = WIDTH) -> str:
     """``rich_view`` rendered to plain text (no colours)."""
     out = io.StringIO()
     Console(file=out, width=width, no_color=True, highlight=False).print(rich_view(estimate))
