@@ -18,9 +18,12 @@ every ratio is against a baseline measured in the same run, as the machine is no
    must fail with an exception (not a kill), FSDP train, ``auto`` choose FSDP;
 4. ``allocator``: hand-written DDP and FSDP again with glibc's ``M_MMAP_THRESHOLD`` fixed at
    128 KiB (freed tensors go back to the OS at once), to show how much of the peak RSS is freed
-   memory glibc keeps in its heaps — the estimate counts live tensors only.
+   memory glibc keeps in its heaps — the estimate counts live tensors only;
+5. ``limits``: no model, 64 MiB tensors until one fails under ``RLIMIT_DATA`` and under
+   ``RLIMIT_AS`` (``--cap-gib``): which limit a torch+gloo process can be capped with, and
+   that going over it is a Python exception.
 
-Run:  python benchmarks/memory.py [--rounds 2] [--sections sizes,paired,capped,allocator]
+Run:  python benchmarks/memory.py [--rounds 2] [--sections sizes,paired,capped,allocator,limits]
                                   [--markdown out.md] [--json out.json]
 
 Environment variables read: none (the workers' are set in benchmarks/memory/runner.py).
@@ -45,7 +48,7 @@ import runner  # noqa: E402
 
 SIZES = {"50M": (2048, 12), "200M": (4096, 12)}
 VARIANTS = ("ddp-torch", "fsdp-torch", "ddp", "fsdp", "auto")
-SECTIONS = ("sizes", "paired", "capped", "allocator")
+SECTIONS = ("sizes", "paired", "capped", "allocator", "limits")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     large = sizes[-1]
     log: list[dict[str, Any]] = []
     results: dict[str, Any] = {"estimates": estimates(sizes), "sizes": {}, "paired": [],
-                               "capped": {}, "allocator": {}}  # fmt: skip
+                               "capped": {}, "allocator": {}, "limits": {}}  # fmt: skip
     print(f"memory benchmark: {platform.python_version()}, sections {', '.join(sections)}")
     if "sizes" in sections:
         for round_ in range(args.rounds):
@@ -141,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                                  mmap_threshold=128 * 1024)  # fmt: skip
                 ranks = measure(run, f"{size} mmap 128K", log)
                 results["allocator"].setdefault(size, {})[variant] = ranks
+    if "limits" in sections:
+        for kind in ("data", "as"):
+            run = runner.Run(variant="fill", width=1, blocks=1, cap_gib=args.cap_gib,
+                             cap_kind=kind)  # fmt: skip
+            results["limits"][kind] = measure(run, f"fill under {args.cap_gib} GiB", log)
     text = report.markdown(results, args)
     print()
     print(text)

@@ -127,6 +127,22 @@ def _allocator_row(results: dict[str, Any], size: str, variant: str, ranks: Any)
     )
 
 
+def limits_table(results: dict[str, Any], cap: float) -> list[str]:
+    lines = [
+        f"| limit ({cap:g} GiB) | VmData at start | VmSize at start | tensors allocated "
+        "| how it ended |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, ranks in results["limits"].items():
+        first = ranks[0]
+        lines.append(
+            f"| RLIMIT_{kind.upper()} | {first.get('data_before', 0) / GIB:.2f} GiB "
+            f"| {first.get('size_before', 0) / GIB:.2f} GiB "
+            f"| {first.get('filled', 0) / GIB:.2f} GiB | `{_error(ranks)[:160]}` |"
+        )
+    return lines
+
+
 def markdown(results: dict[str, Any], args: Any) -> str:
     """Every table of the run, with the machine and the command."""
     import torch
@@ -146,4 +162,6 @@ def markdown(results: dict[str, Any], args: Any) -> str:
         out += ["Under a memory cap:", "", *capped_table(results, args.cap_gib), ""]
     if results["allocator"]:
         out += ["glibc keeping freed memory:", "", *allocator_table(results), ""]
+    if results["limits"]:
+        out += ["What a limit lets through:", "", *limits_table(results, args.cap_gib), ""]
     return "\n".join(out)

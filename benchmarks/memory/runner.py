@@ -30,7 +30,7 @@ class Run:
     """One measurement: a variant at a size, maybe under a cap."""
 
     variant: str
-    """``ddp-torch``, ``fsdp-torch``, ``ddp``, ``fsdp``, ``auto`` or ``paired-fsdp``."""
+    """``ddp-torch``, ``fsdp-torch``, ``ddp``, ``fsdp``, ``auto``, ``paired-fsdp`` or ``fill``."""
     width: int
     """Features of each Linear block."""
     blocks: int
@@ -43,6 +43,8 @@ class Run:
     """Rows per rank per step."""
     cap_gib: float = 0.0
     """``RLIMIT_DATA`` of each rank in GiB (0: none)."""
+    cap_kind: str = "data"
+    """``data`` (``RLIMIT_DATA``) or ``as`` (``RLIMIT_AS``)."""
     mmap_threshold: int = 0
     """glibc's ``M_MMAP_THRESHOLD`` for each rank (0: glibc's dynamic default)."""
     world_size: int = 2
@@ -59,7 +61,7 @@ class Run:
             f"--batch={self.batch}",
         ]
         if self.cap_gib:
-            out.append(f"--cap-gib={self.cap_gib}")
+            out += [f"--cap-gib={self.cap_gib}", f"--cap-kind={self.cap_kind}"]
         if self.mmap_threshold:
             out.append(f"--mmap-threshold={self.mmap_threshold}")
         return out

@@ -10,11 +10,14 @@ Variants:
   ddp / fsdp / auto   ``multigpu.init(strategy=...)`` and ``ctx.setup(model, optimizer)``
   paired-fsdp both fsdp-torch and multigpu's fsdp in the same processes, taking turns in
               blocks of steps (for step time only: the fairest comparison on a noisy machine)
+  fill        no model: 64 MiB tensors until an allocation fails (under --cap-gib: how much a
+              limit lets through, RLIMIT_DATA or RLIMIT_AS by --cap-kind)
 
 Memory: ``VmHWM`` (peak RSS) after the steps minus ``VmRSS`` before the model was built, the
 high-water mark reset with ``/proc/self/clear_refs`` once the process group is up. A cap
-(``--cap-gib``) is ``RLIMIT_DATA``, set before torch is imported: an allocation past it fails
-with torch's ``DefaultCPUAllocator: can't allocate memory``, a Python exception.
+(``--cap-gib``) is ``RLIMIT_DATA`` (or ``RLIMIT_AS``), set before torch is imported: an
+allocation past it fails with torch's ``DefaultCPUAllocator: can't allocate memory``, a Python
+exception.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--turn", type=int, default=2, help="paired: steps per turn")
-    p.add_argument("--cap-gib", type=float, default=0.0, help="RLIMIT_DATA in GiB (0: none)")
+    p.add_argument("--cap-gib", type=float, default=0.0, help="the limit in GiB (0: none)")
+    p.add_argument("--cap-kind", choices=("data", "as"), default="data", help="RLIMIT_DATA/AS")
     p.add_argument("--mmap-threshold", type=int, default=0, help="mallopt M_MMAP_THRESHOLD")
     p.add_argument("--out", required=True)
     return p.parse_args()
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     ctx = None
-    if args.variant in ("ddp-torch", "fsdp-torch"):
+    if args.variant in ("ddp-torch", "fsdp-torch", "fill"):
         from datetime import timedelta
 
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -129,7 +133,11 @@ def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
     dist.barrier()
     out["rss_before"] = status("VmRSS")
     out["data_before"] = status("VmData")
+    out["size_before"] = status("VmSize")
     reset_peak()
+    if args.variant == "fill":
+        fill(out)
+        return
     net = build(args.width, args.blocks)
     if ctx is None:
         model, opt, out["strategy"] = hand_written(args.variant, net)
@@ -167,11 +175,23 @@ def paired(model: Any, opt: Any, ctx: Any, args: argparse.Namespace, out: dict[s
     out["steps_s"], out["steps_torch_s"] = mine, theirs
 
 
+def fill(out: dict[str, Any]) -> None:
+    """64 MiB tensors until one fails: what the limit lets through (the error is the result)."""
+    import torch
+
+    held = []
+    out["filled"] = 0
+    while True:
+        held.append(torch.ones(64 * 2**20 // 4))
+        out["filled"] = len(held) * 64 * 2**20
+
+
 def main() -> int:
     args = parse_args()
     if args.cap_gib:
         cap = int(args.cap_gib * GIB)
-        resource.setrlimit(resource.RLIMIT_DATA, (cap, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+        which = resource.RLIMIT_DATA if args.cap_kind == "data" else resource.RLIMIT_AS
+        resource.setrlimit(which, (cap, resource.getrlimit(which)[1]))
     if args.mmap_threshold:
         ctypes.CDLL("libc.so.6").mallopt(-3, args.mmap_threshold)  # M_MMAP_THRESHOLD
     out: dict[str, Any] = {"rank": int(os.environ["RANK"]), "variant": args.variant}
