@@ -32,10 +32,9 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.estimate import Capacity, cpu_capacity, estimate_memory, gpus_capacity
-from multigpu.estimate.memory import PRECISIONS, MemoryEstimate
+from multigpu.estimate.memory import DEFAULT_MIN_BLOCK_PARAMS, PRECISIONS, MemoryEstimate
 from multigpu.estimate.optimizers import STATES_PER_PARAM
 from multigpu.estimate.render import WIDTH, as_json, rich_view, size
-from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS
 
 PROG = "multigpu estimate"
 BUILTIN = {

@@ -53,6 +53,7 @@ PRECISIONS = ("32", "bf16-mixed")
 STRATEGIES = ("ddp", "fsdp", "fsdp+offload")
 
 __all__ = [
+    "DEFAULT_MIN_BLOCK_PARAMS",
     "PRECISIONS",
     "STATES_PER_PARAM",
     "STRATEGIES",
