@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from multigpu import dist
-from multigpu.errors import UsageError
-from multigpu.estimate import choose, device_capacity, estimate_memory
+from multigpu.estimate import device_capacity, estimate_memory
 from multigpu.estimate.memory import PRECISIONS
 from multigpu.strategies import FSDPStrategy, Strategy
 
@@ -34,16 +33,15 @@ def choose_for_memory(
             file=sys.stderr,
         )
         return current
-    try:
-        estimate = estimate_memory(
-            model,
-            world_size=ctx.world_size,
-            optimizer=optimizers[0] if optimizers else "adamw",
-            precision=precision,
-        )
-    except UsageError:  # an optimizer the estimate does not know: assume Adam's two states
-        estimate = estimate_memory(model, world_size=ctx.world_size, precision=precision)
-    name, why = choose(estimate, device_capacity(ctx.device, ctx.local_world_size))
+    estimate = estimate_memory(
+        model,
+        world_size=ctx.world_size,
+        optimizer=optimizers[0] if optimizers else "adamw",  # unknown classes: measured
+        precision=precision,
+        capacity=device_capacity(ctx.device, ctx.local_world_size),
+        device=ctx.device,
+    )
+    name, why = estimate.choose()
     anyone = dist.all_reduce(1.0 if name == "fsdp" else 0.0, op="max", device=ctx._comm_device())
     if anyone and name != "fsdp":
         name, why = "fsdp", f"another rank has too little memory for ddp (here: {why})"

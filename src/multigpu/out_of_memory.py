@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from multigpu.errors import DeviceError, UsageError
+from multigpu.errors import DeviceError
 from multigpu.estimate import device_capacity, estimate_memory
 from multigpu.estimate.capacity import GIB
 from multigpu.estimate.memory import PRECISIONS
@@ -58,17 +58,16 @@ def explain(
     tried = f" (it tried to allocate {size.group(1)})" if size else ""
     need = ""
     if model is not None:
-        try:
-            est = estimate_memory(
-                model,
-                world_size=world_size,
-                optimizer=optimizers[0] if optimizers else "adamw",
-                precision=precision if precision in PRECISIONS else "32",
-            )
-        except UsageError:  # an optimizer the estimate does not know
-            est = estimate_memory(model, world_size=world_size)
-        name = strategy if strategy in ("ddp", "fsdp") else "ddp"
         capacity = device_capacity(device, local_world_size)
+        est = estimate_memory(
+            model,
+            world_size=world_size,
+            optimizer=optimizers[0] if optimizers else "adamw",  # unknown classes: measured
+            precision=precision if precision in PRECISIONS else "32",
+            capacity=capacity,
+            device=device,
+        )
+        name = strategy if strategy in ("ddp", "fsdp") else "ddp"
         need = (
             f": the model's training state under {strategy} needs ~"
             f"{est.of(name).device / GIB:.2f} GiB per rank (fsdp: "
