@@ -9,6 +9,9 @@ when a torch release changes it, so upgrading torch is this file and that test.
   in 2.4 and 2.5.
 - **DTensor**: public ``torch.distributed.tensor`` since 2.5, ``torch.distributed._tensor``
   before.
+- **A module's own tensors**: ``nn.Module._parameters`` / ``_buffers``, the tables a module
+  registers its direct parameters and buffers in (meta-device materialization swaps whole
+  tensors in and out of them).
 - **DCP metadata unpickling**: a DCP checkpoint's ``.metadata`` file is a pickle, which torch reads
   with plain ``pickle.load`` (any code in it runs). ``DCP_METADATA_GLOBALS`` lists the globals a
   metadata file written by torch names — some private (``_StorageInfo``, ``_get_layout``,
@@ -90,6 +93,12 @@ def distribute_like(full: torch.Tensor, like: Any) -> torch.Tensor:
 def is_dtensor(value: object) -> bool:
     """Whether ``value`` is a DTensor (a sharded or replicated distributed tensor)."""
     return isinstance(value, dtensor_class())
+
+
+def own_tensor_tables(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """``{"param": ..., "buffer": ...}``: the live tables of ``module``'s own parameters and
+    buffers (``nn.Module._parameters``, ``_buffers``); entries may be None."""
+    return {"param": module._parameters, "buffer": module._buffers}
 
 
 DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(

@@ -108,3 +108,12 @@ def test_torch_still_creates_optimizer_state_when_asked_for_it() -> None:
     assert state.optimizer_state(net, opt)["state"] == {} and not opt.state
     get_optimizer_state_dict(net, opt)
     assert opt.state and float(opt.state[net.weight]["step"]) == 1.0  # torch stepped it
+
+
+def test_a_modules_own_tensor_tables_are_the_live_ones() -> None:
+    net = nn.BatchNorm1d(3)
+    tables = torch_compat.own_tensor_tables(net)
+    assert set(tables["param"]) == {"weight", "bias"}
+    assert {"running_mean", "running_var", "num_batches_tracked"} <= set(tables["buffer"])
+    tables["buffer"]["running_mean"] = torch.full((3,), 7.0)  # what materialize does
+    assert torch.equal(net.running_mean, torch.full((3,), 7.0))

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from multigpu.errors import UsageError
-from multigpu.torch_compat import distribute_like, is_dtensor
+from multigpu.torch_compat import distribute_like, is_dtensor, own_tensor_tables
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,11 @@ def _post_order(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.M
 
 def _own_tensors(module: nn.Module) -> list[tuple[str, str]]:
     """(kind, name) of the parameters and buffers ``module`` registers itself."""
-    return [("param", n) for n, p in module._parameters.items() if p is not None] + [
-        ("buffer", n) for n, b in module._buffers.items() if b is not None
+    return [
+        (kind, name)
+        for kind, table in own_tensor_tables(module).items()
+        for name, tensor in table.items()
+        if tensor is not None
     ]
 
 
@@ -116,7 +119,7 @@ def materialize(module: nn.Module, device: torch.device) -> None:
 
 def _initialise_whole(module: nn.Module, own: list[tuple[str, str]]) -> None:
     """Run ``module``'s initialiser on whole CPU copies of its tensors; copy this rank's part in."""
-    tables: dict[str, dict[str, Any]] = {"param": module._parameters, "buffer": module._buffers}
+    tables = own_tensor_tables(module)
     live: dict[str, Any] = {}
     for kind, name in own:
         tensor = tables[kind][name]
