@@ -117,3 +117,70 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None
         assert code == 2, (argv, err)
         assert len(lines) == 1 and message in lines[0], (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_format1_checkpoint_is_inspected_and_converted_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from multigpu.checkpoint.commands import ckpt_main
+    from tests.checkpoint.test_portable import FORMAT1
+
+    saved = torch.load(FORMAT1 / "step-00000002" / STATE_FILE, weights_only=True)
+    weights = saved["objects"]["model"]
+    assert ckpt_main(["inspect", str(FORMAT1)]) == 0
+    out = capsys.readouterr().out
+    assert "model/0.weight" in out and "3×4" in out and "step 2, saved by 1 rank(s)" in out
+    assert "format 1 (before DCP): models and optimizers whole in state.pt" in out
+    assert "complete: marker present" in out and "pieces" not in out
+    assert ckpt_main(["inspect", str(FORMAT1 / "step-00000002"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format_version"] == 1 and info["objects"] == {
+        "model": "module",
+        "optimizer": "optimizer",
+    }
+    assert info["storage"] == {"model": "state", "optimizer": "state"} and info["complete"]
+    assert [r["name"] for r in info["tensors"]] == [f"model/{k}" for k in weights]
+    assert "sharded" not in info or not info["sharded"]
+    # To one plain file, and to a sharded checkpoint that ctx.load takes.
+    assert ckpt_main(["convert", str(FORMAT1), str(tmp_path / "m.pt")]) == 0
+    assert capsys.readouterr().out == (
+        f"wrote {tmp_path / 'm.pt'}: 4 tensors from multigpu checkpoint step 2, object 'model' "
+        f"({FORMAT1 / 'step-00000002'})\n"
+    )
+    plain = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert plain.keys() == weights.keys() and all(torch.equal(plain[k], weights[k]) for k in plain)
+    assert ckpt_main(["convert", str(FORMAT1), str(tmp_path / "dcp"), "--to", "dcp"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"wrote {tmp_path / 'dcp'}: 4 tensors from multigpu checkpoint step 2")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    with multigpu.init(seed=1, accelerator="cpu", environ={}) as ctx:
+        assert ctx.load(tmp_path / "dcp", {"model": model}) == {}
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert ckpt_main(["inspect", str(tmp_path / "dcp")]) == 0
+    assert f"saved under converted from {FORMAT1}" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dcp", "m.pt"]  # no temp left
+
+
+def test_an_index_naming_other_classes_is_refused_unless_trusted(
+    checkpoints: Path, tmp_path: Path
+) -> None:
+    import collections
+    import pickle
+    import shutil
+
+    from multigpu.checkpoint.sharded import read_metadata
+    from multigpu.checkpoint.summary import summarize
+
+    step = tmp_path / "step-00000002"
+    shutil.copytree(checkpoints / "step-00000002", step)
+    metadata = read_metadata(step)
+    metadata.planner_data = collections.Counter(metadata.planner_data)  # not on the allow-list
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    refused = summarize(step)
+    assert not refused["complete"] and refused["tensors"] == []
+    said = refused["problems"][-1]
+    assert "collections.Counter is not a class a DCP metadata file holds" in said
+    assert said.endswith("only if you trust its source, pass --trust")
+    trusted = summarize(step, trust=True)  # the index is read; its checksum still differs
+    assert [r["name"] for r in trusted["tensors"]][:1] == ["model/0.weight"]
+    assert [p.split(":")[0] for p in trusted["problems"]] == [".metadata"]

@@ -7,31 +7,35 @@ sharding and on 2 under FSDP — with the very weights that were saved, bitwise.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import multigpu
 from multigpu.testing import run_distributed
 from tests.checkpoint import reshard_workers as w
-from tests.launch._util import run_multigpu
+from tests.launch._util import popen_multigpu, run_multigpu
 
 
 def test_sharded_to_one_file_to_sharded_resumes_on_any_world_size(tmp_path: Path) -> None:
     saved, _ = run_distributed(w.save_sharded_model, world_size=2, args=(str(tmp_path / "ck"),))
     step = tmp_path / "ck" / f"step-{w.STOP:08d}"
     assert sorted(p.name for p in step.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    looking = popen_multigpu(["ckpt", "inspect", str(step), "--json"], tmp_path)
     first = run_multigpu(["ckpt", "convert", str(step), "model.pt"], tmp_path)
     assert first.returncode == 0, first.stderr
     assert "object 'model' (sharded: 2 rank(s), fsdp)" in first.stdout
     plain = torch.load(tmp_path / "model.pt", weights_only=True)
     assert plain.keys() == saved.keys()
     assert all(torch.equal(plain[k], saved[k]) for k in saved)
+    _inspected_as_two_shards(looking, saved)
     back = run_multigpu(["ckpt", "convert", "model.pt", "back", "--to", "dcp"], tmp_path)
     assert back.returncode == 0, back.stderr
-    (alone,) = run_distributed(
-        w.load_converted, world_size=1, args=(str(tmp_path / "back"), "single")
-    )
+    alone = w.load_converted(str(tmp_path / "back"), "single")  # 1 process: this one
     pair, _ = run_distributed(w.load_converted, world_size=2, args=(str(tmp_path / "back"), "fsdp"))
     for result in (alone, pair):
         assert result["rest"] == {} and result["step"] == 0
@@ -39,36 +43,65 @@ def test_sharded_to_one_file_to_sharded_resumes_on_any_world_size(tmp_path: Path
             assert all(torch.equal(state[k], saved[k]) for k in saved)
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (
-            ["ckpt", "convert", "model.pt", "taken", "--to", "dcp", "--force"],
-            "not a multigpu checkpoint",
-        ),
-        (
-            ["ckpt", "convert", "model.pt", "new", "--to", "dcp", "--name", "my-model"],
-            "not an identifier",
-        ),
-        (["ckpt", "convert", "model.pt", "taken", "--to", "dcp"], "pass --force"),
-    ],
-)
-def test_bad_conversions_are_one_line_exit_2_and_write_nothing(
-    tmp_path: Path, argv: list[str], message: str
+def _inspected_as_two_shards(
+    looking: subprocess.Popen[str], saved: dict[str, torch.Tensor]
 ) -> None:
+    """What ``ckpt inspect --json`` said of the FSDP checkpoint: from the index alone, global
+    shapes, every tensor in 2 pieces (a shard per rank), each rank's file holding its own."""
+    out, err = looking.communicate(timeout=120)
+    assert looking.returncode == 0, err
+    info = json.loads(out)
+    assert info["world_size"] == 2 and info["complete"] and info["format_version"] == 2
+    assert info["strategy"]["strategy"] == "fsdp" and info["strategy"]["mesh"] == {"dp_shard": 2}
+    rows = {r["name"].removeprefix("model/"): r for r in info["tensors"]}
+    assert rows.keys() == saved.keys()
+    assert all(rows[k]["shape"] == list(saved[k].shape) and rows[k]["pieces"] == 2 for k in saved)
+    assert info["storage"] == {"model": "dcp", "optimizer": "dcp", "loader": "state"}
+    assert info["sharded"]["optimizer"]["stats"] == {"momentum_buffer": len(saved)}
+    for rank in (0, 1):  # each rank wrote its half of every tensor, model and optimizer
+        shard = info["shards"][f"__{rank}_0.distcp"]
+        assert shard["objects"]["model"] == len(saved)
+        assert shard["objects"]["optimizer"] >= len(saved)
+
+
+def test_bad_conversions_are_one_line_exit_2_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from multigpu.checkpoint.commands import ckpt_main
+
     torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
+    (tmp_path / "m.safetensors").write_bytes(b"never read: the package is missing")
+    with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+        net = torch.nn.Linear(2, 2)
+        ctx.save(tmp_path / "ck", {"net": net, "optimizer": torch.optim.SGD(net.parameters())})
+    cases = [
+        (["model.pt", "taken", "--to", "dcp", "--force"], "not a multigpu checkpoint"),
+        (["model.pt", "new", "--to", "dcp", "--name", "my-model"], "not an identifier"),
+        (["model.pt", "taken", "--to", "dcp"], "pass --force"),
+        (["model.pt", "new.pt", "--name", "ema"], "drop --name, or add --to dcp"),
+        (["ck", "new.pt", "--key", "ema"], "it holds net (module), optimizer (optimizer)"),
+        (["ck", "new.pt", "--key", "optimizer"], "naming a module (net)"),
+        (["ck/__0_0.distcp", "new.pt"], "pass its directory ck"),
+        (["missing", "new.pt"], "missing does not exist"),
+    ]
+    monkeypatch.chdir(tmp_path)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    done = run_multigpu(argv, tmp_path)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+    for argv, message in cases:
+        code = ckpt_main(["convert", *argv])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and message in lines[0], (argv, lines)
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    for argv in (["ck", "new.safetensors"], ["m.safetensors", "new", "--to", "dcp"]):
+        assert ckpt_main(["convert", *argv]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "pip install 'multigpu[safetensors]'" in line, line
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
 def test_a_checkpoint_of_another_shape_is_a_one_line_usage_error(tmp_path: Path) -> None:
-    import multigpu
-
     with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
         ctx.save(tmp_path / "small", {"model": torch.nn.Linear(4, 3)})
         with pytest.raises(multigpu.CheckpointError) as caught:

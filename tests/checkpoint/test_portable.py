@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import multigpu
+from multigpu.checkpoint.portable import read_weights
 from multigpu.testing import run_distributed
 from tests.checkpoint import workers
 
@@ -101,21 +102,48 @@ def test_our_checkpoints_load_from_the_root_or_a_step_and_say_which(tmp_path: Pa
     source = _model()
     with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
         optimizer = torch.optim.SGD(source.parameters(), lr=0.1)
-        ckpt = ctx.checkpointer(tmp_path, model=source, optimizer=optimizer)
+        ckpt = ctx.checkpointer(tmp_path / "ck", model=source, optimizer=optimizer)
         ckpt.step()
         first = ckpt.save()
         with torch.no_grad():
             source[0].weight.add_(1)
         ckpt.step()
-        ckpt.save()
+        second = ckpt.save()
+        ctx.save(tmp_path / "final", {"net": source, "optimizer": optimizer, "epoch": 3})
     target = _model()
-    report = multigpu.load_weights(target, tmp_path)
-    assert _same(target, source)
+    report = multigpu.load_weights(target, tmp_path / "ck")
+    assert _same(target, source) and report.path == second  # the directory, not its state.pt
     assert report.source == (
         "multigpu checkpoint step 2, object 'model' (sharded: 1 rank(s), single)"
     )
     report = multigpu.load_weights(target, first)
     assert "step 1" in report.source and not _same(target, source)
+    # A ctx.save directory: its only module is the model, whatever its name.
+    report = multigpu.load_weights(target, tmp_path / "final")
+    assert _same(target, source) and "object 'net' (sharded" in report.source
+    state, report = read_weights(second / "state.pt")  # its state.pt: the same
+    assert state.keys() == source.state_dict().keys() and report.path == second
+    with pytest.raises(multigpu.UsageError, match=r"is the optimizer .* a module \(model\)"):
+        read_weights(tmp_path / "ck", key="optimizer")  # refused before it is read
+    with pytest.raises(multigpu.UsageError, match="pass its directory"):
+        multigpu.load_weights(target, second / "__0_0.distcp")
+
+
+FORMAT1 = Path(__file__).parent / "data" / "format1"
+"""A checkpoint written by multigpu before DCP (format 1): see data/README.md."""
+
+
+def test_a_format1_checkpoint_loads_as_it_did() -> None:
+    saved = torch.load(FORMAT1 / "step-00000002" / "state.pt", weights_only=True)
+    assert saved["version"] == 1 and saved["objects"]["model"]["0.weight"].shape == (3, 4)
+    target = _model()
+    report = multigpu.load_weights(target, FORMAT1)
+    assert target.state_dict().keys() == saved["objects"]["model"].keys()
+    assert all(torch.equal(v, saved["objects"]["model"][k]) for k, v in target.state_dict().items())
+    assert report.source == "multigpu checkpoint step 2, object 'model'"
+    assert report.path == FORMAT1 / "step-00000002" and report.tensors == 4
+    with pytest.raises(multigpu.UsageError, match="key='ema' is not in .* model \\(module\\)"):
+        multigpu.load_weights(target, FORMAT1, key="ema")
 
 
 def test_ambiguity_and_mismatch_are_errors(tmp_path: Path) -> None:

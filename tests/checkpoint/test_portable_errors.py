@@ -163,3 +163,20 @@ def test_asking_for_a_device_this_machine_lacks_says_so(tmp_path: Path) -> None:
     torch.save(Net().state_dict(), tmp_path / "m.pt")
     with pytest.raises(multigpu.CheckpointError, match="cannot put the tensors .* on cuda"):
         multigpu.load_weights(Net(), tmp_path / "m.pt", map_location="cuda")
+
+
+def test_a_sharded_checkpoint_that_does_not_fit_is_refused_before_any_copy(
+    tmp_path: Path,
+) -> None:
+    with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+        ctx.save(tmp_path / "net", {"model": _randomised()})
+    target = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(multigpu.CheckpointError) as refused:
+        multigpu.load_weights(target, tmp_path / "net")
+    message = str(refused.value)
+    assert message.startswith(f"the weights in {tmp_path / 'net'} do not fit Sequential: ")
+    assert "missing 2: 0.weight, 0.bias" in message and "\n" not in message
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+    report = multigpu.load_weights(Net(), tmp_path / "net", strict=True)
+    assert report.tensors == 7 and "(sharded: 1 rank(s), single)" in report.source

@@ -62,9 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--to", choices=("file", "dcp"), default="file", help="what to write (default file)"
     )
     convert.add_argument("--key", help="the object or dict key holding the model in SRC")
-    convert.add_argument(
-        "--name", default="model", help="--to dcp: the model's object name in DST (model)"
-    )
+    convert.add_argument("--name", help="--to dcp: the model's object name in DST (model)")
     convert.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
     convert.add_argument("--force", action="store_true", help="overwrite DST")
     return parser
@@ -83,16 +81,23 @@ def _print_summary(info: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=True)  # long lines stay whole (greppable)
+    # Long lines and tensor names stay whole when piped (greppable); a terminal folds names.
+    longest = max((len(row["name"]) for row in info["tensors"]), default=0)
+    width = None if sys.stdout.isatty() else max(80, longest + 60)
+    console = Console(soft_wrap=True, width=width)
     for entry in info.get("checkpoints", []):
         state = "complete" if entry["complete"] else "BROKEN: " + "; ".join(entry["problems"])
         console.print(f"{entry['name']}: {state}", highlight=False)
     table = Table(title=f"{info['path']} — {info['kind']}")
-    for column in ("tensor", "shape", "dtype", "bytes", "size"):
-        table.add_column(column, justify="right" if column in ("bytes", "size") else "left")
+    pieces = any(row.get("pieces", 1) > 1 for row in info["tensors"])  # sharded when saved
+    columns = ("tensor", "shape", "dtype", "bytes", "size") + (("pieces",) if pieces else ())
+    for column in columns:
+        numeric = column in ("bytes", "size", "pieces")
+        table.add_column(column, justify="right" if numeric else "left", overflow="fold")
     for row in info["tensors"]:
         shape = "×".join(str(d) for d in row["shape"]) or "scalar"
-        table.add_row(row["name"], shape, row["dtype"], f"{row['bytes']:,}", _size(row["bytes"]))
+        cells = [row["name"], shape, row["dtype"], f"{row['bytes']:,}", _size(row["bytes"])]
+        table.add_row(*cells, *([str(row.get("pieces", 1))] if pieces else []))
     if info["tensors"]:
         console.print(table)
     lines = [f"{len(info['tensors'])} tensors, {info['total_numel']:,} values, "
@@ -121,23 +126,37 @@ def _print_summary(info: dict[str, Any]) -> None:
 def _layout_lines(info: dict[str, Any]) -> list[str]:
     """How a format-2 checkpoint is laid out: the strategy, the sharded objects, the shards."""
     lines = []
+    if info.get("format_version") == 1:
+        lines.append("format 1 (before DCP): models and optimizers whole in state.pt")
     strategy = info.get("strategy") or {}
     if strategy.get("strategy"):
         mesh = strategy.get("mesh")
         shape = " on mesh " + ", ".join(f"{a}={n}" for a, n in mesh.items()) if mesh else ""
-        lines.append(f"saved under {strategy['strategy']}{shape}")
+        origin = f" from {strategy['from']}" if strategy.get("from") else ""
+        lines.append(f"saved under {strategy['strategy']}{shape}{origin}")
     sharded = info.get("sharded") or {}
     if sharded:
-        lines.append(
-            "sharded (DCP, reshards on load): "
-            + ", ".join(
-                f"{n} {s['tensors']} tensors, {_size(s['bytes'])}" for n, s in sharded.items()
-            )
-        )
-    shards = {n: b for n, b in (info.get("files") or {}).items() if n.endswith(".distcp")}
+        lines.append("sharded (DCP, reshards on load): " + ", ".join(
+            f"{n} {s['tensors']} tensors{_stats(s)}, {_size(s['bytes'])}"
+            for n, s in sharded.items()
+        ))  # fmt: skip
+    files = info.get("files") or {}
+    shards = info.get("shards") or {n: {} for n in files if n.endswith(".distcp")}
     if shards:
-        lines.append("shard files: " + ", ".join(f"{n} {_size(b)}" for n, b in shards.items()))
+        lines.append("shard files: " + "; ".join(
+            f"{n} {_size(files.get(n, 0))}{_pieces(s)}" for n, s in shards.items()
+        ))  # fmt: skip
     return lines
+
+
+def _stats(summary: dict[str, Any]) -> str:
+    stats = summary.get("stats") or {}
+    return " (" + ", ".join(f"{k} {n}" for k, n in stats.items()) + ")" if stats else ""
+
+
+def _pieces(shard: dict[str, Any]) -> str:
+    objects = shard.get("objects") or {}
+    return ": " + ", ".join(f"{n} {k}" for n, k in objects.items()) + " pieces" if objects else ""
 
 
 def _inspect(ns: argparse.Namespace) -> int:
@@ -152,7 +171,13 @@ def _inspect(ns: argparse.Namespace) -> int:
 def _convert(ns: argparse.Namespace) -> int:
     dst = Path(ns.dst)
     if ns.to == "dcp":
-        said = to_dcp(ns.src, dst, key=ns.key, name=ns.name, trust=ns.trust, force=ns.force)
+        name = ns.name or "model"
+        said = to_dcp(ns.src, dst, key=ns.key, name=name, trust=ns.trust, force=ns.force)
+    elif ns.name is not None:
+        raise UsageError(
+            f"--name {ns.name} names the model in a checkpoint written with --to dcp; a plain "
+            "file has no object names: drop --name, or add --to dcp"
+        )
     else:
         said = to_file(ns.src, dst, key=ns.key, trust=ns.trust, force=ns.force)
     print(f"wrote {dst}: {said}")

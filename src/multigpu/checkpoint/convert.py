@@ -83,12 +83,31 @@ def to_file(
     writer = _safetensors() if str(dst).endswith(SAFETENSORS) else None  # refused before reading
     state, report = read_plain(src, key=key, trust=trust)
     if writer is not None:
-        tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        tensors = _unshared(state)
         data = writer.save(tensors)
         atomic_write(dst, lambda fh: fh.write(data))
+        if len(tensors) < len(state):  # safetensors holds tensors only
+            dropped = sorted(k for k in state if k not in tensors)
+            report += f"; left out {len(dropped)} non-tensor entries ({', '.join(dropped[:3])})"
     else:
         atomic_write(dst, lambda fh: torch.save(state, fh))
     return report
+
+
+def _unshared(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of ``state``, each with memory of its own: safetensors refuses tensors that
+    share storage (tied weights: an embedding and its output layer), torch.save keeps one."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        storage = value.untyped_storage().data_ptr()
+        if storage in seen and value.numel():
+            value = value.clone()
+        seen.add(storage)
+        out[name] = value
+    return out
 
 
 class _Held(nn.Module):

@@ -31,6 +31,7 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     verify_checkpoint,
 )
+from multigpu.checkpoint.sharded import METADATA_FILE
 from multigpu.errors import CheckpointError, UsageError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,10 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     if not p.exists():
         raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
     if p.is_file():
+        if p.name == METADATA_FILE or p.suffix == ".distcp":
+            raise UsageError(
+                f"{p} is one file of a sharded (DCP) checkpoint; pass its directory {p.parent}"
+            )
         return p
     if (p / MANIFEST_FILE).exists() or (p / STATE_FILE).exists():
         status = verify_checkpoint(p)

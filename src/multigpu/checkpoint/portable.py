@@ -46,7 +46,7 @@ class LoadReport:
     """
 
     path: Path
-    """The file read (a checkpoint directory resolves to its ``state.pt``)."""
+    """The file read, or for a multigpu checkpoint its directory (a ``step-*`` one)."""
     source: str
     """Where the weights were found: "plain state dict", "dict key 'state_dict'", ..."""
     tensors: int
@@ -116,6 +116,10 @@ def _as_state_dict(obj: Any, where: str) -> Mapping[str, Any]:
     )
 
 
+_NOT_WEIGHTS = frozenset({"optimizer", "scheduler", "scaler", "loader", "value"})
+"""Kinds of checkpoint objects that never hold a model's weights."""
+
+
 def _manifest(state_file: Path) -> dict[str, Any]:
     try:
         found = json.loads((state_file.parent / MANIFEST_FILE).read_text())
@@ -149,17 +153,36 @@ def _from_our_checkpoint(
         key = modules[0]
     if key not in names:
         raise UsageError(
-            f"key={key!r} is not in {state_file.parent}; it holds {sorted(names)}: pass one of "
-            "those"
+            f"key={key!r} is not in {state_file.parent}; it holds "
+            + ", ".join(f"{n} ({kinds[n]})" for n in names)
+            + ": pass one of those (a module for weights)"
+        )
+    if kinds[key] in _NOT_WEIGHTS:  # refused before a large optimizer state is read
+        models = [n for n in names if kinds[n] == "module"]
+        raise UsageError(
+            f"key={key!r} is the {kinds[key]} of {state_file.parent}, not a model; pass "
+            f"key=NAME naming a module ({', '.join(models) or 'it holds none'})"
         )
     source = f"multigpu checkpoint step {step}, object {key!r}"
     where = f"object {key!r} (kind {kinds[key]}) of {state_file.parent}"
-    if described.get(key, {}).get("storage") == "dcp":
+    storage = described.get(key, {}).get("storage", "state")
+    if storage == "dcp":
         saved = read_whole(state_file.parent, {key}).get(key, {})
         strategy = manifest.get("strategy", {}).get("strategy", "?")
         source += f" (sharded: {manifest.get('world_size')} rank(s), {strategy})"
         return _as_state_dict(saved, where), source
+    if key not in small:  # saved per rank (rank-XXXXX.pt): no one model state to load
+        raise UsageError(
+            f"{where} is saved per rank ({storage}), not as one model state dict; pass "
+            "key=NAME naming a model"
+        )
     return _as_state_dict(small[key], where), source
+
+
+def _shown(obj: Any, file: Path) -> Path:
+    """What a report names: a multigpu checkpoint's directory, else the file read."""
+    ours = isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj
+    return file.parent if ours else file
 
 
 def extract_state_dict(
@@ -225,7 +248,7 @@ def read_weights(
     found, source = extract_state_dict(obj, file, key)
     state, stripped = strip_common_prefixes(found)
     report = LoadReport(
-        path=file,
+        path=_shown(obj, file),
         source=source,
         tensors=len(state),
         prefixes_stripped=stripped,
@@ -308,7 +331,8 @@ def load_weights(
     found, source = extract_state_dict(obj, file, key)
     current = target.state_dict()
     state, stripped = match_keys(found, set(current))
-    _check_fit(state, current, strict, file, type(target).__name__)
+    shown = _shown(obj, file)
+    _check_fit(state, current, strict, shown, type(target).__name__)
     casts = Counter(
         f"{str(v.dtype).removeprefix('torch.')} -> {str(current[k].dtype).removeprefix('torch.')}"
         for k, v in state.items()
@@ -320,10 +344,10 @@ def load_weights(
         result = target.load_state_dict(state, strict=strict)
     except RuntimeError as e:
         raise CheckpointError(
-            f"the weights in {file} do not fit {type(target).__name__}: {' '.join(str(e).split())}"
+            f"the weights in {shown} do not fit {type(target).__name__}: {' '.join(str(e).split())}"
         ) from e
     report = LoadReport(
-        path=file,
+        path=shown,
         source=source,
         tensors=len(state),
         prefixes_stripped=stripped,

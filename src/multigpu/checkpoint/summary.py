@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     verify_checkpoint,
 )
-from multigpu.checkpoint.loading import load_file
+from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.portable import extract_state_dict
 from multigpu.checkpoint.sharded import read_metadata
 from multigpu.errors import CheckpointError, UsageError
@@ -38,6 +39,7 @@ def _tensor_rows(state: Mapping[str, Any], prefix: str = "") -> list[dict[str, A
                     "dtype": str(value.dtype).removeprefix("torch."),
                     "numel": value.numel(),
                     "bytes": value.numel() * value.element_size(),
+                    "pieces": 1,
                 }
             )
     return rows
@@ -63,28 +65,34 @@ def _status_fields(path: Path) -> dict[str, Any]:
     }
 
 
-def _sharded_rows(path: Path, storage: Mapping[str, str]) -> tuple[list[dict[str, Any]], dict]:
-    """Rows of the sharded models' tensors, and a size summary of every sharded object, from
-    DCP's index alone (no tensor data is read; global shapes, whatever the shards)."""
-    sharded = {n for n, where in storage.items() if where == "dcp"}
-    if not sharded:
-        return [], {}
-    metadata = read_metadata(path)
+def _sharded_part(
+    path: Path, storage: Mapping[str, str], *, trust: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """From DCP's index alone (no tensor data is read; global shapes, whatever the shards):
+    rows of the sharded models' tensors, a summary per sharded object, and per shard file what
+    it holds (how the pieces are laid out over the ranks that wrote them)."""
+    if "dcp" not in storage.values():
+        return [], {}, {}
+    metadata = read_metadata(path, trust=trust)
     paths: Mapping[str, Any] = metadata.planner_data or {}
     rows: list[dict[str, Any]] = []
-    sizes: dict[str, dict[str, int]] = {}
+    sizes: dict[str, dict[str, Any]] = {}
     for key, info in metadata.state_dict_metadata.items():
-        if not isinstance(info, TensorStorageMetadata):
-            continue
         parts = [str(p) for p in paths.get(key, (key,))]
         name, rest = parts[0], ".".join(parts[1:])
+        total = sizes.setdefault(name, {"tensors": 0, "numel": 0, "bytes": 0, "values": 0})
+        if not isinstance(info, TensorStorageMetadata):
+            total["values"] += 1  # hyperparameters, extra state: small pickled values
+            continue
         numel = math.prod(info.size)
         size = numel * info.properties.dtype.itemsize
-        total = sizes.setdefault(name, {"tensors": 0, "numel": 0, "bytes": 0})
         total["tensors"] += 1
         total["numel"] += numel
         total["bytes"] += size
-        if storage.get(name) == "dcp" and rest and not rest.startswith(("state.", "param_groups")):
+        if len(parts) > 3 and parts[1] == "state":  # an optimizer's state.<param>.<stat>
+            stats = total.setdefault("stats", {})
+            stats[parts[-1]] = stats.get(parts[-1], 0) + 1
+        elif storage.get(name) == "dcp" and rest and parts[1] != "param_groups":
             rows.append(
                 {
                     "name": f"{name}/{rest}",
@@ -92,22 +100,48 @@ def _sharded_rows(path: Path, storage: Mapping[str, str]) -> tuple[list[dict[str
                     "dtype": str(info.properties.dtype).removeprefix("torch."),
                     "numel": numel,
                     "bytes": size,
+                    "pieces": len(info.chunks),
                 }
             )
-    return rows, sizes
+    return rows, sizes, _shard_files(metadata, paths)
+
+
+def _shard_files(metadata: Any, paths: Mapping[str, Any]) -> dict[str, Any]:
+    """{file: {"pieces": n, "objects": {object: pieces}}} from the index's storage records.
+
+    A record's ``relative_path`` is the field of DCP's ``FileSystemWriter`` (``_StorageInfo``);
+    another writer's records are skipped rather than guessed at.
+    """
+    files: dict[str, Any] = {}
+    for index, where in (metadata.storage_data or {}).items():
+        file = getattr(where, "relative_path", None)
+        if not isinstance(file, str):
+            continue
+        fqn = getattr(index, "fqn", "")
+        name = str(paths.get(fqn, (fqn.split(".", 1)[0],))[0])
+        entry = files.setdefault(file, {"pieces": 0, "objects": {}})
+        entry["pieces"] += 1
+        entry["objects"][name] = entry["objects"].get(name, 0) + 1
+    for entry in files.values():
+        entry["objects"] = dict(sorted(entry["objects"].items()))
+    return dict(sorted(files.items()))
 
 
 def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str, Any]:
     """A JSON-ready description of ``path`` (a checkpoint root, a ``step-*`` dir, or a file).
 
     Keys: ``path``, ``kind``, ``complete`` (False when any checkpoint looked at is broken),
-    ``tensors`` (name, shape, dtype, numel, bytes of the models' tensors: global shapes, from
-    DCP's index for sharded ones, no data read), ``total_numel``, ``total_bytes``,
-    ``devices_mapped``; for our checkpoints also ``step``, ``world_size``, ``epoch``,
-    ``objects`` (name: kind), ``storage`` (name: "dcp" | "state" | "rank"), ``strategy`` (as
-    saved: name, mesh, units...), ``format_version``, ``files`` (name: bytes — one
-    ``__<rank>_<n>.distcp`` per writing rank), ``sharded`` (per sharded object: tensors, numel,
-    bytes), ``problems``, ``torch_version``; for a root ``checkpoints``.
+    ``tensors`` (the models' tensors: ``name``, ``shape`` — global, from DCP's index for
+    sharded ones, no data read — ``dtype``, ``numel``, ``bytes``, ``pieces``: how many pieces
+    it is stored in, e.g. 2 for an FSDP shard on each of 2 ranks), ``total_numel``,
+    ``total_bytes``, ``devices_mapped``; for our checkpoints also ``step``, ``world_size``,
+    ``epoch``, ``objects`` (name: kind), ``storage`` (name: "dcp" | "state" | "rank"),
+    ``strategy`` (as saved: name, mesh, units...), ``format_version``, ``files`` (name: bytes),
+    ``problems``, ``torch_version``, ``created``; for sharded (format 2) ones ``sharded`` (per
+    object in the DCP files: ``tensors``, ``numel``, ``bytes``, ``values`` (non-tensor
+    entries), and for an optimizer ``stats``: {"exp_avg": 4, ...}) and ``shards`` (per
+    ``__<rank>_<n>.distcp`` file: ``pieces`` and ``objects``: {name: pieces}); for a root
+    ``checkpoints`` (name, step, complete, problems) and ``newest_complete``.
 
     Example:
         >>> summarize("runs/ckpt")["newest_complete"]  # doctest: +SKIP
@@ -151,16 +185,20 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
             complete=info.get("complete", True) and fields["complete"],
         )
         try:
-            sharded_rows, info["sharded"] = _sharded_rows(p, fields["storage"])
+            sharded_rows, info["sharded"], info["shards"] = _sharded_part(
+                p, fields["storage"], trust=trust
+            )
         except CheckpointError as e:  # a broken index: described, exit 1
-            info.setdefault("problems", []).append(str(e))
+            refused = isinstance(e.__cause__, pickle.UnpicklingError) and not trust
+            hint = "; only if you trust its source, pass --trust" if refused else ""
+            info.setdefault("problems", []).append(f"{e}{hint}")
             info["complete"] = False
         file = p / STATE_FILE
         if not file.is_file():
             info.update(tensors=[], total_numel=0, total_bytes=0, devices_mapped={})
             return info
     else:
-        file = p
+        file = resolve(p)  # refuses one file of a DCP checkpoint, naming its directory
     try:
         obj, mapped = load_file(file, trust=trust)
     except CheckpointError as e:
