@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,7 +173,13 @@ def _convert(ns: argparse.Namespace) -> int:
     dst = Path(ns.dst)
     if ns.to == "dcp":
         name = ns.name or "model"
-        said = to_dcp(ns.src, dst, key=ns.key, name=name, trust=ns.trust, force=ns.force)
+        saving = logging.getLogger("multigpu.checkpoint.saving")
+        level = saving.level
+        saving.setLevel(logging.WARNING)  # its "saved checkpoint" INFO line repeats ours
+        try:
+            said = to_dcp(ns.src, dst, key=ns.key, name=name, trust=ns.trust, force=ns.force)
+        finally:
+            saving.setLevel(level)
     elif ns.name is not None:
         raise UsageError(
             f"--name {ns.name} names the model in a checkpoint written with --to dcp; a plain "
