@@ -46,10 +46,10 @@ def test_a_collective_run_by_rank_0_alone_is_named_after_gloo_aborts(tmp_path: P
     out, _ = _run("eval_on_rank0.py", tmp_path)
     assert "multigpu: each rank's last collective:" in out
     assert (
-        "rank 0: all_reduce #5 float32[] at eval_on_rank0.py:11 in evaluate() (NOT finished" in out
+        "rank 0: all_reduce #6 float32[] at eval_on_rank0.py:11 in evaluate() (NOT finished" in out
     )
     assert (
-        "the ranks first disagree at collective #5 (rank 0: all_reduce at eval_on_rank0.py:11"
+        "the ranks first disagree at collective #6 (rank 0: all_reduce at eval_on_rank0.py:11"
         in out
     )
     assert "rank 1: backward (DDP gradient all-reduce) at eval_on_rank0.py:18" in out

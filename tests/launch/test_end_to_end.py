@@ -50,3 +50,15 @@ def test_a_usage_error_escaping_a_launched_script_is_one_line_and_exit_2(tmp_pat
         "parameters: give the model that holds them, or use strategy='ddp'"
     ]
     assert "Traceback" not in done.stderr and "Root Cause" not in done.stderr
+
+
+def test_a_checkpoint_of_another_shape_ends_the_run_with_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    script = str(SCRIPTS / "load_other_shape.py")
+    done = run_multigpu(["run", "--cpu", "1", script, str(tmp_path)], tmp_path)
+    assert done.returncode == 2, done.stderr
+    said = [line for line in done.stderr.splitlines() if "does not fit this model" in line]
+    assert len(said) == 1 and said[0].startswith("multigpu: error: checkpoint "), done.stderr
+    assert "model.weight (3, 4) in the checkpoint vs (3, 5) here" in said[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # nothing else written
