@@ -129,7 +129,7 @@ def _manifest(state_file: Path) -> dict[str, Any]:
 
 
 def _from_our_checkpoint(
-    obj: Mapping[str, Any], state_file: Path, key: str | None
+    obj: Mapping[str, Any], state_file: Path, key: str | None, trust: bool = False
 ) -> tuple[Mapping[str, Any], str]:
     """The model of a multigpu checkpoint: from ``state.pt`` (format 1, small objects) or, for
     what the manifest says is in the DCP part (format 2), read whole from the shards."""
@@ -167,7 +167,7 @@ def _from_our_checkpoint(
     where = f"object {key!r} (kind {kinds[key]}) of {state_file.parent}"
     storage = described.get(key, {}).get("storage", "state")
     if storage == "dcp":
-        saved = read_whole(state_file.parent, {key}).get(key, {})
+        saved = read_whole(state_file.parent, {key}, trust=trust).get(key, {})
         strategy = manifest.get("strategy", {}).get("strategy", "?")
         source += f" (sharded: {manifest.get('world_size')} rank(s), {strategy})"
         return _as_state_dict(saved, where), source
@@ -186,7 +186,7 @@ def _shown(obj: Any, file: Path) -> Path:
 
 
 def extract_state_dict(
-    obj: Any, state_file: Path, key: str | None
+    obj: Any, state_file: Path, key: str | None, trust: bool = False
 ) -> tuple[Mapping[str, Any], str]:
     """Find the model's state dict inside a loaded object; return it and where it was.
 
@@ -199,7 +199,7 @@ def extract_state_dict(
             (the candidates named).
     """
     if isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj:
-        return _from_our_checkpoint(obj, state_file, key)
+        return _from_our_checkpoint(obj, state_file, key, trust)
     if key is not None:
         if not isinstance(obj, Mapping) or key not in obj:
             raise UsageError(
@@ -245,7 +245,7 @@ def read_weights(
     """
     file = resolve(path)
     obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    found, source = extract_state_dict(obj, file, key)
+    found, source = extract_state_dict(obj, file, key, trust)
     state, stripped = strip_common_prefixes(found)
     report = LoadReport(
         path=_shown(obj, file),
@@ -309,7 +309,8 @@ def load_weights(
             holding a state dict, plain or nested under a usual key.
         key: which object or dict key holds the model, when several could.
         strict: every key must match (else missing/unexpected keys are reported).
-        trust: allow a legacy pickle (``weights_only=False``): only for files you trust.
+        trust: allow a legacy pickle (``weights_only=False``), or a DCP index naming classes
+            beyond the allow-list: only for files you trust.
         map_location: where tensors go (default CPU, so CUDA-saved files load anywhere).
 
     Returns:
@@ -328,7 +329,7 @@ def load_weights(
     target = unwrap_module(model)
     file = resolve(path)
     obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    found, source = extract_state_dict(obj, file, key)
+    found, source = extract_state_dict(obj, file, key, trust)
     current = target.state_dict()
     state, stripped = match_keys(found, set(current))
     shown = _shown(obj, file)

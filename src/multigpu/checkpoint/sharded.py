@@ -72,10 +72,15 @@ def read_metadata(directory: str | os.PathLike[str], *, trust: bool = False) -> 
 
 
 class SafeReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata is read with the allow-list (see the module doc)."""
+    """``FileSystemReader`` whose metadata is read with the allow-list (see the module doc);
+    ``trust=True`` lifts it, for an index naming other classes from a source you trust."""
+
+    def __init__(self, path: str | os.PathLike[str], *, trust: bool = False) -> None:
+        super().__init__(path)
+        self.trust = trust
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = read_metadata(self.path)
+        metadata = read_metadata(self.path, trust=self.trust)
         storage = metadata.storage_meta or StorageMeta()
         storage.load_id = self.load_id  # as FileSystemReader does
         metadata.storage_meta = storage
@@ -174,8 +179,10 @@ def check_fits(
     if problems:
         raise CheckpointMismatchError(
             f"checkpoint {where} does not fit this model: {'; '.join(problems)}; load it into "
-            "the model (and optimizer) that saved it, or convert the weights with "
-            "'multigpu ckpt convert' and load what fits with multigpu.load_weights(strict=False)"
+            "the model (and optimizer) that saved it, built with the saved shapes (see "
+            "'multigpu ckpt inspect'); for keys that are missing or renamed, convert the weights "
+            "with 'multigpu ckpt convert' and load what matches with "
+            "multigpu.load_weights(strict=False)"
         )
 
 
@@ -211,13 +218,16 @@ def _unwrapped() -> Iterator[None]:
         raise CheckpointError(f"{type(first).__name__}: {text[:300]}") from e
 
 
-def read_whole(directory: str | os.PathLike[str], names: set[str] | None = None) -> dict[str, Any]:
+def read_whole(
+    directory: str | os.PathLike[str], names: set[str] | None = None, *, trust: bool = False
+) -> dict[str, Any]:
     """The saved objects of a DCP checkpoint, whole, on the CPU, in one process (no model needed).
 
     ``names``: the top-level objects to read (default all). Each comes back as it was saved: a
-    module's state dict, an optimizer's ``{"state", "param_groups"}``.
+    module's state dict, an optimizer's ``{"state", "param_groups"}``. ``trust``: read an index
+    naming classes beyond the allow-list (non-tensor values must still load ``weights_only``).
     """
-    metadata = read_metadata(directory)
+    metadata = read_metadata(directory, trust=trust)
     paths: Mapping[str, Any] = metadata.planner_data or {}
     target: dict[str, Any] = {}
     for key, info in metadata.state_dict_metadata.items():
@@ -231,7 +241,7 @@ def read_whole(directory: str | os.PathLike[str], names: set[str] | None = None)
     with _quiet(), _unwrapped():
         dcp.load(
             target,
-            storage_reader=SafeReader(Path(directory)),
+            storage_reader=SafeReader(Path(directory), trust=trust),
             planner=SafeLoadPlanner(),
             no_dist=True,
         )
