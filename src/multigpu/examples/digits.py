@@ -25,6 +25,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
+from multigpu.examples.job_cli import positive, run_job
 from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang import active_log
 from multigpu.hang.stragglers import SLOW, slowest
@@ -313,19 +314,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="multigpu train",
         description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
     )
-    p.add_argument("--epochs", type=_positive(int), default=12, help="passes over the data (12)")
+    p.add_argument("--epochs", type=positive(int), default=12, help="passes over the data (12)")
     p.add_argument(
         "--batch-size",
-        type=_positive(int),
+        type=positive(int),
         default=64,
         help="GLOBAL batch per optimizer step, split over the processes (64)",
     )
-    p.add_argument("--eval-batch-size", type=_positive(int), default=256, help="global eval batch")
-    p.add_argument("--lr", type=_positive(float), default=3e-3, help="Adam learning rate (3e-3)")
+    p.add_argument("--eval-batch-size", type=positive(int), default=256, help="global eval batch")
+    p.add_argument("--lr", type=positive(float), default=3e-3, help="Adam learning rate (3e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
     p.add_argument(
         "--accumulation-steps",
-        type=_positive(int),
+        type=positive(int),
         default=1,
         help="micro-batches per optimizer step (the global batch stays --batch-size)",
     )
@@ -344,14 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
     p.add_argument(
         "--checkpoint-every",
-        type=_positive(int),
+        type=positive(int),
         help="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",
     )
     p.add_argument(
         "--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)"
     )
     p.add_argument(
-        "--keep-checkpoints", type=_positive(int), default=3, help="newest checkpoints kept (3)"
+        "--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)"
     )
     p.add_argument(
         "--resume",
@@ -369,29 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{value} must be positive")
-        return value
-
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m multigpu.examples.digits``."""
-    args = build_parser().parse_args(argv)
-    try:
-        train(args)
-    except multigpu.UsageError as e:
-        if os.environ.get("RANK", "0") == "0":  # the same message on every rank: say it once
-            print(f"multigpu train: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return run_job(build_parser(), train, argv)
 
 
 if __name__ == "__main__":

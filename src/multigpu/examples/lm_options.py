@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from torch import nn
 
 import multigpu
 from multigpu.context import Context
+from multigpu.examples.job_cli import positive, run_job
 from multigpu.examples.lm_data import Corpus
 
 DEFAULT_BATCH_SIZE = 32
@@ -42,27 +41,27 @@ def build_parser() -> argparse.ArgumentParser:
         "unigram baseline, and tokens/s.",
     )
     add = p.add_argument
-    add("--steps", type=_positive(int), default=400, help="optimizer steps (400)")
+    add("--steps", type=positive(int), default=400, help="optimizer steps (400)")
     add(
         "--batch-size",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_BATCH_SIZE,
         help=f"GLOBAL sequences per optimizer step, split over processes ({DEFAULT_BATCH_SIZE})",
     )
-    add("--block-size", type=_positive(int), default=64, help="context length in bytes (64)")
-    add("--n-layer", type=_positive(int), default=4, help="transformer blocks (4)")
-    add("--n-head", type=_positive(int), default=4, help="attention heads (4)")
-    add("--n-embd", type=_positive(int), default=128, help="model width (128)")
+    add("--block-size", type=positive(int), default=64, help="context length in bytes (64)")
+    add("--n-layer", type=positive(int), default=4, help="transformer blocks (4)")
+    add("--n-head", type=positive(int), default=4, help="attention heads (4)")
+    add("--n-embd", type=positive(int), default=128, help="model width (128)")
     add(
         "--lr",
-        type=_positive(float),
+        type=positive(float),
         default=5e-3,
         help="AdamW peak learning rate, after a linear warm-up, cosine-decayed to a tenth (5e-3)",
     )
     add("--seed", type=int, default=0, help="seed for every RNG and the data order (0)")
     add(
         "--accumulation-steps",
-        type=_positive(int),
+        type=positive(int),
         default=1,
         help="micro-batches per optimizer step (the global batch stays --batch-size)",
     )
@@ -80,25 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--corpus-mb",
-        type=_positive(float),
+        type=positive(float),
         default=4.0,
         help="MB of standard-library source to read; the last 10%% is validation (4)",
     )
-    add("--eval-every", type=_positive(int), default=100, help="evaluate every N steps (100)")
+    add("--eval-every", type=positive(int), default=100, help="evaluate every N steps (100)")
     add(
         "--eval-windows",
-        type=_positive(int),
+        type=positive(int),
         default=256,
         help="validation windows per evaluation, spread evenly over the split (256)",
     )
     add("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
     add(
         "--checkpoint-every",
-        type=_positive(int),
+        type=positive(int),
         help="save a checkpoint every N steps (to --checkpoint-dir or OUT/checkpoints)",
     )
     add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
-    add("--keep-checkpoints", type=_positive(int), default=3, help="newest checkpoints kept (3)")
+    add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")
     add(
         "--resume",
         default="auto",
@@ -229,24 +228,4 @@ def check_data(ctx: Context, args: argparse.Namespace, corpus: Corpus) -> None:
 
 def run(train: Callable[[argparse.Namespace], Any], argv: list[str] | None) -> int:
     """Parse ``argv`` and call ``train``: exit code 0, or 2 with one line on a usage error."""
-    args = build_parser().parse_args(argv)
-    try:
-        train(args)
-    except multigpu.UsageError as e:
-        if os.environ.get("RANK", "0") == "0":  # the same message on every rank: say it once
-            print(f"multigpu train: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{value} must be positive")
-        return value
-
-    return parse
+    return run_job(build_parser(), train, argv)
