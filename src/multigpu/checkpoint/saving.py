@@ -27,7 +27,12 @@ from multigpu import dist
 from multigpu.checkpoint.layout import FORMAT, FORMAT_VERSION, STATE_FILE, rank_file_name
 from multigpu.checkpoint.objects import kind_of, state_of
 from multigpu.checkpoint.rng import capture_rng
-from multigpu.checkpoint.sharded import save_sharded, save_sharded_async, written_by
+from multigpu.checkpoint.sharded import (
+    one_line_failures,
+    save_sharded,
+    save_sharded_async,
+    written_by,
+)
 from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateSource, sharded_state
 from multigpu.checkpoint.writer import (
     FileInfo,
@@ -85,7 +90,8 @@ def save(job: SaveJob) -> Path:
         if sharded:
             save_sharded(sharded, tmp)
     except Exception as e:  # DCP gathers every rank's failure and raises it on all of them
-        raise CheckpointError(f"checkpoint of step {job.step} was not saved: {e}") from e
+        said = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+        raise CheckpointError(f"checkpoint of step {job.step} was not saved: {said}") from e
     error: str | None = None
     files: dict[str, FileInfo] = {}
     try:
@@ -138,7 +144,8 @@ class PendingSave:
         try:
             try:
                 if written is not None:
-                    written.result()
+                    with one_line_failures():
+                        written.result()
                 files = _write_own_files(job, tmp, mine)
             except Exception as e:
                 report_done(tmp, job.rank, name, None, f"{type(e).__name__}: {e}")

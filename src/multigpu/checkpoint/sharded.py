@@ -122,7 +122,7 @@ def _quiet() -> Iterator[None]:
 
 def save_sharded(state: Mapping[str, Any], directory: Path) -> None:
     """Write ``state`` (tensors, DTensors, plain values) to ``directory`` with DCP (collective)."""
-    with _quiet():
+    with _quiet(), one_line_failures():
         dcp.save(
             dict(state),
             storage_writer=FileSystemWriter(directory, sync_files=True),
@@ -193,7 +193,7 @@ def load_sharded(targets: dict[str, Any], directory: Path) -> None:
         CheckpointError: a piece could not be read or was refused (DCP's multi-rank report
             unwrapped to its first failure).
     """
-    with _quiet(), _unwrapped():
+    with _quiet(), one_line_failures():
         dcp.load(
             targets,
             storage_reader=SafeReader(directory),
@@ -203,7 +203,7 @@ def load_sharded(targets: dict[str, Any], directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def _unwrapped() -> Iterator[None]:
+def one_line_failures() -> Iterator[None]:
     """DCP reports a failure as a CheckpointException holding every rank's error and its
     traceback; say the first one in one line (ours as it was raised)."""
     try:
@@ -238,7 +238,7 @@ def read_whole(
         if isinstance(info, TensorStorageMetadata):
             value = torch.empty(tuple(info.size), dtype=info.properties.dtype)
         _place(target, path, value)
-    with _quiet(), _unwrapped():
+    with _quiet(), one_line_failures():
         dcp.load(
             target,
             storage_reader=SafeReader(Path(directory), trust=trust),
