@@ -18,6 +18,7 @@ from multigpu.device import move_to_device
 from multigpu.env import ClusterEnv, detect
 from multigpu.errors import (
     CheckpointError,
+    CheckpointLockedError,
     CheckpointMismatchError,
     DeviceError,
     EnvError,
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Accuracy",
     "CheckpointError",
+    "CheckpointLockedError",
     "CheckpointMismatchError",
     "CheckpointStatus",
     "Checkpointer",

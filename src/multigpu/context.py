@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from multigpu import dist, out_of_memory
+from multigpu import dist, out_of_memory, worker_error
 from multigpu.auto_strategy import choose_for_memory
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.context_checkpoints import Checkpointing
@@ -352,8 +352,16 @@ class Context(RankTools, Checkpointing):
             self._report_stragglers()  # a collective: only when every rank ends normally
         report_lost_peers(exc[1])  # after a failed collective: which ranks still answer
         self.teardown()
+        # for the launcher's one-line summary (torch elastic's error file, see worker_error.py)
+        error = exc[1] if isinstance(exc[1], BaseException) else None
+        recorded = worker_error.record(error)
         if isinstance(exc[1], UsageError) and self.env.source == "torchrun":
-            refuse(exc[1], self.rank)
+            said = recorded and worker_error.launched_by_multigpu()
+            refuse(exc[1], self.rank, said_by_launcher=said)
+        if recorded and worker_error.is_consequence(error) and worker_error.launched_by_multigpu():
+            # Another rank failed first and its error is the one to read; this rank's traceback
+            # (a lost connection, 20 lines) is kept in its error file, not printed.
+            raise SystemExit(1) from None
 
     def _report_stragglers(self) -> None:
         recorder = active_log()

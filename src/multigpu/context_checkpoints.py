@@ -44,12 +44,16 @@ class Checkpointing:
         keep: int | None = None,
         async_save: bool = False,
         save_on_sigterm: bool = False,
+        lock_timeout: float = 0.0,
         **objects: Any,
     ) -> Checkpointer:
         """A ``Checkpointer`` saving ``objects`` (and the GradScaler of ``16-mixed``) under
         ``directory``: every ``every_steps`` calls of ``step()``, keeping the ``keep`` newest
         (None: all); ``async_save`` writes in the background; ``save_on_sigterm`` saves and exits
-        143 when any rank gets SIGTERM. See ``multigpu.checkpoint.manager``.
+        143 when any rank gets SIGTERM. One run at a time holds ``directory``: another live
+        run's raises ``CheckpointLockedError`` (naming its pid and host) unless it lets go
+        within ``lock_timeout`` seconds; a dead run's hold ends with it. See
+        ``multigpu.checkpoint.manager``.
         """
         ckpt = Checkpointer(
             directory,
@@ -63,6 +67,7 @@ class Checkpointing:
             async_save=async_save,
             save_on_sigterm=save_on_sigterm,
             describe=self.strategy.describe,
+            lock_timeout=lock_timeout,
         )
         ckpt.track(**objects)
         if self.precision.scaler is not None and "grad_scaler" not in objects:

@@ -118,16 +118,19 @@ class RankTools:
             self.barrier()
 
 
-def refuse(error: UsageError, rank: int) -> NoReturn:
+def refuse(error: UsageError, rank: int, *, said_by_launcher: bool = False) -> NoReturn:
     """End a launched worker on a usage error: one line on stderr, exit code 2 (what the
     launcher reports as the user's error, not a crash).
 
-    Every rank usually refuses the same input: a rank other than 0 waits a moment, in which
-    the agent stops it once rank 0 has exited, so the message appears once; if rank 0 did not
-    refuse, it still appears, from the rank that did.
+    ``said_by_launcher``: ``multigpu run`` prints the line itself (read from the worker's error
+    file), so the worker stays silent. Otherwise (plain torchrun) the worker says it: every rank
+    usually refuses the same input, so a rank other than 0 waits a moment, in which the agent
+    stops it once rank 0 has exited, and the message appears once; if rank 0 did not refuse,
+    it still appears, from the rank that did.
     """
-    if rank != 0:
-        time.sleep(1.0)
-    prefix = f"rank {rank}: " if rank else ""
-    print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
+    if not said_by_launcher:
+        if rank != 0:
+            time.sleep(1.0)
+        prefix = f"rank {rank}: " if rank else ""
+        print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
     raise SystemExit(2) from error

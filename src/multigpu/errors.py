@@ -34,3 +34,8 @@ class CheckpointError(MultiGPUError):
 class CheckpointMismatchError(CheckpointError, UsageError):
     """A complete checkpoint that does not fit the model given (other shapes, other names):
     the user's choice of checkpoint or model, so a usage error too (exit code 2)."""
+
+
+class CheckpointLockedError(CheckpointError, UsageError):
+    """Another live run holds the checkpoint directory (one run at a time per directory): the
+    user's choice of directory, so a usage error too (exit code 2)."""

@@ -119,6 +119,12 @@ def test_keep_prunes_older_checkpoints(tmp_path: Path, ctx: multigpu.Context) ->
     model = torch.nn.Linear(3, 2)
     ckpt = ctx.checkpointer(tmp_path, every_steps=1, keep=2, model=model)
     _steps(ckpt, model, 5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".multigpu.lock",  # held while the checkpointer is open
+        "step-00000004",
+        "step-00000005",
+    ]
+    ckpt.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
 
 

@@ -117,3 +117,31 @@ def test_a_modules_own_tensor_tables_are_the_live_ones() -> None:
     assert {"running_mean", "running_var", "num_batches_tracked"} <= set(tables["buffer"])
     tables["buffer"]["running_mean"] = torch.full((3,), 7.0)  # what materialize does
     assert torch.equal(net.running_mean, torch.full((3,), 7.0))
+
+
+def test_the_elastic_agent_still_calls_the_methods_multigpu_overrides() -> None:
+    """launch/restart_reports.py and launch/agent.py override three of SimpleElasticAgent's
+    protected methods and read ``_remaining_restarts``; torch's run loop must still use them."""
+    import inspect
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    loop = inspect.getsource(SimpleElasticAgent._invoke_run)
+    for call in ("self._monitor_workers(", "self._restart_workers(", "self._remaining_restarts"):
+        assert call in loop, f"torch's agent loop no longer uses {call}"
+    assert "self._rendezvous(" in inspect.getsource(SimpleElasticAgent._initialize_workers)
+    for name in ("_monitor_workers", "_restart_workers", "_rendezvous"):
+        assert list(inspect.signature(getattr(LocalElasticAgent, name)).parameters) == [
+            "self",
+            "worker_group",
+        ], name
+
+
+def test_torchrun_still_builds_a_no_python_command_from_the_parsed_arguments() -> None:
+    """launch/orphans.py rewrites the parsed arguments (training_script, no_python, module)."""
+    from torch.distributed.run import config_from_args, parse_args
+
+    args = parse_args(["--nproc-per-node=1", "--no-python", "prog", "a"])
+    _, cmd, cmd_args = config_from_args(args)
+    assert (cmd, cmd_args) == ("prog", ["a"])

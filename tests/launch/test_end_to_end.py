@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from tests.launch._util import SCRIPTS, run_multigpu
@@ -24,11 +25,14 @@ def test_plain_torchrun_script_runs_unchanged_on_cpu_processes(tmp_path: Path) -
         assert int(result["env"]["OMP_NUM_THREADS"]) >= 1
 
 
-def test_a_failing_worker_exits_1_with_torchs_summary(tmp_path: Path) -> None:
+def test_a_failing_worker_exits_1_with_one_line_naming_it(tmp_path: Path) -> None:
     done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "fail.py")], tmp_path)
     assert done.returncode == 1, done.stderr
-    assert "Root Cause" in done.stderr and "rank      : 1" in done.stderr
-    assert "Traceback" not in done.stderr.split("Root Cause")[0]  # no launcher traceback
+    assert done.stderr.splitlines() == [
+        "rank 1 fails on purpose",
+        f"multigpu: error: rank 1 on {socket.gethostname()} exited with code 1; "
+        "its output is above",
+    ]  # torch's 20-line report and its E/W lines are gone
 
 
 def test_workers_refusing_their_input_give_exit_2_without_a_crash_report(tmp_path: Path) -> None:
@@ -36,7 +40,8 @@ def test_workers_refusing_their_input_give_exit_2_without_a_crash_report(tmp_pat
     assert done.returncode == 2, done.stderr
     assert "batch_size=3 is not divisible by world_size=2" in done.stdout + done.stderr
     assert "Root Cause" not in done.stderr
-    assert done.stderr.rstrip().splitlines()[-1].startswith("multigpu: error: the workers stopped")
+    assert done.stderr.rstrip().splitlines()[-1].startswith("multigpu: error: rank ")
+    assert "(a usage error)" in done.stderr
 
 
 def test_a_usage_error_escaping_a_launched_script_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -46,8 +51,9 @@ def test_a_usage_error_escaping_a_launched_script_is_one_line_and_exit_2(tmp_pat
         line for line in done.stderr.splitlines() if "got a model with no parameters" in line
     ]
     assert refusals == [
-        "multigpu: error: strategy='fsdp' got a model with no parameters (ReLU); FSDP shards "
-        "parameters: give the model that holds them, or use strategy='ddp'"
+        f"multigpu: error: rank 0 on {socket.gethostname()}: UsageError: strategy='fsdp' got a "
+        "model with no parameters (ReLU); FSDP shards parameters: give the model that holds "
+        "them, or use strategy='ddp' (1 other rank stopped too)"
     ]
     assert "Traceback" not in done.stderr and "Root Cause" not in done.stderr
 
@@ -59,6 +65,7 @@ def test_a_checkpoint_of_another_shape_ends_the_run_with_one_line_and_exit_2(
     done = run_multigpu(["run", "--cpu", "1", script, str(tmp_path)], tmp_path)
     assert done.returncode == 2, done.stderr
     said = [line for line in done.stderr.splitlines() if "does not fit this model" in line]
-    assert len(said) == 1 and said[0].startswith("multigpu: error: checkpoint "), done.stderr
+    assert len(said) == 1 and said[0].startswith("multigpu: error: rank 0 on "), done.stderr
+    assert "CheckpointMismatchError: checkpoint " in said[0]
     assert "model.weight (3, 4) in the checkpoint vs (3, 5) here" in said[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # nothing else written

@@ -27,6 +27,7 @@ import torch
 
 from multigpu import dist
 from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, step_dir_name
+from multigpu.checkpoint.lock import DirectoryLock
 from multigpu.checkpoint.objects import check_trackable, kind_of
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
 from multigpu.checkpoint.saving import PendingSave, SaveJob, save
@@ -63,6 +64,7 @@ class Checkpointer:
         async_save: bool = False,
         save_on_sigterm: bool = False,
         describe: Callable[[], Mapping[str, Any]] | None = None,
+        lock_timeout: float = 0.0,
     ) -> None:
         for label, value in (("every_steps", every_steps), ("keep", keep)):
             if value is not None and (
@@ -71,6 +73,13 @@ class Checkpointer:
                 raise UsageError(
                     f"{label}={value!r} must be a positive integer or None; give e.g. {label}=100"
                 )
+        if isinstance(lock_timeout, bool) or not (
+            isinstance(lock_timeout, int | float) and 0 <= lock_timeout < float("inf")
+        ):
+            raise UsageError(
+                f"lock_timeout={lock_timeout!r} must be a number of seconds >= 0; give e.g. "
+                "lock_timeout=600 to wait up to 10 minutes for another run to free the directory"
+            )
         self.directory = Path(directory)
         self.rank, self.world_size = rank, world_size
         self.every_steps, self.keep = every_steps, keep
@@ -89,6 +98,8 @@ class Checkpointer:
         self._previous_handler: Any = None
         self._on_sigterm = False  # a handler of ours is installed
         self._closed = False
+        # One run per directory: rank 0 holds it until close() or its death (see lock.py).
+        self._lock = DirectoryLock.acquire(directory, wait_s=lock_timeout) if rank == 0 else None
         if save_on_sigterm:
             self._install_sigterm()
 
@@ -261,4 +272,8 @@ class Checkpointer:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)
             self._on_sigterm = False
-        self.wait()
+        try:
+            self.wait()
+        finally:
+            if self._lock is not None:
+                self._lock.release()

@@ -158,7 +158,7 @@ def lost_peers_line(
             f"rank {r} ({table[r].host}, {table[r].address}): {f}" for r, f in lost.items()
         )
     else:
-        said = "every other rank answers, so no peer is lost: see the error above"
+        said = "every other rank answers: the rank that failed first holds the cause"
     return f"multigpu: rank {rank} ({me}): a collective failed ({first}); {said}"
 
 

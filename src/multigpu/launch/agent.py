@@ -6,6 +6,8 @@
   host vanishes, instead of ~15 minutes deaf to SIGTERM (``timeouts.StoreCallBound``).
 - After each rendezvous round, before its workers start, it checks with the other nodes that
   they were started alike (``agreement.check_nodes_agree``).
+- It says when it restarts the workers and why, and each new round's size
+  (``restart_reports``).
 
 ``torch.distributed.launcher.api.launch_agent`` builds its agent through the module name
 ``LocalElasticAgent``, so for the time of the block that name makes ours.
@@ -20,6 +22,7 @@ import functools
 from collections.abc import Iterator
 
 from multigpu.launch.agreement import check_nodes_agree, node_facts
+from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
 
 
@@ -42,8 +45,9 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
 
     facts = node_facts(nnodes)
 
-    class MultigpuAgent(LocalElasticAgent):
-        """torchrun's agent; every rendezvous round ends with the nodes' agreement check."""
+    class MultigpuAgent(RestartReports, LocalElasticAgent):
+        """torchrun's agent; every rendezvous round ends with the nodes' agreement check, and
+        restarts are said as they happen (``restart_reports``)."""
 
         def _rendezvous(self, worker_group: WorkerGroup) -> None:
             super()._rendezvous(worker_group)

@@ -15,9 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any, TextIO
@@ -27,8 +25,16 @@ from multigpu.errors import MultiGPUError, UsageError
 from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.agent_errors import describe_agent_error
 from multigpu.launch.endpoints import endpoint_option, rendezvous_endpoint
+from multigpu.launch.failure_summary import (
+    exit_code,
+    failures_of,
+    log_hint,
+    quiet_torch_worker_reports,
+    summary_line,
+)
 from multigpu.launch.network import check_interface
 from multigpu.launch.options import LaunchOptions
+from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import (
     LaunchPlan,
     build_plan,
@@ -138,18 +144,28 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
 
     stream = sys.stderr if err is None else err
     args = parse_args(list(plan.torchrun_args))
+    quiet_torch_worker_reports()
     # The only write to os.environ in multigpu: workers inherit the agent's environment.
     os.environ.update(plan.env)
-    with tempfile.TemporaryDirectory(prefix="multigpu-trace-") as traces:
+    guard_workers(args, os.environ)  # workers die with this process, even by SIGKILL
+    hint = log_hint(args)
+    with trace_directory() as traces:
+        if args.log_dir is None:  # torch's default is a directory in /tmp left forever
+            args.log_dir = os.path.join(traces, "elastic")
         # Each worker keeps its last collectives there; read back if the launch fails.
         os.environ["MULTIGPU_TRACE_DIR"] = traces
         # torchrun's agent with every wait bounded and the nodes checked for agreement
         with multigpu_agent(plan.timeout_s, str(args.nnodes)):
-            return _run_agent(run, args, stream, traces, plan.timeout_s)
+            return _run_agent(run, args, stream, traces, plan.timeout_s, hint)
 
 
 def _run_agent(
-    run: Callable[[Any], Any], args: Any, stream: TextIO, traces: str, timeout_s: float
+    run: Callable[[Any], Any],
+    args: Any,
+    stream: TextIO,
+    traces: str,
+    timeout_s: float,
+    hint: str,
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -159,24 +175,16 @@ def _run_agent(
     try:
         run(args)
     except ChildFailedError as e:
-        codes = {failure.exitcode for failure in e.failures.values()}
-        _, first = e.get_first_failure()
-        # The agent SIGTERMs the other workers as soon as one exits, so a worker that was
-        # about to refuse the same input may show as -SIGTERM instead of 2.
-        if first.exitcode == USAGE_EXIT_CODE and codes <= {USAGE_EXIT_CODE, -signal.SIGTERM}:
-            # The workers refused their input (e.g. a batch size): that is the user's error,
-            # already explained by the workers above, not a crash worth torch's report.
-            stream.write(
-                "multigpu: error: the workers stopped on a usage error (exit code 2); "
-                "their message is above\n"
-            )
-            stream.flush()
-            return USAGE_EXIT_CODE
-        stream.write(f"{e}\n")
-        for line in explain_traces(traces):
-            stream.write(line + "\n")
+        failures = failures_of(e)
+        code = exit_code(failures)
+        if code != USAGE_EXIT_CODE:  # a hang or crash: which rank waited in which collective
+            for line in explain_traces(traces):
+                stream.write(line + "\n")
+        # One line, last: the cause among the failures, instead of torch's 20-line report
+        # (whose traceback the worker already printed above it).
+        stream.write(f"multigpu: error: {summary_line(failures, log_hint=hint)}\n")
         stream.flush()
-        return 1
+        return code
     except SignalException as e:
         logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
         return 128 + int(e.sigval)

@@ -1,0 +1,73 @@
+"""What the elastic agent does between a failure and the resumed training, said as it happens.
+
+torch's agent logs a restart at INFO (hidden by default) and then says nothing while it stops the
+workers, waits in the rendezvous for the nodes and starts new workers: 18-21 s in which a user
+saw a run that looked hung. ``RestartReports`` is mixed into multigpu's agent and prints one line
+for each event on the launcher's stderr:
+
+- a worker failed and the group restarts: who failed, how, and restart k of K;
+- nodes wait to join (a membership change, which torch does not count as a restart);
+- each rendezvous round after the first: how many nodes and workers the run has now, and that
+  the workers resume from the newest complete checkpoint.
+
+It overrides three methods of torch's ``SimpleElasticAgent`` (``_monitor_workers``,
+``_restart_workers``, ``_rendezvous``), each calling torch's own: a canary test in
+``tests/core/test_torch_compat.py`` fails when torch changes them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from multigpu.launch.failure_summary import failures_of, summary_line
+
+
+class RestartReports:
+    """Mixin for a ``torch.distributed.elastic`` agent (listed before the agent class)."""
+
+    _last_result: Any = None
+    _rounds = 0
+    _world_size: int | None = None
+
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        result = super()._monitor_workers(worker_group)  # type: ignore[misc]
+        self._last_result = result
+        return result
+
+    def _restart_workers(self, worker_group: Any) -> None:
+        say(self._restart_line(worker_group))
+        super()._restart_workers(worker_group)  # type: ignore[misc]
+
+    def _rendezvous(self, worker_group: Any) -> None:
+        super()._rendezvous(worker_group)  # type: ignore[misc]
+        self._rounds += 1
+        workers = len(worker_group.workers)
+        world = worker_group.workers[0].world_size if workers else None
+        if self._rounds > 1:
+            nodes = worker_group.group_world_size or 1
+            was = f" (was {self._world_size})" if world != self._world_size else ""
+            say(
+                f"rendezvous round {self._rounds}: {nodes} node(s), world size {world}{was}; "
+                "the workers start again and resume from the newest complete checkpoint"
+            )
+        self._world_size = world
+
+    def _restart_line(self, worker_group: Any) -> str:
+        spec = worker_group.spec
+        result = self._last_result
+        failed = getattr(result, "failures", None)
+        if failed:
+            done = spec.max_restarts - self._remaining_restarts  # type: ignore[attr-defined]
+            cause = summary_line(failures_of(result), log_hint="its output is above")
+            return f"{cause}; restarting the workers (restart {done} of {spec.max_restarts})"
+        waiting = spec.rdzv_handler.num_nodes_waiting()
+        return (
+            f"{waiting} node(s) waiting to join; restarting the workers to admit them "
+            "(a membership change: not counted as a restart)"
+        )
+
+
+def say(line: str) -> None:
+    """One line of the launcher's own on stderr, at once."""
+    print(f"multigpu: {line}", file=sys.stderr, flush=True)

@@ -1,0 +1,110 @@
+"""A worker's error, written where its launcher reads it: torch elastic's error file, extended.
+
+torch's agent gives each worker a path in ``TORCHELASTIC_ERROR_FILE`` and reads the JSON found
+there when the worker fails (``@record`` writes it, for entry points that use it; users' scripts
+do not). A multigpu worker writes it when an exception leaves ``with multigpu.init()``, in
+torch's format (``message.message``, ``message.extraInfo.py_callstack``/``timestamp``: torch's
+own report keeps working), plus a ``multigpu`` entry with what the launcher's one-line summary
+needs: the exception's type, whether it is a usage error (exit code 2), the host, a precise time
+(torch's is whole seconds, too coarse to tell which rank failed first) and whether it is the
+consequence of another rank's failure (a collective whose peer went away).
+
+Both sides are here so that the format is defined once: ``record`` runs in workers, ``read`` in
+the launcher. No torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from multigpu.errors import UsageError
+
+ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
+AGENT_PID_VARIABLE = "MULTIGPU_AGENT_PID"
+"""Set by ``multigpu run`` for its workers (``launch/worker_guard.py`` reads it too)."""
+PEER_GONE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""How gloo says that the other end of a collective went away: the failure of another rank."""
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    """What a failed worker recorded about its exception."""
+
+    type: str
+    message: str
+    usage: bool
+    host: str
+    time: float
+    consequence: bool
+
+
+def record(error: BaseException | None, environ: Any = None) -> bool:
+    """Write ``error`` to this worker's error file, if its launcher gave one. True when written.
+
+    ``KeyboardInterrupt`` and ``SystemExit`` are not errors to report.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(ERROR_FILE_VARIABLE)
+    if not path or error is None or isinstance(error, KeyboardInterrupt | SystemExit):
+        return False
+    message = f"{type(error).__name__}: {error}"
+    now = time.time()
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(error)),
+                "timestamp": str(int(now)),
+            },
+        },
+        "multigpu": {
+            "type": type(error).__name__,
+            "message": str(error),
+            "usage": isinstance(error, UsageError),
+            "host": socket.gethostname(),
+            "time": now,
+            "consequence": is_consequence(error),
+        },
+    }
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError:
+        return False  # the launcher then reports the exit code alone
+    return True
+
+
+def read(data: Any) -> WorkerError | None:
+    """The ``WorkerError`` in an error file's parsed JSON ``data``; None when not ours."""
+    entry = data.get("multigpu") if isinstance(data, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return WorkerError(
+            type=str(entry["type"]),
+            message=str(entry["message"]),
+            usage=bool(entry["usage"]),
+            host=str(entry["host"]),
+            time=float(entry["time"]),
+            consequence=bool(entry.get("consequence", False)),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def launched_by_multigpu(environ: Any = None) -> bool:
+    """True in a worker of ``multigpu run`` (whose launcher prints the one-line summary), false
+    under plain torchrun."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(AGENT_PID_VARIABLE))
+
+
+def is_consequence(error: BaseException | None) -> bool:
+    """True for a collective that failed because its peer went away (another rank's failure)."""
+    return error is not None and any(marker in str(error) for marker in PEER_GONE_MARKERS)
