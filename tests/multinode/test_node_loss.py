@@ -46,6 +46,9 @@ def test_killed_node_the_survivor_resumes_alone(two_hosts: list[Host], tmp_path:
     assert ended[0] is not None and procs[0].returncode == 0, text[-4000:]
     print(f"node1 killed -> node0 finished alone after {ended[0]:.1f} s")
     assert "resumed from" in text, text[-4000:]
+    # said as it happened: the lost peer, the restart, the new round's size
+    assert "restarting the workers (restart 1 of 1)" in text, text[-4000:]
+    assert "rendezvous round 2: 1 node(s), world size 1 (was 2)" in text, text[-4000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 1
     assert metrics["resumed_from_step"] >= 4
