@@ -38,6 +38,8 @@ PREFIX = "multigpu_hang/"
 MAX_REPORT_AFTER_S = 60.0
 COLLECT_S = 5.0
 """How long the summarising rank waits for the other ranks' reports."""
+STOP_WAIT_S = COLLECT_S + 2.0
+"""How long ``stop()`` waits for the thread: its store call under way, or a summary it writes."""
 
 
 def report_after(timeout_s: float, environ: Mapping[str, str]) -> float:
@@ -88,9 +90,26 @@ class Watchdog:
         """Start watching."""
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop watching (the thread ends within one poll)."""
+    def stop(self, wait_s: float = STOP_WAIT_S) -> bool:
+        """Stop watching and wait (at most ``wait_s``) for the thread to end; True once it has.
+
+        The wait matters at exit: a daemon thread still inside a store call when the interpreter
+        finalizes is ended by ``pthread_exit`` as the call returns, whose unwinding through
+        pybind11's GIL guard (noexcept) aborts the process ("terminate called without an active
+        exception", SIGABRT) after a run that succeeded. Joined here, no thread of ours is in
+        torch's code by then.
+        """
         self._stop.set()
+        if self._thread.ident is None or self._thread is threading.current_thread():
+            return not self._thread.is_alive()
+        self._thread.join(wait_s)
+        if self._thread.is_alive():  # a store that stopped answering: nothing more to do here
+            log.warning(
+                "rank %d: the hang watchdog still waits for the store after %g s; exiting anyway",
+                self.rank,
+                wait_s,
+            )
+        return not self._thread.is_alive()
 
     def report(self) -> dict[str, Any]:
         """This rank's report: host, where the main thread is, and its collective log."""
