@@ -129,15 +129,19 @@ def init_single_process_group(device: torch.device, backend: str, timeout: timed
 
 
 def destroy_process_group() -> None:
-    """Collect garbage, then destroy the default process group (if any).
+    """Collect garbage, then destroy every process group (if any), then collect again.
 
     The ``gc.collect()`` first matters: with torch 2.13, freeing a DDP reducer while gloo's
     background thread shuts down took two locks in opposite orders and hung rank 0 at exit in 3
-    of 46 runs; freeing everything before the group goes away fixed it (60 of 60).
+    of 46 runs; freeing everything before the group goes away fixed it (60 of 60). The one after
+    frees the groups themselves now, so their gloo threads end while the interpreter is whole:
+    a group still referenced at finalization keeps threads that abort the process there when
+    one reaches for the GIL ("terminate called without an active exception").
     """
     gc.collect()
     if is_initialized():
         dist.destroy_process_group()
+        gc.collect()
 
 
 def new_gloo_group(timeout: float) -> Any:

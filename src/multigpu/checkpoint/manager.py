@@ -275,5 +275,6 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._group = None  # its gloo threads end with the process group, not at exit
             if self._lock is not None:
                 self._lock.release()

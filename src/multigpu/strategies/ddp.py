@@ -131,13 +131,15 @@ class DDPStrategy(Strategy):
         The user's script usually still holds the DDP object when the Context tears down; its
         reducer would then be freed later, racing gloo's shutdown (an exit deadlock seen with torch
         2.13). Dropping the reducer and its logger now makes the order safe; the wrapper is not
-        usable for training afterwards, the plain module (``ctx.unwrap``) still is.
+        usable for training afterwards, the plain module (``ctx.unwrap``) still is. Its process
+        group goes too: held by the wrapper, gloo's threads would live on into interpreter
+        finalization, where one reaching for the GIL aborts the process.
         """
         for ref in self._wrapped:
             ddp = ref()
             if ddp is None:
                 continue
-            for attr in ("logger", "reducer"):
+            for attr in ("logger", "reducer", "process_group"):
                 if attr in ddp.__dict__:
                     delattr(ddp, attr)
         self._wrapped.clear()
