@@ -145,3 +145,20 @@ def test_torchrun_still_builds_a_no_python_command_from_the_parsed_arguments() -
     args = parse_args(["--nproc-per-node=1", "--no-python", "prog", "a"])
     _, cmd, cmd_args = config_from_args(args)
     assert (cmd, cmd_args) == ("prog", ["a"])
+
+
+def test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides() -> None:
+    """launch/exit_agreement.py overrides ``_invoke_run`` and ``_exit_barrier`` and reads
+    ``_store`` and ``_exit_barrier_timeout``: torch's run loop must still call the barrier once
+    the workers succeed, and ``run`` must still go through ``_invoke_run``."""
+    import inspect
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    loop = inspect.getsource(SimpleElasticAgent._invoke_run)
+    assert "self._exit_barrier()" in loop, "torch's agent loop no longer ends in _exit_barrier"
+    assert "self._invoke_run(role)" in inspect.getsource(SimpleElasticAgent.run)
+    assert list(inspect.signature(SimpleElasticAgent._invoke_run).parameters) == ["self", "role"]
+    assert list(inspect.signature(SimpleElasticAgent._exit_barrier).parameters) == ["self"]
+    barrier = inspect.getsource(SimpleElasticAgent._exit_barrier)
+    assert "self._store" in barrier and "self._exit_barrier_timeout" in barrier

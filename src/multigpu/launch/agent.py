@@ -1,4 +1,4 @@
-"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus three.
+"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus five.
 
 - Its exit barrier (the wait for the other nodes' workers at the end) is bounded by
   ``--timeout``: ``torch.distributed.run`` gives no option for it (300 s).
@@ -8,6 +8,8 @@
   they were started alike (``agreement.check_nodes_agree``).
 - It says when it restarts the workers and why, and each new round's size
   (``restart_reports``).
+- The nodes end with one outcome: a node whose workers failed makes the others exit 1 at once,
+  not 0 after the exit barrier's timeout (``exit_agreement``).
 
 ``torch.distributed.launcher.api.launch_agent`` builds its agent through the module name
 ``LocalElasticAgent``, so for the time of the block that name makes ours.
@@ -22,6 +24,7 @@ import functools
 from collections.abc import Iterator
 
 from multigpu.launch.agreement import check_nodes_agree, node_facts
+from multigpu.launch.exit_agreement import ExitAgreement
 from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
 
@@ -45,9 +48,10 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
 
     facts = node_facts(nnodes)
 
-    class MultigpuAgent(RestartReports, LocalElasticAgent):
-        """torchrun's agent; every rendezvous round ends with the nodes' agreement check, and
-        restarts are said as they happen (``restart_reports``)."""
+    class MultigpuAgent(ExitAgreement, RestartReports, LocalElasticAgent):
+        """torchrun's agent; every rendezvous round ends with the nodes' agreement check,
+        restarts are said as they happen (``restart_reports``) and the nodes end with one
+        outcome (``exit_agreement``)."""
 
         def _rendezvous(self, worker_group: WorkerGroup) -> None:
             super()._rendezvous(worker_group)

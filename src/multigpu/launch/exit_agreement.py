@@ -1,0 +1,128 @@
+"""The nodes of a run end with one outcome: a node whose workers failed fails every node.
+
+torch's agent ends a node whose workers all exited 0 with an exit barrier: it waits for the other
+nodes' agents, and if one never comes (its workers failed, so it skipped the barrier, or it
+died) it logs the timeout and exits 0. A worker that aborted at teardown on one node (exit 1
+there) thus left the other node waiting the whole timeout and then exiting 0: the nodes
+disagreed on the job's outcome.
+
+Here, the agents agree through the rendezvous store instead (keys under ``multigpu/exit/``):
+
+- a node whose workers failed for good writes what failed under ``outcome`` (unless set);
+- a node whose workers succeeded counts itself in ``arrived``; the last one writes ``ok``
+  under ``outcome`` (never over a failure: ``compare_set``);
+- a node that succeeded waits for ``outcome`` (at most ``--timeout``): ``ok`` ends it with 0,
+  a failure, a timeout or a lost store with one line and exit code 1;
+- every node then counts itself in ``left`` and waits a moment (``LEAVE_S``) for the others, so
+  the node that hosts the store does not take it away before they have read the outcome.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from datetime import timedelta
+from typing import Any
+
+from multigpu.errors import LaunchError
+from multigpu.launch.failure_summary import failures_of, summary_line
+
+log = logging.getLogger(__name__)
+
+PREFIX = "multigpu/exit/"
+LEAVE_S = 5.0
+"""How long a node waits, after the outcome, for every node to have read it."""
+OK = "ok"
+
+
+class NodeFailedError(LaunchError):
+    """This node's workers finished, but the run failed elsewhere (or a node never finished)."""
+
+
+class ExitAgreement:
+    """Mixin for a ``torch.distributed.elastic`` agent (listed before the agent class).
+
+    Overrides ``_invoke_run`` (the run loop; a failed result is announced) and
+    ``_exit_barrier`` (what a node whose workers succeeded does); both are checked against
+    torch by a canary in ``tests/core/test_torch_compat.py``.
+    """
+
+    _exit_barrier_timeout: float
+    _store: Any
+    _worker_group: Any
+
+    def _invoke_run(self, role: str = "default") -> Any:
+        result = super()._invoke_run(role)  # type: ignore[misc]
+        if result.is_failed():
+            self._announce_failure(result)
+        return result
+
+    def _exit_barrier(self) -> None:
+        nodes = self._worker_group.group_world_size or 1
+        if nodes == 1:
+            return  # nobody to agree with (torch's barrier of one returns at once)
+        store, timeout = self._store, float(self._exit_barrier_timeout)
+        here = socket.gethostname()
+        try:
+            if store.add(PREFIX + "arrived", 1) == nodes:
+                store.compare_set(PREFIX + "outcome", "", OK)
+            outcome = _wait_for(store, PREFIX + "outcome", timeout)
+        except Exception as e:  # a timeout, or the store's host is gone
+            log.debug("exit agreement failed", exc_info=True)
+            raise NodeFailedError(
+                f"the workers on {here} finished, but not every node's did within {timeout:g} s "
+                f"(--timeout), or the node holding the rendezvous store went away "
+                f"({type(e).__name__}: {_first_line(e)}); the run did not finish on every node: "
+                "see the other nodes' output"
+            ) from None
+        _leave(store, nodes)
+        if outcome != OK:
+            raise NodeFailedError(
+                f"the workers on {here} finished, but the run failed on another node: {outcome}"
+            )
+
+    def _announce_failure(self, result: Any) -> None:
+        nodes = self._worker_group.group_world_size or 1
+        store = getattr(self, "_store", None)
+        if nodes == 1 or store is None or not getattr(result, "failures", None):
+            return
+        what = summary_line(failures_of(result), log_hint="its output is on that node")
+        try:
+            store.compare_set(PREFIX + "outcome", "", what)
+            _leave(store, nodes)
+        except Exception as e:  # the others then end on their timeout, with exit code 1 too
+            print(
+                f"multigpu: could not tell the other nodes that this node failed ({e}); they "
+                "stop when --timeout ends their wait",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _wait_for(store: Any, key: str, timeout_s: float) -> str:
+    """``store.get(key)``, waiting at most ``timeout_s`` for the key to be set."""
+    previous = store.timeout
+    store.set_timeout(timedelta(seconds=timeout_s))
+    try:
+        return bytes(store.get(key)).decode()
+    finally:
+        store.set_timeout(previous)
+
+
+def _leave(store: Any, nodes: int) -> None:
+    """Count this node out and wait (``LEAVE_S`` at most) until every node has: the store's
+    host must not take the store away before the others have read the outcome."""
+    try:
+        if store.add(PREFIX + "left", 1) >= nodes:
+            store.set(PREFIX + "all-left", OK)
+        _wait_for(store, PREFIX + "all-left", LEAVE_S)
+    except Exception:  # a node that died does not leave: no reason to wait longer
+        log.debug("not every node left within %g s", LEAVE_S, exc_info=True)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
