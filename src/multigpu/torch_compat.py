@@ -12,6 +12,10 @@ when a torch release changes it, so upgrading torch is this file and that test.
 - **A module's own tensors**: ``nn.Module._parameters`` / ``_buffers``, the tables a module
   registers its direct parameters and buffers in (meta-device materialization swaps whole
   tensors in and out of them).
+- **FSDP2's process groups**: ``FSDPModule._get_fsdp_state()._fsdp_param_groups`` (one
+  ``_fsdp_param_group`` before 2.8) and their ``mesh_info`` / ``post_forward_mesh_info``, which
+  keep the groups alive after ``destroy_process_group`` (dropped at teardown); so does
+  ``DeviceMesh._pg_registry`` (2.9+).
 - **DCP metadata unpickling**: a DCP checkpoint's ``.metadata`` file is a pickle, which torch reads
   with plain ``pickle.load`` (any code in it runs). ``DCP_METADATA_GLOBALS`` lists the globals a
   metadata file written by torch names — some private (``_StorageInfo``, ``_get_layout``,
@@ -99,6 +103,44 @@ def own_tensor_tables(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """``{"param": ..., "buffer": ...}``: the live tables of ``module``'s own parameters and
     buffers (``nn.Module._parameters``, ``_buffers``); entries may be None."""
     return {"param": module._parameters, "buffer": module._buffers}
+
+
+def drop_fsdp_process_groups(module: torch.nn.Module) -> int:
+    """Let go of the process groups FSDP2's state keeps for ``module`` and its submodules (set to
+    None); returns how many references were dropped.
+
+    For teardown only (the module cannot communicate afterwards): held there, a destroyed gloo
+    group keeps its threads until interpreter finalization.
+    """
+    import torch.distributed as tdist
+
+    dropped = 0
+    for sub in module.modules():
+        if not isinstance(sub, fsdp_module_class()):
+            continue
+        state = sub._get_fsdp_state()  # type: ignore[operator]
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            one = getattr(state, "_fsdp_param_group", None)
+            groups = [] if one is None else [one]
+        for group in groups:
+            for info in (group.mesh_info, getattr(group, "post_forward_mesh_info", None)):
+                for name, value in list(vars(info).items()) if info is not None else []:
+                    if isinstance(value, tdist.ProcessGroup):
+                        setattr(info, name, None)
+                        dropped += 1
+    return dropped
+
+
+def drop_mesh_process_groups(mesh: Any) -> int:
+    """Let go of the process groups a ``DeviceMesh`` keeps by name (``_pg_registry``); returns
+    how many. For teardown only, like ``drop_fsdp_process_groups``."""
+    registry = getattr(mesh, "_pg_registry", None)
+    if not isinstance(registry, dict):
+        return 0  # a torch whose meshes resolve their groups through c10d's own table
+    dropped = len(registry)
+    registry.clear()
+    return dropped
 
 
 DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(

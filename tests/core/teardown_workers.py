@@ -23,13 +23,14 @@ def native_threads() -> list[str]:
     return sorted(n for n in names if n.startswith(GLOO_THREADS))
 
 
-def finished_job(directory: str) -> dict[str, Any]:
-    """A job's life as a script has it: DDP, a background checkpoint, the ``with`` block's end.
+def finished_job(directory: str, strategy: str) -> dict[str, Any]:
+    """A job's life as a script has it: a wrapped model, a background checkpoint, the ``with``
+    block's end.
 
     The model, optimizer and checkpointer stay referenced, as a script's globals do until the
     interpreter finalizes.
     """
-    with multigpu.init(seed=0, strategy="ddp") as ctx:
+    with multigpu.init(seed=0, strategy=strategy) as ctx:
         net = torch.nn.Linear(4, 2)
         model, optimizer = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
         ckpt = ctx.checkpointer(directory, async_save=True, model=model, optimizer=optimizer)

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from multigpu.testing import run_distributed
 from tests.core import teardown_workers
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_teardown_ends_gloo_and_watchdog_threads_while_the_script_holds_its_objects(
-    tmp_path: Path,
+    tmp_path: Path, strategy: str
 ) -> None:
-    results = run_distributed(teardown_workers.finished_job, world_size=2, args=(str(tmp_path),))
+    results = run_distributed(
+        teardown_workers.finished_job, world_size=2, args=(str(tmp_path), strategy)
+    )
     for out in results:
         assert out["held"]
         assert len(out["during"]) >= 4  # two groups (training, background saves), alive

@@ -162,3 +162,23 @@ def test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_override
     assert list(inspect.signature(SimpleElasticAgent._exit_barrier).parameters) == ["self"]
     barrier = inspect.getsource(SimpleElasticAgent._exit_barrier)
     assert "self._store" in barrier and "self._exit_barrier_timeout" in barrier
+
+
+def test_fsdp_state_and_mesh_still_keep_their_process_groups_where_teardown_drops_them() -> None:
+    """torch_compat.drop_fsdp_process_groups / drop_mesh_process_groups reach FSDP2's per-module
+    state and DeviceMesh's group table (private)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        mesh = init_device_mesh("cpu", (1,))
+        torch_compat.fully_shard(net[0], mesh=mesh)
+        torch_compat.fully_shard(net, mesh=mesh)
+        assert torch_compat.drop_fsdp_process_groups(net) >= 2  # one group per sharded module
+        assert torch_compat.drop_fsdp_process_groups(net) == 0  # none left to drop
+        assert torch_compat.drop_mesh_process_groups(mesh) == 1  # the mesh's one axis
+    finally:
+        dist.destroy_process_group()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from multigpu.torch_compat import (
     FSDP_MIN_VERSION,
     TORCH_VERSION,
     cpu_offload_policy,
+    drop_fsdp_process_groups,
+    drop_mesh_process_groups,
     fsdp_module_class,
     fully_shard,
     is_dtensor,
@@ -111,6 +114,7 @@ class FSDPStrategy(Strategy):
         self.shape = MeshShape(dp_replicate=replicate)
         self._mesh: Any = None
         self._units: list[str] = []
+        self._wrapped: list[weakref.ref[nn.Module]] = []
 
     def validate(self) -> None:
         if TORCH_VERSION < FSDP_MIN_VERSION:
@@ -181,7 +185,20 @@ class FSDPStrategy(Strategy):
             materialize(module, self.device)
         self._units = [name or "<root>" for name, _ in units]
         log.debug("fsdp units: %s", ", ".join(self._units))
+        self._wrapped.append(weakref.ref(module))
         return module
+
+    def teardown(self) -> None:
+        """Drop the process groups the sharded models keep, before the groups are destroyed:
+        held there, gloo's threads would live on into interpreter finalization, where one
+        reaching for the GIL aborts the process. The models cannot communicate afterwards."""
+        for ref in self._wrapped:
+            module = ref()
+            if module is not None:
+                drop_fsdp_process_groups(module)
+        self._wrapped.clear()
+        if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
+            drop_mesh_process_groups(self._mesh)
 
     def _shard_options(self) -> dict[str, Any]:
         mesh = self.mesh
