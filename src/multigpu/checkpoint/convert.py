@@ -160,7 +160,7 @@ def to_dcp(
     )
     try:
         save(job)
-    finally:  # a failed save leaves its temp dir for the next save; a conversion has none
+    finally:  # a dead save's temp dir too: a conversion has no next save to remove it
         for stale in dst.parent.glob(f"{TMP_PREFIX}{dst.name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
     return f"{report}; as object {name!r} of a sharded (DCP) checkpoint"

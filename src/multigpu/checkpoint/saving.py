@@ -10,6 +10,12 @@ Asynchronous saves copy the state to CPU memory first (DCP's staging: the only s
 steps 2–4 in the background: DCP's ``async_save`` writes the shards over a gloo group of its own,
 then a thread per rank writes its rank file and reports through a ``.done`` file (no
 collectives: they would interleave with the training's), and rank 0's thread commits.
+
+A failed save leaves nothing: rank 0 removes the temp dir once no rank writes into it any more
+(DCP raises its failure on every rank only after every rank's writes ended; the rank files are
+reported by a gather, or by ``.done`` files that rank 0 waits for, failed or not). A full disk
+is said in one line, the same on every rank (``multigpu.checkpoint.space``); rank 0 also refuses
+a save whose estimated size exceeds the free space before anything is written.
 """
 
 from __future__ import annotations
@@ -34,12 +40,20 @@ from multigpu.checkpoint.sharded import (
     written_by,
 )
 from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateSource, sharded_state
+from multigpu.checkpoint.space import (
+    DiskFullError,
+    Space,
+    estimate,
+    free_bytes,
+    ran_out_of_space,
+)
 from multigpu.checkpoint.writer import (
     FileInfo,
     commit,
     hash_file,
     manifest_of,
     new_temp_dir,
+    remove_temp_dir,
     report_done,
     wait_for_ranks,
     write_torch_file,
@@ -80,31 +94,34 @@ def save(job: SaveJob) -> Path:
     """Save ``job`` now (collective: every rank calls it). Returns the final path.
 
     Raises:
-        CheckpointError: any rank failed; nothing is committed and the temp dir is left for the
-            next save to remove.
+        DiskFullError: the directory's file system has no room for it (checked before writing,
+            and met while writing); the partial save is removed, earlier checkpoints are kept.
+        CheckpointError: any rank failed; nothing is committed and the temp dir is removed.
     """
     started = time.perf_counter()
-    tmp = _agree_on_temp_dir(job)
     sharded, info = sharded_state(job.objects, job.adapter)
+    tmp, space = _agree_on_temp_dir(job, sharded)
     try:
         if sharded:
             save_sharded(sharded, tmp)
-    except Exception as e:  # DCP gathers every rank's failure and raises it on all of them
-        said = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
-        raise CheckpointError(f"checkpoint of step {job.step} was not saved: {said}") from e
-    error: str | None = None
+    except Exception as e:  # DCP raises on every rank alike, once every rank stopped writing
+        if job.rank == 0:
+            remove_temp_dir(tmp)
+        raise _failure(f"checkpoint of step {job.step} was not saved", e, space) from e
+    error: tuple[str, bool] | None = None
     files: dict[str, FileInfo] = {}
     try:
         files = _write_own_files(job, tmp, _rank_payload(job, clone=False))
     except Exception as e:  # every rank must reach the gather below
-        error = f"{type(e).__name__}: {e}"
+        error = (_said(e, space), ran_out_of_space(e))
     reports = dist.gather_objects_small((files, error))
-    outcome: str | None = None
-    if job.rank == 0:
-        outcome = _finish(job, tmp, info, _shared_payload(job, clone=False), reports)
-    outcome = dist.broadcast(outcome, src=0)
-    if outcome is None or not outcome.startswith("ok:"):
-        raise CheckpointError(f"checkpoint of step {job.step} was not saved: {outcome}")
+    outcome: tuple[str, bool] | None = None
+    if job.rank == 0:  # every rank has stopped writing: the gather above
+        outcome = _finish(job, tmp, info, _shared_payload(job, clone=False), reports, space)
+    said, full = dist.broadcast(outcome, src=0) or ("no outcome from rank 0", False)
+    if not said.startswith("ok:"):
+        kind = DiskFullError if full else CheckpointError
+        raise kind(f"checkpoint of step {job.step} was not saved: {said}")
     if job.rank == 0:
         log.info("saved checkpoint %s in %.2f s", job.final, time.perf_counter() - started)
     return job.final
@@ -116,15 +133,15 @@ class PendingSave:
     def __init__(self, job: SaveJob, group: Any) -> None:
         self.job = job
         self.error: BaseException | None = None
-        tmp = _agree_on_temp_dir(job)
         sharded, info = sharded_state(job.objects, job.adapter)
+        tmp, space = _agree_on_temp_dir(job, sharded)
         # Copies now, while the state is what the step made: training goes on meanwhile.
         written: Future[Any] | None = save_sharded_async(sharded, tmp, group) if sharded else None
         shared = _shared_payload(job, clone=True) if job.rank == 0 else None
         mine = _rank_payload(job, clone=True)
         self._thread = threading.Thread(
             target=self._finish_in_background,
-            args=(tmp, info, written, shared, mine),
+            args=(tmp, space, info, written, shared, mine),
             name=f"multigpu-checkpoint-{job.step}",
             daemon=False,
         )
@@ -133,6 +150,7 @@ class PendingSave:
     def _finish_in_background(
         self,
         tmp: Path,
+        space: Space,
         info: dict[str, dict[str, Any]],
         written: Future[Any] | None,
         shared: dict[str, Any] | None,
@@ -140,50 +158,101 @@ class PendingSave:
     ) -> None:
         job = self.job
         started = time.perf_counter()
-        name = rank_file_name(job.rank)
         try:
             try:
                 if written is not None:
                     with one_line_failures():
                         written.result()
-                files = _write_own_files(job, tmp, mine)
-            except Exception as e:
-                report_done(tmp, job.rank, name, None, f"{type(e).__name__}: {e}")
-                raise
-            report_done(tmp, job.rank, name, files, None)
-            if job.rank == 0:
-                reported = wait_for_ranks(tmp, job.world_size, job.timeout)
-                files = {k: v for part in reported.values() for k, v in part.items()}
+            except Exception as e:  # on every rank alike, once every rank stopped writing
+                if job.rank == 0:
+                    remove_temp_dir(tmp)
+                raise _failure("", e, space) from e
+            files, own = self._write_own_part(tmp, space, mine)
+            if job.rank != 0:
+                if own is not None:
+                    raise own
+                return
+            try:
+                # Every rank is waited for, failed or not: then none writes into tmp any more.
+                reported = wait_for_ranks(tmp, range(1, job.world_size), job.timeout)
+                if own is not None:
+                    raise own
+                files.update(reported)
                 files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
                 _commit(job, tmp, info, files)
-                log.info(
-                    "saved checkpoint %s in %.2f s (in the background)",
-                    job.final,
-                    time.perf_counter() - started,
-                )
+            except Exception as e:
+                remove_temp_dir(tmp)
+                raise _failure("", e, space) from e
+            log.info(
+                "saved checkpoint %s in %.2f s (in the background)",
+                job.final,
+                time.perf_counter() - started,
+            )
         except BaseException as e:  # re-raised by wait()
             self.error = e
+
+    def _write_own_part(
+        self, tmp: Path, space: Space, mine: dict[str, Any]
+    ) -> tuple[dict[str, FileInfo], Exception | None]:
+        """This rank's files, reported to rank 0 (by the other ranks); the error, if any."""
+        job = self.job
+        name = rank_file_name(job.rank)
+        try:
+            files = _write_own_files(job, tmp, mine)
+        except Exception as e:
+            (tmp / name).unlink(missing_ok=True)  # its space back, for the report below
+            if job.rank != 0:
+                report_done(
+                    tmp, job.rank, name, None, _said(e, space), disk_full=ran_out_of_space(e)
+                )
+            return {}, e
+        if job.rank != 0:
+            report_done(tmp, job.rank, name, files, None)
+        return files, None
 
     def wait(self) -> None:
         """Wait for the save to end; re-raise its error as a CheckpointError."""
         self._thread.join()
         if self.error is not None:
-            raise CheckpointError(
+            kind = DiskFullError if ran_out_of_space(self.error) else CheckpointError
+            raise kind(
                 f"the background save of step {self.job.step} failed: {self.error}"
             ) from self.error
 
 
-def _agree_on_temp_dir(job: SaveJob) -> Path:
-    name: str | None = None
+def _agree_on_temp_dir(job: SaveJob, sharded: Mapping[str, Any]) -> tuple[Path, Space]:
+    """Rank 0 makes the temp dir and checks the save fits; every rank gets both (or the error)."""
+    said: tuple[str, int, int] | None = None
     if job.rank == 0:
+        root = job.final.parent
         try:
-            name = str(new_temp_dir(job.final, job.stale))
+            tmp = new_temp_dir(job.final, job.stale)  # stale ones removed first: their space
+            space = Space(root, estimate(sharded, job.world_size), free_bytes(root))
+            said = (str(tmp), space.needed, space.free)
+            if not space.fits():
+                remove_temp_dir(tmp)
+                said = ("full: " + space.full_line(), space.needed, space.free)
         except OSError as e:
-            name = f"error: cannot create a checkpoint in {job.final.parent}: {e}"
-    name = dist.broadcast(name, src=0)
-    if name is None or name.startswith("error:"):
-        raise CheckpointError(str(name)[len("error: ") :])
-    return Path(name)
+            said = (f"error: cannot create a checkpoint in {root}: {e}", 0, 0)
+    name, needed, free = dist.broadcast(said, src=0) or ("error: no answer from rank 0", 0, 0)
+    if name.startswith("full: "):
+        raise DiskFullError(f"checkpoint of step {job.step} was not saved: {name[len('full: ') :]}")
+    if name.startswith("error: "):
+        raise CheckpointError(name[len("error: ") :])
+    return Path(name), Space(job.final.parent, needed, free)
+
+
+def _said(error: BaseException, space: Space) -> str:
+    """One line for a failure: the disk-full line (the same on every rank), or the error."""
+    if ran_out_of_space(error):
+        return space.full_line()
+    return str(error) if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
+
+
+def _failure(prefix: str, error: BaseException, space: Space) -> CheckpointError:
+    kind = DiskFullError if ran_out_of_space(error) else CheckpointError
+    said = _said(error, space)
+    return kind(f"{prefix}: {said}" if prefix else said)
 
 
 def _shared_payload(job: SaveJob, *, clone: bool) -> dict[str, Any]:
@@ -226,18 +295,27 @@ def _finish(
     info: dict[str, dict[str, Any]],
     shared: dict[str, Any],
     reports: list[Any],
-) -> str:
-    """Rank 0: check every rank's report, write state.pt, commit. Returns 'ok:PATH' or why not."""
-    failed = [f"rank {i}: {err}" for i, (_, err) in enumerate(reports) if err]
-    if failed:
-        return "; ".join(failed)
+    space: Space,
+) -> tuple[str, bool]:
+    """Rank 0, once every rank stopped writing: check every rank's report, write state.pt,
+    commit. Returns ('ok:PATH', False) or (why not, whether the disk is full); a failed save's
+    temp dir is removed."""
+    failed = [(i, err) for i, (_, err) in enumerate(reports) if err]
+    full = [said for _, (said, is_full) in failed if is_full]
     try:
-        files = {k: v for part, _ in reports for k, v in part.items()}
-        files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
-        _commit(job, tmp, info, files)
-    except Exception as e:  # reported to every rank
-        return f"{type(e).__name__}: {e}"
-    return f"ok:{job.final}"
+        if full:
+            return full[0], True
+        if failed:
+            return "; ".join(f"rank {i}: {said}" for i, (said, _) in failed), False
+        try:
+            files = {k: v for part, _ in reports for k, v in part.items()}
+            files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
+            _commit(job, tmp, info, files)
+        except Exception as e:  # reported to every rank
+            return _said(e, space), ran_out_of_space(e)
+        return f"ok:{job.final}", False
+    finally:
+        remove_temp_dir(tmp)  # committed: renamed already, only forgotten
 
 
 def _commit(

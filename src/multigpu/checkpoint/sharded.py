@@ -34,8 +34,11 @@ from torch.distributed.checkpoint.metadata import (
     StorageMeta,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import ReadItem, SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future as TorchFuture
 
+from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
 from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.torch_compat import dcp_metadata_global_allowed
 
@@ -120,12 +123,36 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+class _Writer(FileSystemWriter):
+    """``FileSystemWriter`` whose full disk is said as such: torch's writer reports ENOSPC as
+    "unexpected pos" (the ``OSError`` only its context, lost when DCP sends the failure to the
+    other ranks), so it is turned into a ``DiskFullError`` on the rank that met it."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
+        with _disk_full_said(self.path):
+            return super().write_data(plan, planner)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        with _disk_full_said(self.path):
+            super().finish(metadata, results)
+
+
+@contextlib.contextmanager
+def _disk_full_said(directory: str | os.PathLike[str]) -> Iterator[None]:
+    try:
+        yield
+    except Exception as e:
+        if ran_out_of_space(e) and not isinstance(e, DiskFullError):
+            raise DiskFullError(f"No space left on device writing to {directory}") from e
+        raise
+
+
 def save_sharded(state: Mapping[str, Any], directory: Path) -> None:
     """Write ``state`` (tensors, DTensors, plain values) to ``directory`` with DCP (collective)."""
     with _quiet(), one_line_failures():
         dcp.save(
             dict(state),
-            storage_writer=FileSystemWriter(directory, sync_files=True),
+            storage_writer=_Writer(directory, sync_files=True),
             no_dist=not _distributed(),
         )
 
@@ -139,7 +166,7 @@ def save_sharded_async(state: Mapping[str, Any], directory: Path, group: Any) ->
     with _quiet():
         return dcp.async_save(  # type: ignore[return-value]
             dict(state),
-            storage_writer=FileSystemWriter(directory, sync_files=True),
+            storage_writer=_Writer(directory, sync_files=True),
             process_group=group,
             no_dist=not _distributed(),
         )

@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from multigpu.checkpoint.layout import (
     file_sha256,
     list_checkpoints,
 )
+from multigpu.checkpoint.space import DiskFullError
 from multigpu.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -53,20 +54,40 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+LIVE_TEMP_DIRS: set[Path] = set()
+"""Temp dirs this process is writing now (a background save): never stale, whatever matches."""
+
+
 def new_temp_dir(final: Path, stale: str) -> Path:
     """Create ``.tmp-<final name>-<nonce>/`` beside ``final``, removing stale temp dirs first.
 
     ``stale`` is the glob (inside ``final``'s parent) of temp dirs that only a crashed save can
-    have left: one save runs at a time per checkpoint directory.
+    have left: one save runs at a time per checkpoint directory (one run per directory: its lock).
     """
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    for old in root.glob(stale):
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
+    remove_stale(root, stale)
     tmp = root / f"{TMP_PREFIX}{final.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
+    LIVE_TEMP_DIRS.add(tmp)
     return tmp
+
+
+def remove_stale(root: Path, stale: str) -> list[Path]:
+    """Remove the temp dirs matching ``stale`` in ``root`` that no save of this process is
+    writing (a dead run's: they can never be completed). Returns what was removed."""
+    removed = []
+    for old in sorted(root.glob(stale)):
+        if old.is_dir() and old not in LIVE_TEMP_DIRS:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return removed
+
+
+def remove_temp_dir(tmp: Path) -> None:
+    """Remove a save's temp dir (a failed save: its space back), or forget it (committed)."""
+    LIVE_TEMP_DIRS.discard(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def hash_file(path: Path) -> FileInfo:
@@ -141,6 +162,7 @@ def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> Path:
         old = tmp.parent / f"{TMP_PREFIX}old-{final.name}-{secrets.token_hex(4)}"
         os.replace(final, old)
     os.replace(tmp, final)
+    LIVE_TEMP_DIRS.discard(tmp)
     fsync_dir(tmp.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -176,15 +198,21 @@ def done_file(tmp: Path, rank: int) -> Path:
     return tmp / f"rank-{rank:05d}.done"
 
 
-def wait_for_ranks(tmp: Path, world_size: int, timeout: float) -> dict[str, FileInfo]:
-    """Wait until every rank's ``.done`` file exists; return the files they report.
+def wait_for_ranks(tmp: Path, ranks: Iterable[int], timeout: float) -> dict[str, FileInfo]:
+    """Wait until each of ``ranks`` has written its ``.done`` file; return the files they report.
+
+    Every rank is waited for, also after one reported a failure, so that when this returns or
+    raises none of them is still writing into ``tmp``.
 
     Raises:
-        CheckpointError: a rank did not report within ``timeout`` seconds (named).
+        DiskFullError: a rank ran out of space (its one line, as it said it).
+        CheckpointError: a rank failed (the first, named) or did not report within ``timeout``
+            seconds.
     """
     deadline = time.monotonic() + timeout
     files: dict[str, FileInfo] = {}
-    pending = set(range(world_size))
+    errors: list[tuple[int, dict[str, Any]]] = []
+    pending = set(ranks)
     delay = 0.001
     while pending:
         for rank in sorted(pending):
@@ -192,10 +220,9 @@ def wait_for_ranks(tmp: Path, world_size: int, timeout: float) -> dict[str, File
             if path.is_file():
                 report = json.loads(path.read_text())
                 if "error" in report:
-                    raise CheckpointError(
-                        f"rank {rank} failed to write its part: {report['error']}"
-                    )
-                files[report["name"]] = report["info"]
+                    errors.append((rank, report))
+                else:
+                    files[report["name"]] = report["info"]
                 pending.discard(rank)
         if pending:
             if time.monotonic() > deadline:
@@ -205,14 +232,31 @@ def wait_for_ranks(tmp: Path, world_size: int, timeout: float) -> dict[str, File
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-    for rank in range(world_size):
-        done_file(tmp, rank).unlink(missing_ok=True)
+    if errors:
+        rank, report = min(errors, key=lambda e: (not e[1].get("disk_full"), e[0]))
+        if report.get("disk_full"):
+            raise DiskFullError(report["error"])
+        raise CheckpointError(f"rank {rank} failed to write its part: {report['error']}")
+    for path in tmp.glob("rank-*.done"):
+        path.unlink(missing_ok=True)
     return files
 
 
-def report_done(tmp: Path, rank: int, name: str, info: FileInfo | None, error: str | None) -> None:
+def report_done(
+    tmp: Path,
+    rank: int,
+    name: str,
+    info: FileInfo | None,
+    error: str | None,
+    *,
+    disk_full: bool = False,
+) -> None:
     """Write rank ``rank``'s ``.done`` file (atomically: written under a temp name, renamed)."""
-    body = {"error": error} if error is not None else {"name": name, "info": info}
+    body: dict[str, Any] = (
+        {"error": error, "disk_full": disk_full}
+        if error is not None
+        else {"name": name, "info": info}
+    )
     path = done_file(tmp, rank)
     part = path.with_suffix(".part")
     write_small(part, json.dumps(body))
