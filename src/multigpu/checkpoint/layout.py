@@ -226,6 +226,58 @@ def list_checkpoints(
     ]
 
 
+@dataclass(frozen=True)
+class Scan:
+    """What a checkpoint directory holds, newest first, as ``find_latest`` sees it.
+
+    Attributes:
+        chosen: the newest complete checkpoint (None: none is complete).
+        skipped: the ``step-*`` directories newer than ``chosen`` that are not complete.
+        unfinished: the temp dirs (``.tmp-step-*``) of saves newer than ``chosen``.
+    """
+
+    chosen: CheckpointStatus | None
+    skipped: tuple[CheckpointStatus, ...]
+    unfinished: tuple[Path, ...]
+
+
+def scan(directory: str | os.PathLike[str]) -> Scan:
+    """The newest complete checkpoint under ``directory`` and the newer broken ones (no logging).
+
+    Example:
+        >>> scan("/nonexistent").chosen is None
+        True
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return Scan(None, (), ())
+    steps = sorted(
+        ((s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None),
+        reverse=True,
+    )
+    chosen: CheckpointStatus | None = None
+    skipped: list[CheckpointStatus] = []
+    for _, path in steps:
+        status = verify_checkpoint(path)
+        if status.complete:
+            chosen = status
+            break
+        skipped.append(status)
+    newest = chosen.step if chosen is not None and chosen.step is not None else -1
+    unfinished = tuple(
+        path
+        for path in sorted(root.iterdir())
+        if (match := _TMP_DIR.match(path.name)) and int(match.group(1)) > newest and path.is_dir()
+    )
+    return Scan(chosen, tuple(skipped), unfinished)
+
+
+def unfinished_step(path: Path) -> int | None:
+    """The step of a temp dir's save (``.tmp-step-00000100-ab12`` -> 100), or None."""
+    match = _TMP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
 def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
     """The newest complete checkpoint under ``directory``, or None.
 
@@ -237,41 +289,17 @@ def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
         >>> find_latest("/nonexistent") is None
         True
     """
-    skipped: list[CheckpointStatus] = []
-    root = Path(directory)
-    if not root.is_dir():
-        return None
-    steps = sorted(
-        ((s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None),
-        reverse=True,
-    )
-    chosen: CheckpointStatus | None = None
-    for _, path in steps:
-        status = verify_checkpoint(path)
-        if status.complete:
-            chosen = status
-            break
+    found = scan(directory)
+    for status in found.skipped:
         log.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
-        skipped.append(status)
-    unfinished = _warn_unfinished_saves(root, chosen)
-    if chosen is not None and (skipped or unfinished):
-        log.warning("using the previous complete checkpoint %s", chosen.path)
-    return chosen
-
-
-def _warn_unfinished_saves(root: Path, chosen: CheckpointStatus | None) -> bool:
-    """Warn about each temp dir newer than ``chosen``; return whether there was one."""
-    newest = chosen.step if chosen is not None and chosen.step is not None else -1
-    found = False
-    for path in sorted(root.iterdir()):
-        match = _TMP_DIR.match(path.name)
-        if match and int(match.group(1)) > newest and path.is_dir():
-            found = True
-            log.warning(
-                "skipping %s: a save of step %d that did not finish (no %s; it is removed "
-                "by the next save)",
-                path,
-                int(match.group(1)),
-                COMMIT_FILE,
-            )
-    return found
+    for path in found.unfinished:
+        log.warning(
+            "skipping %s: a save of step %s that did not finish (no %s; it is removed by the "
+            "next save)",
+            path,
+            unfinished_step(path),
+            COMMIT_FILE,
+        )
+    if found.chosen is not None and (found.skipped or found.unfinished):
+        log.warning("using the previous complete checkpoint %s", found.chosen.path)
+    return found.chosen

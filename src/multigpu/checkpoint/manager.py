@@ -222,9 +222,11 @@ class Checkpointer:
         """Restore everything tracked from a checkpoint; return its step (None: none found).
 
         ``"auto"``: the newest complete checkpoint in ``directory`` (incomplete or corrupt newer
-        ones are skipped with a warning naming them). A path: that checkpoint, which must be
-        complete. Rank 0 chooses, every rank loads the same one. The checkpoint may come from
-        another world size and another strategy: models and optimizers are resharded.
+        ones are skipped with a warning naming them; when none is complete, one warning says what
+        was found and that training starts from step 0). Temp dirs of saves that did not finish
+        are removed: the directory's lock says their run is gone. A path: that checkpoint, which
+        must be complete. Rank 0 chooses, every rank loads the same one. The checkpoint may come
+        from another world size and another strategy: models and optimizers are resharded.
 
         Raises:
             CheckpointError: the given checkpoint is incomplete, or a tracked object is missing
@@ -233,7 +235,9 @@ class Checkpointer:
         self.wait()
         choice: str | None = None
         if self.rank == 0:
-            choice = choose_checkpoint(self.directory, path)
+            # Rank 0 holds the directory (its lock): a temp dir no save of ours writes is a
+            # dead run's, never to be completed.
+            choice = choose_checkpoint(self.directory, path, remove_unfinished=True)
         choice = dist.broadcast(choice, src=0)
         if choice is None:
             log.info("no checkpoint in %s: starting from step 0", self.directory)

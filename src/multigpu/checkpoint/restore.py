@@ -12,39 +12,97 @@ from typing import Any
 import torch
 
 from multigpu.checkpoint.layout import (
+    COMMIT_FILE,
     MANIFEST_FILE,
     STATE_FILE,
+    TMP_PREFIX,
     CheckpointStatus,
     find_latest,
     rank_file_name,
+    scan,
+    unfinished_step,
     verify_checkpoint,
 )
 from multigpu.checkpoint.legacy import restore_whole
 from multigpu.checkpoint.objects import kind_of, load_into
 from multigpu.checkpoint.rng import restore_rng
 from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
+from multigpu.checkpoint.writer import remove_stale
 from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.seed import seed_everything
 
 log = logging.getLogger(__name__)
 
 
-def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> str | None:
+def choose_checkpoint(
+    directory: Path, path: str | os.PathLike[str], *, remove_unfinished: bool = False
+) -> str | None:
     """Rank 0's choice: the path to resume from, None for none, or ``"error: ..."``.
 
     The error comes back as text so that rank 0 can broadcast it: every rank then raises it,
     instead of the others waiting for a broadcast that never comes.
+
+    ``remove_unfinished``: the caller holds the directory (its lock: no other run writes there),
+    so the temp dirs of saves no save of this process is writing belong to a dead run and can
+    never be completed; they are removed, and said so.
     """
     try:
         if str(path) == "auto":
-            status: CheckpointStatus | None = find_latest(directory)
-            return str(status.path) if status is not None else None
+            return _choose_latest(directory, remove_unfinished)
         status = verify_checkpoint(path)
         if not status.complete:
             return f"error: checkpoint {path} is not usable: {'; '.join(status.problems)}"
         return str(status.path)
     except OSError as e:
         return f"error: cannot read checkpoints in {path}: {e}"
+
+
+def _choose_latest(directory: Path, remove_unfinished: bool) -> str | None:
+    if not remove_unfinished:
+        status = find_latest(directory)
+        return str(status.path) if status is not None else None
+    removed = remove_stale(directory, f"{TMP_PREFIX}step-*") if directory.is_dir() else []
+    found = scan(directory)
+    if found.chosen is None:
+        _say_nothing_complete(directory, found.skipped, removed)
+        return None
+    newest = found.chosen.step if found.chosen.step is not None else -1
+    newer = [p for p in removed if (unfinished_step(p) or -1) > newest]
+    for status in found.skipped:
+        log.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
+    for path in newer:
+        log.warning(
+            "removed %s: a save of step %s that did not finish (no %s) by a run that is gone",
+            path,
+            unfinished_step(path),
+            COMMIT_FILE,
+        )
+    if found.skipped or newer:
+        log.warning("using the previous complete checkpoint %s", found.chosen.path)
+    return str(found.chosen.path)
+
+
+def _say_nothing_complete(
+    directory: Path, skipped: tuple[CheckpointStatus, ...], removed: list[Path]
+) -> None:
+    """One warning line: what was found, that nothing is complete, that training starts over."""
+    found = [f"{s.path.name} ({'; '.join(s.problems)})" for s in skipped]
+    found += [f"{p.name} (no {COMMIT_FILE} marker: a save that did not finish)" for p in removed]
+    if not found:
+        return
+    gone = (
+        f"; the {len(removed)} unfinished save(s) of a run that is gone were removed"
+        if removed
+        else ""
+    )
+    log.warning(
+        "checkpoint directory %s holds %d incomplete checkpoint(s): %s; nothing is complete; "
+        "training starts from the beginning (step 0)%s",
+        directory,
+        len(found),
+        ", ".join(found),
+        gone,
+    )
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
