@@ -1,5 +1,5 @@
-"""GPU rows from recorded nvidia-smi outputs, the topology matrix, and the network checks on
-interface records and on this machine's real interfaces."""
+"""GPU rows from recorded nvidia-smi outputs and NVML stand-ins, the topology row, and the network
+checks on interface records and on this machine's real interfaces."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.diagnostics.doctor.gpu_checks import TOPO, gpu_checks, parse_topology, topology_check
+from multigpu.diagnostics.doctor.cuda import driver_check
+from multigpu.diagnostics.doctor.gpu_checks import gpu_checks, topology_check
 from multigpu.diagnostics.doctor.network import (
     Interface,
     ifname_check,
@@ -21,27 +22,25 @@ from multigpu.diagnostics.doctor.network import (
     read_interfaces,
     used_interface,
 )
-from multigpu.gpus import Inventory
+from multigpu.gpus import GPUFacts, read_facts
+from multigpu.gpus.smi import QUERY_GPU
+from multigpu.gpus.topology import TOPO, parse_topo_matrix
+from tests.gpus.fake_nvml import SWITCH, LinkedNVML, NoNVML
 from tests.gpus.recorded import DATA as GPU_DATA
-from tests.gpus.recorded import Recorded, fake_gpu, inventory
+from tests.gpus.recorded import Recorded
 
 DATA = Path(__file__).parent / "data"
 
 
-class WithTopo(Recorded):
-    """The recorded nvidia-smi of a machine, plus its ``topo -m``."""
-
-    def __call__(self, argv: Sequence[str]) -> str | None:
-        if list(argv) == TOPO:
-            self.calls.append(list(argv))
-            return (GPU_DATA / f"{self.machine}_topo.txt").read_text()
-        return super().__call__(argv)
+def smi_facts(machine: str) -> GPUFacts:
+    """The facts of a recorded machine whose NVML cannot be loaded (nvidia-smi answers)."""
+    return read_facts({}, nvml=NoNVML(), runner=Recorded(machine))
 
 
 def test_topology_pairs_are_read_from_nvidia_smi_topo_m() -> None:
-    dgx = parse_topology((GPU_DATA / "a100x8_topo.txt").read_text())
+    dgx = parse_topo_matrix((GPU_DATA / "a100x8_topo.txt").read_text())
     assert len(dgx) == 28 and set(dgx.values()) == {"NV12"}  # NIC rows and columns ignored
-    pcie = parse_topology((DATA / "pcie4_topo.txt").read_text())
+    pcie = parse_topo_matrix((DATA / "pcie4_topo.txt").read_text())
     assert pcie == {
         (0, 1): "PIX", (0, 2): "SYS", (0, 3): "SYS",
         (1, 2): "SYS", (1, 3): "SYS", (2, 3): "PIX",
@@ -52,40 +51,59 @@ def test_topology_pairs_are_read_from_nvidia_smi_topo_m() -> None:
         "SYS (the link between CPU sockets (QPI/UPI)) x4, PIX (one PCIe switch) x2"
     )
     assert row.detail["pairs"]["0-2"] == "SYS"
-    assert parse_topology("") == {} and parse_topology("No devices were found") == {}
+    assert parse_topo_matrix("") == {} and parse_topo_matrix("No devices were found") == {}
     assert topology_check({}, gpus=4).status == "SKIP"
     assert topology_check({}, gpus=1).status == "SKIP"
 
 
 def test_each_visible_gpu_is_a_row_and_busy_ones_warn_naming_their_processes() -> None:
-    runner = WithTopo("a100x8")
-    rows = gpu_checks(inventory("a100x8"), {}, runner)
+    rows = gpu_checks(smi_facts("a100x8"), {})
     assert [r.name for r in rows] == [f"gpu {i}" for i in range(8)] + ["topology"]
     assert rows[0].status == "OK" and "81036/81920 MiB free, util 0%, no processes" in rows[0].value
     busy = rows[1]
     assert busy.status == "WARN" and "util 87%" in busy.value and "processes 48211" in busy.value
     assert "--gpus" in busy.fix and "48211" in busy.fix
     assert rows[-1].value == "NV12 (NVLink) x28"
-    assert TOPO in runner.calls
 
 
 def test_cuda_visible_devices_limits_the_rows_and_the_topology() -> None:
-    rows = gpu_checks(inventory("a100x8"), {"CUDA_VISIBLE_DEVICES": "0,3"}, WithTopo("a100x8"))
+    facts = smi_facts("a100x8")
+    rows = gpu_checks(facts, {"CUDA_VISIBLE_DEVICES": "0,3"})
     assert [r.name for r in rows] == ["gpu 0", "gpu 1", "topology"]  # logical indices
     assert rows[-1].value == "NV12 (NVLink) x1"
-    hidden = gpu_checks(inventory("a100x8"), {"CUDA_VISIBLE_DEVICES": ""})
+    hidden = gpu_checks(facts, {"CUDA_VISIBLE_DEVICES": ""})
     assert [r.status for r in hidden] == ["SKIP"]
     assert "8 GPU(s) on the machine, hidden" in hidden[0].value
-    none = gpu_checks(Inventory(), {})
+    none = gpu_checks(GPUFacts(), {})
     assert none[0].status == "SKIP" and "no GPU found" in none[0].value
 
 
+def test_with_nvml_the_doctor_reads_driver_and_links_from_it_not_from_nvidia_smi() -> None:
+    # An HGX A100 in a container that has the NVML library but no nvidia-smi binary: the links
+    # and the driver come from NVML (formerly `nvidia-smi topo -m` and its header: SKIP rows).
+    no_smi = Recorded(None)
+    facts = read_facts({}, nvml=LinkedNVML(8, {i: [SWITCH] * 12 for i in range(8)}), runner=no_smi)
+    rows = gpu_checks(facts, {"CUDA_VISIBLE_DEVICES": "2,5,7"})
+    assert [r.name for r in rows] == ["gpu 0", "gpu 1", "gpu 2", "topology"]
+    assert rows[-1].status == "OK" and rows[-1].value == "NV12 (NVLink) x3"
+    assert rows[-1].detail["pairs"] == {"2-5": "NV12", "2-7": "NV12", "5-7": "NV12"}
+    driver = driver_check("12.8", facts.driver, 3)
+    assert driver.status == "OK" and driver.value == "570.86.15, supports CUDA 12.8 (from nvml)"
+    assert no_smi.calls == []
+
+
 def test_one_gpu_has_no_topology_and_an_idle_one_is_ok() -> None:
-    idle = Inventory(gpus=(fake_gpu(0),), source="nvml")
-    runner = WithTopo("a100x8")
-    rows = gpu_checks(idle, {}, runner)
+    class OneGPU(Recorded):
+        def __call__(self, argv: Sequence[str]) -> str | None:
+            out = super().__call__(argv)
+            return out.splitlines()[0] if out and list(argv) == QUERY_GPU else out
+
+    smi = OneGPU("a100x8")
+    facts = read_facts({}, nvml=NoNVML(), runner=smi)
+    rows = gpu_checks(facts, {})
     assert [r.status for r in rows] == ["OK", "SKIP"]
-    assert runner.calls == []  # topo -m is not asked for one GPU
+    assert TOPO not in smi.calls  # topo -m is not asked for one GPU
+    assert read_facts({}, nvml=LinkedNVML(1, {})).links == {}
 
 
 def _iface(name: str, mtu: int, *, up: bool = True, carrier: bool = True) -> Interface:

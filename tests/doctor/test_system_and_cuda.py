@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from multigpu.diagnostics.doctor.cuda import (
     CudaFacts,
-    DriverFacts,
     cuda_checks,
     cuda_facts_in_child,
     driver_check,
     parse_cuda_facts,
-    parse_smi_header,
-    read_driver,
     torch_cuda_facts,
 )
 from multigpu.diagnostics.doctor.system import (
@@ -28,9 +24,11 @@ from multigpu.diagnostics.doctor.system import (
     software_checks,
     thread_check,
 )
+from multigpu.gpus import DriverFacts, read_facts
+from tests.gpus.fake_nvml import NoNVML
+from tests.gpus.recorded import Recorded
 from tests.launch._util import child_env
 
-DATA = Path(__file__).parent / "data"
 ON_GPU = CudaFacts(available=True, device_count=2, nccl="2.27.3")
 NO_CUDA = CudaFacts(available=False, device_count=0, nccl="2.27.3", why="driver too old")
 CU128 = {"torch_version": "2.13.0+cu128", "build_cuda": "12.8", "build_hip": None}
@@ -130,23 +128,15 @@ def test_driver_one_minor_version_behind_torch_warns() -> None:
     assert driver_check(None, None, 0).status == "SKIP"
 
 
-def test_driver_and_cuda_version_come_from_nvidia_smis_header() -> None:
-    text = (DATA / "smi_header.txt").read_text()
-    assert parse_smi_header(text) == DriverFacts(
-        version="570.86.15", cuda="12.8", source="nvidia-smi"
+def test_without_nvml_the_driver_row_comes_from_nvidia_smis_query_modes() -> None:
+    recorded = read_facts({}, nvml=NoNVML(), runner=Recorded("a100x8"))
+    row = driver_check("12.8", recorded.driver, 8)
+    assert row.status == "OK" and row.value == "570.86.15, supports CUDA 12.8 (from nvidia-smi)"
+    old = read_facts({}, nvml=NoNVML(), runner=Recorded("two_busy"))  # its -q -x failed
+    assert driver_check("12.8", old.driver, 2).value == (
+        "535.183.01, supports CUDA ? (from nvidia-smi)"
     )
-    assert parse_smi_header("No devices were found") is None
-    calls: list[list[str]] = []
-
-    def runner(argv: list[str]) -> str | None:
-        calls.append(list(argv))
-        return text
-
-    found = read_driver(runner)
-    if found is not None and found.source == "nvml":  # a machine with a driver: NVML answers
-        assert calls == [] and found.version
-    else:  # no NVML library here: nvidia-smi is asked, once
-        assert found == parse_smi_header(text) and calls == [["nvidia-smi"]]
+    assert read_facts({}, nvml=NoNVML(), runner=Recorded(None)).driver is None
 
 
 def test_cuda_facts_are_the_same_in_a_child_as_in_this_process() -> None:

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multigpu.gpus import GPUInfo, Inventory
-from multigpu.gpus.smi import LIST, QUERY_APPS, QUERY_GPU, read_smi
+from multigpu.gpus.smi import LIST, QUERY_APPS, QUERY_DRIVER, QUERY_GPU, QUERY_XML, read_smi
+from multigpu.gpus.topology import TOPO
 
 DATA = Path(__file__).parent / "data"
 
@@ -16,7 +17,11 @@ def recorded(name: str) -> str:
 
 
 class Recorded:
-    """A runner answering nvidia-smi's three commands from ``data/<machine>_*``; logs calls."""
+    """A runner answering nvidia-smi's commands from ``data/<machine>_*``; logs calls.
+
+    A command with no recording for the machine fails (None); one the readers should never
+    run (``nvidia-smi`` alone, whose human-readable page they must not parse) raises KeyError.
+    """
 
     def __init__(self, machine: str | None) -> None:
         self.machine = machine
@@ -30,6 +35,9 @@ class Recorded:
             tuple(QUERY_GPU): "query.csv",
             tuple(QUERY_APPS): "apps.csv",
             tuple(LIST): "list.txt",
+            tuple(QUERY_DRIVER): "driver.csv",
+            tuple(QUERY_XML): "q.xml",
+            tuple(TOPO): "topo.txt",
         }
         path = DATA / f"{self.machine}_{suffix[tuple(argv)]}"
         return path.read_text() if path.exists() else None

@@ -1,7 +1,9 @@
 """GPU discovery, selection and locking for the launcher (never creates a CUDA context).
 
-- ``list_gpus(environ)`` / ``all_gpus()``: NVML, then ``nvidia-smi``, then ``torch.cuda`` in a
-  child process; ``CUDA_VISIBLE_DEVICES`` applied as CUDA does.
+- ``list_gpus(environ)`` / ``all_gpus()``: NVML, then ``nvidia-smi`` (only when NVML cannot be
+  loaded), then ``torch.cuda`` in a child process; ``CUDA_VISIBLE_DEVICES`` applied as CUDA does.
+- ``read_facts(environ)``: the same GPUs plus the driver and the links between GPUs, from one
+  source (what ``multigpu doctor`` reports).
 - ``parse_gpu_request(text)`` / ``select_gpus(gpus, request)``: what ``--gpus`` means.
 - ``claim_gpus(request)``: select under per-GPU ``flock`` locks, so concurrent jobs never share.
 - ``format_gpu_table(gpus)``: the listing printed by ``multigpu gpus`` and ``--dry-run``.
@@ -22,13 +24,16 @@ Example:
 from __future__ import annotations
 
 from multigpu.gpus.discover import all_gpus, list_gpus, probe
+from multigpu.gpus.facts import GPUFacts, read_facts
 from multigpu.gpus.lock import GPUClaim, claim_gpus
 from multigpu.gpus.select import busy_reason, parse_gpu_request, select_gpus
 from multigpu.gpus.table import format_gpu_table
-from multigpu.gpus.types import GPUInfo, GPURequest, Inventory, MigDevice
+from multigpu.gpus.types import DriverFacts, GPUInfo, GPURequest, Inventory, MigDevice
 
 __all__ = [
+    "DriverFacts",
     "GPUClaim",
+    "GPUFacts",
     "GPUInfo",
     "GPURequest",
     "Inventory",
@@ -40,5 +45,6 @@ __all__ = [
     "list_gpus",
     "parse_gpu_request",
     "probe",
+    "read_facts",
     "select_gpus",
 ]

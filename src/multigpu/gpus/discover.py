@@ -1,10 +1,11 @@
 """``list_gpus`` / ``all_gpus``: find the machine's GPUs, cheapest and safest probe first.
 
-Order: NVML (nvidia-ml-py) → ``nvidia-smi`` → ``torch.cuda`` in a child process. Each failing
-probe falls through to the next; none of them creates a CUDA context in this process (see
-``torch_probe`` for why that matters to a launcher that forks workers). On a machine without a
-GPU the whole chain answers ``[]`` in well under a second: NVML fails to load its library, a
-missing ``nvidia-smi`` is not waited for, and the torch probe is skipped without a device node.
+Order (``multigpu.gpus.facts``): NVML (nvidia-ml-py) → ``nvidia-smi`` (only when NVML cannot be
+loaded) → ``torch.cuda`` in a child process. Each failing probe falls through to the next; none
+of them creates a CUDA context in this process (see ``torch_probe`` for why that matters to a
+launcher that forks workers). On a machine without a GPU the whole chain answers ``[]`` in well
+under a second: NVML fails to load its library, a missing ``nvidia-smi`` is not waited for, and
+the torch probe is skipped without a device node.
 
 Environment variables read: ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (from the mapping
 given, default ``os.environ``), ``PATH`` (for ``nvidia-smi``).
@@ -16,9 +17,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from multigpu.gpus.nvml import read_nvml
-from multigpu.gpus.smi import read_smi
-from multigpu.gpus.torch_probe import read_torch
+from multigpu.gpus.facts import read_facts
 from multigpu.gpus.types import GPUInfo, Inventory
 from multigpu.gpus.visible import physical_devices, visible_devices
 
@@ -32,13 +31,9 @@ def probe(environ: Mapping[str, str] | None = None) -> Inventory:
         >>> probe().source  # on a machine without GPUs  # doctest: +SKIP
         'none'
     """
-    for read in (read_nvml, read_smi):
-        found = read()
-        if found is not None:
-            logger.debug("GPUs from %s: %s", found.source, len(found.gpus))
-            return found
-    found = read_torch(environ)
-    return found if found is not None else Inventory()
+    found = read_facts(environ, driver=False, links=False).inventory
+    logger.debug("GPUs from %s: %s", found.source, len(found.gpus))
+    return found
 
 
 def list_gpus(environ: Mapping[str, str] | None = None) -> list[GPUInfo]:

@@ -1,7 +1,11 @@
-"""Read GPUs through NVML (nvidia-ml-py, ``import pynvml``): the first and preferred probe.
+"""Read GPUs and the driver through NVML (nvidia-ml-py, ``import pynvml``): the first probe.
 
 NVML talks to the driver only; it never creates a CUDA context, so the launcher may call it
 before forking workers. Its device order is PCI bus order, the same as nvidia-smi's.
+
+Every reader takes the NVML module as its first argument (``open_nvml()``'s answer, or a
+stand-in with the same functions in tests), so one ``nvmlInit`` serves the inventory, the
+driver and the topology (``multigpu.gpus.topology``).
 
 Environment variables read: none (NVML ignores ``CUDA_VISIBLE_DEVICES``).
 """
@@ -13,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from multigpu.gpus.types import GPUInfo, Inventory, MigDevice
+from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory, MigDevice
 
 logger = logging.getLogger(__name__)
 
@@ -21,46 +25,102 @@ T = TypeVar("T")
 MIB = 1024 * 1024
 
 
-def _text(value: str | bytes) -> str:
-    # Old nvidia-ml-py releases return bytes, newer ones str.
+def text(value: str | bytes) -> str:
+    """NVML's string answer as ``str`` (old nvidia-ml-py releases return bytes, newer ones str)."""
     return value.decode() if isinstance(value, bytes) else value
 
 
-def read_nvml() -> Inventory | None:
-    """Every GPU NVML reports, with utilisation, compute processes and MIG instances.
+def open_nvml(module: Any | None = None) -> Any | None:
+    """``module`` (default: ``pynvml``) after ``nvmlInit``; None when NVML cannot be loaded.
 
-    Returns:
-        The inventory, or None when NVML is not installed, its library is missing, or the driver
-        does not answer (the next probe is tried).
+    The caller ends the session with ``close_nvml``.
+
+    Example:
+        >>> open_nvml() is None  # on a machine without the NVIDIA driver  # doctest: +SKIP
+        True
+    """
+    nvml = module
+    if nvml is None:
+        try:
+            import pynvml
+
+            nvml = pynvml
+        except ImportError:
+            logger.debug("nvidia-ml-py is not installed; NVML skipped")
+            return None
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:  # no libnvidia-ml.so, or the driver does not answer
+        logger.debug("NVML unavailable: %s", e)
+        return None
+    return nvml
+
+
+def close_nvml(nvml: Any) -> None:
+    """``nvmlShutdown``, ignoring NVML's errors (the facts are already read)."""
+    with contextlib.suppress(nvml.NVMLError):
+        nvml.nvmlShutdown()
+
+
+def read_nvml(module: Any | None = None) -> Inventory | None:
+    """Every GPU NVML reports, in a session of its own (see ``nvml_inventory``).
 
     Example:
         >>> [g.name for g in read_nvml().gpus]  # doctest: +SKIP
         ['NVIDIA A100-SXM4-80GB', 'NVIDIA A100-SXM4-80GB']
     """
-    try:
-        import pynvml
-    except ImportError:
-        logger.debug("nvidia-ml-py is not installed; NVML skipped")
+    nvml = open_nvml(module)
+    if nvml is None:
         return None
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        logger.debug("NVML unavailable: %s", e)
-        return None
+        return nvml_inventory(nvml)
+    finally:
+        close_nvml(nvml)
+
+
+def nvml_inventory(nvml: Any) -> Inventory | None:
+    """Every GPU of an open NVML, with utilisation, compute processes and MIG instances.
+
+    Returns:
+        The inventory, or None when a query every GPU answers failed (the next probe is tried).
+    """
     try:
         gpus: list[GPUInfo] = []
         migs: list[MigDevice] = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(_gpu(pynvml, handle, index))
-            migs.extend(_migs(pynvml, handle, index))
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(_gpu(nvml, handle, index))
+            migs.extend(_migs(nvml, handle, index))
         return Inventory(gpus=tuple(gpus), migs=tuple(migs), source="nvml")
-    except pynvml.NVMLError as e:
+    except nvml.NVMLError as e:
         logger.debug("NVML query failed: %s", e)
         return None
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
+
+
+def nvml_driver(nvml: Any) -> DriverFacts | None:
+    """The driver's version and the newest CUDA it supports, from an open NVML.
+
+    ``nvmlSystemGetCudaDriverVersion_v2`` asks libcuda (``cuDriverGetVersion``: what torch
+    will get, forward-compatibility package included); where libcuda is not found, or the
+    bindings lack ``_v2``, the plain call answers from the driver's own record.
+
+    Example:
+        >>> nvml_driver(open_nvml())  # doctest: +SKIP
+        DriverFacts(version='570.86.15', cuda='12.8', source='nvml')
+    """
+    try:
+        version = text(nvml.nvmlSystemGetDriverVersion())
+    except nvml.NVMLError as e:
+        logger.debug("NVML driver query failed: %s", e)
+        return None
+    cuda = None
+    for name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+        fn = getattr(nvml, name, None)
+        number = _optional(nvml, fn) if fn is not None else None
+        if number:
+            cuda = f"{int(number) // 1000}.{int(number) % 1000 // 10}"  # 12080 -> "12.8"
+            break
+    return DriverFacts(version=version, cuda=cuda, source="nvml")
 
 
 def _optional(nvml: Any, fn: Callable[..., T], *args: Any) -> T | None:
@@ -78,7 +138,7 @@ def _pids(nvml: Any, handle: Any) -> tuple[int, ...]:
 
 
 def _gpu(nvml: Any, handle: Any, index: int) -> GPUInfo:
-    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+    uuid = text(nvml.nvmlDeviceGetUUID(handle))
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     util = _optional(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
     pci = _optional(nvml, nvml.nvmlDeviceGetPciInfo, handle)
@@ -86,10 +146,11 @@ def _gpu(nvml: Any, handle: Any, index: int) -> GPUInfo:
         index=index,
         logical_index=None,
         uuid=uuid,
-        name=_text(nvml.nvmlDeviceGetName(handle)),
-        pci_bus_id=_text(pci.busId) if pci is not None else "",
+        name=text(nvml.nvmlDeviceGetName(handle)),
+        pci_bus_id=text(pci.busId) if pci is not None else "",
         memory_total_mib=int(memory.total) // MIB,
         memory_free_mib=int(memory.free) // MIB,
+        memory_used_mib=int(memory.used) // MIB,
         utilization_percent=int(util.gpu) if util is not None else None,
         processes=_pids(nvml, handle),
         visible_id=uuid,
@@ -106,14 +167,15 @@ def _migs(nvml: Any, handle: Any, index: int) -> list[MigDevice]:
         if mig is None:
             continue  # empty slots raise NotFound
         memory = nvml.nvmlDeviceGetMemoryInfo(mig)
-        name = _text(nvml.nvmlDeviceGetName(mig))  # "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+        name = text(nvml.nvmlDeviceGetName(mig))  # "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
         found.append(
             MigDevice(
                 parent_index=index,
-                uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                uuid=text(nvml.nvmlDeviceGetUUID(mig)),
                 profile=name.rsplit(" ", 1)[-1],
                 memory_total_mib=int(memory.total) // MIB,
                 memory_free_mib=int(memory.free) // MIB,
+                memory_used_mib=int(memory.used) // MIB,
                 processes=_pids(nvml, mig),
             )
         )

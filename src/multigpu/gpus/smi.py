@@ -1,4 +1,9 @@
-"""Read GPUs from ``nvidia-smi`` (the fallback when NVML cannot be loaded).
+"""Read GPUs and the driver from ``nvidia-smi`` (the fallback when NVML cannot be loaded).
+
+Its machine-readable modes only: ``--query-gpu`` / ``--query-compute-apps`` with
+``--format=csv,noheader,nounits``, and ``-q -x`` (XML) for the one fact the CSV query lacks,
+the newest CUDA the driver supports. Two exceptions, for want of any CSV form: ``-L`` for MIG
+instances (here) and ``topo -m`` for the links (``multigpu.gpus.topology``).
 
 The parsers take the command's text, and ``read_smi`` takes a ``runner`` callable, so tests feed
 recorded outputs instead of running the command. A missing command returns at once (no wait);
@@ -14,10 +19,11 @@ import logging
 import re
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from multigpu.gpus.types import GPUInfo, Inventory, MigDevice
+from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory, MigDevice
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +42,9 @@ QUERY_APPS = [
     "--format=csv,noheader,nounits",
 ]
 LIST = ["nvidia-smi", "-L"]
+"""No CSV query lists MIG instances; ``-L``'s lines are the documented way to get their UUIDs."""
+QUERY_DRIVER = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+QUERY_XML = ["nvidia-smi", "-q", "-x"]
 
 # "  MIG 1g.10gb     Device  0: (UUID: MIG-c6d4f1ef-...)" under "GPU 0: NAME (UUID: GPU-...)";
 # drivers before R470 print "MIG-GPU-<uuid>/<gi>/<ci>" instead — both are CUDA tokens.
@@ -119,6 +128,7 @@ def parse_query_gpu(text: str) -> list[GPUInfo]:
                 pci_bus_id="" if row[3].startswith("[") else row[3],
                 memory_total_mib=total,
                 memory_free_mib=free,
+                memory_used_mib=used,
                 utilization_percent=_number(row[7]),
                 processes=(),
                 visible_id=row[1] if row[1].startswith("GPU-") else str(index),
@@ -206,3 +216,49 @@ def read_smi(runner: Runner = run_command) -> Inventory | None:
 
 def _with_processes(gpu: GPUInfo, pids: tuple[int, ...]) -> GPUInfo:
     return replace(gpu, processes=pids) if pids else gpu
+
+
+def parse_driver_csv(text: str) -> str | None:
+    """The driver version from ``--query-gpu=driver_version --format=csv,noheader`` (one row
+    per GPU, all the same); None when absent.
+
+    Example:
+        >>> parse_driver_csv("570.86.15\\n570.86.15\\n")
+        '570.86.15'
+    """
+    versions = [row[0] for row in _rows(text) if row and row[0] and not row[0].startswith("[")]
+    return versions[0] if versions else None
+
+
+def parse_cuda_xml(text: str) -> str | None:
+    """``<cuda_version>`` of ``nvidia-smi -q -x`` (the CSV query has no such field); None when
+    the XML is absent, malformed or lacks it.
+
+    Example:
+        >>> parse_cuda_xml("<nvidia_smi_log><cuda_version>12.8</cuda_version></nvidia_smi_log>")
+        '12.8'
+    """
+    try:
+        # nvidia-smi's own output: a local, trusted document (its DOCTYPE names a DTD file that
+        # the parser does not fetch).
+        root = ET.fromstring(text.strip())
+    except ET.ParseError as e:
+        logger.debug("nvidia-smi -q -x is not XML: %s", e)
+        return None
+    cuda = (root.findtext("cuda_version") or "").strip()
+    return cuda if cuda and not cuda.startswith("N/A") else None
+
+
+def read_smi_driver(runner: Runner = run_command) -> DriverFacts | None:
+    """The driver's version (CSV query) and its newest CUDA (XML); None without a driver.
+
+    Example:
+        >>> read_smi_driver(lambda argv: None) is None
+        True
+    """
+    version = parse_driver_csv(runner(QUERY_DRIVER) or "")
+    if version is None:
+        return None
+    return DriverFacts(
+        version=version, cuda=parse_cuda_xml(runner(QUERY_XML) or ""), source="nvidia-smi"
+    )

@@ -76,6 +76,7 @@ def parse_torch_probe(text: str) -> list[GPUInfo]:
                 pci_bus_id=str(d["pci"]),
                 memory_total_mib=int(d["total"]) // (1024 * 1024),
                 memory_free_mib=int(d["free"]) // (1024 * 1024),
+                memory_used_mib=(int(d["total"]) - int(d["free"])) // (1024 * 1024),
                 utilization_percent=None,
                 processes=(),
                 # The launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID, so the physical index is

@@ -1,5 +1,6 @@
 """Value objects of GPU discovery: ``GPUInfo`` (one device), ``GPURequest`` (what ``--gpus`` asks
-for) and ``Inventory`` (what a probe found, before ``CUDA_VISIBLE_DEVICES`` is applied).
+for), ``Inventory`` (what a probe found, before ``CUDA_VISIBLE_DEVICES`` is applied) and
+``DriverFacts`` (the NVIDIA driver).
 
 Environment variables read: none.
 """
@@ -32,6 +33,8 @@ class GPUInfo:
     """Total memory in MiB."""
     memory_free_mib: int
     """Free memory in MiB at the time of the probe."""
+    memory_used_mib: int | None = None
+    """Used memory in MiB as the driver counts it (None when not reported)."""
     utilization_percent: int | None
     """GPU utilisation in percent over the driver's last sample period; None when unsupported."""
     processes: tuple[int, ...] = ()
@@ -59,6 +62,8 @@ class MigDevice:
     """Its memory in MiB."""
     memory_free_mib: int
     """Its free memory in MiB (nvidia-smi's CSV does not give it: then equal to the total)."""
+    memory_used_mib: int | None = None
+    """Its used memory in MiB (NVML only; None from nvidia-smi)."""
     processes: tuple[int, ...] = ()
     """Pids on this instance, when the probe can tell (NVML can, nvidia-smi's CSV cannot)."""
 
@@ -73,6 +78,18 @@ class Inventory:
     """MIG instances of MIG-enabled GPUs, in (parent, instance) order."""
     source: str = "none"
     """Which probe found them: ``nvml``, ``nvidia-smi``, ``torch`` or ``none``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverFacts:
+    """The NVIDIA driver of this machine."""
+
+    version: str
+    """``"570.86.15"``."""
+    cuda: str | None
+    """The newest CUDA it supports, ``"12.8"`` (None when not reported)."""
+    source: str
+    """``nvml`` or ``nvidia-smi``."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,6 +45,7 @@ def _mig_info(parent: GPUInfo, mig: MigDevice) -> GPUInfo:
         name=f"{parent.name} MIG {mig.profile}",
         memory_total_mib=mig.memory_total_mib,
         memory_free_mib=mig.memory_free_mib,
+        memory_used_mib=mig.memory_used_mib,
         # The GPU's utilisation counts every instance; NVML reports none per instance.
         utilization_percent=None,
         processes=mig.processes,

@@ -12,7 +12,7 @@ Modules, one concept each:
 - ``system``: Python/torch/multigpu versions, torch's build and backends, cores and threads,
   ``/dev/shm``;
 - ``cuda``: CUDA runtime, NVIDIA driver and NCCL (CUDA facts come from a child process);
-- ``gpu_checks``: GPUs (free memory, utilisation, processes) and ``nvidia-smi topo -m``;
+- ``gpu_checks``: GPUs (free memory, utilisation, processes) and the links between them;
 - ``network``: interfaces, MTUs, ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``;
 - ``rendezvous``: the launch environment detected, hostname, ``MASTER_ADDR``, the port;
 - ``probe``: the all-reduce (``multigpu bench comm``'s machinery, or across launched ranks);

@@ -179,15 +179,16 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
     import torch
 
     from multigpu.diagnostics.doctor import cuda, gpu_checks, network, rendezvous, system
-    from multigpu.gpus import probe
+    from multigpu.gpus import read_facts
     from multigpu.gpus.torch_probe import has_gpu_device_node
     from multigpu.gpus.visible import visible_devices
 
     interfaces = network.read_interfaces()
     launch_rows, env = rendezvous.launch_checks(environ, interfaces)
     worker = env is not None and env.source == "torchrun"
-    inventory = probe(environ)
-    visible = len(visible_devices(inventory, environ))
+    gpu_facts = read_facts(environ)  # GPUs, driver and links in one NVML session
+    driver = gpu_facts.driver
+    visible = len(visible_devices(gpu_facts.inventory, environ))
     hip = getattr(torch.version, "hip", None)
     facts = None
     if (torch.version.cuda or hip) and has_gpu_device_node():
@@ -195,7 +196,6 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
             facts = cuda.parse_cuda_facts(cuda.torch_cuda_facts())
         else:
             facts = cuda.cuda_facts_in_child(environ)
-    driver = cuda.read_driver()
     rows = [
         *system.software_checks(),
         *cuda.cuda_checks(
@@ -206,7 +206,7 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
             facts=facts,
             driver=driver,
         ),
-        *gpu_checks.gpu_checks(inventory, environ),
+        *gpu_checks.gpu_checks(gpu_facts, environ),
         *system.cpu_checks(environ),
         system.shm_check(*system.read_shm()),
         *network.interface_rows(interfaces),

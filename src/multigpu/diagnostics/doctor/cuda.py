@@ -3,11 +3,12 @@
 ``torch.cuda.is_available()`` and the NCCL version need the CUDA driver loaded, which must not
 happen in a process that later forks workers (see ``multigpu.gpus.torch_probe``): the doctor
 asks a short-lived child (``cuda_facts_in_child``); a launched worker, which uses CUDA anyway,
-asks itself (``torch_cuda_facts``). The driver's version and the newest CUDA it supports come
-from NVML, else from ``nvidia-smi``'s header — never from CUDA.
+asks itself (``torch_cuda_facts``). The driver's version and the newest CUDA it supports
+(``DriverFacts``) come from ``multigpu.gpus.read_facts``: NVML, else nvidia-smi's CSV/XML query
+modes — never from CUDA.
 
 Environment variables read: the whole environment is passed to the child (so it sees the GPUs
-this process would see: ``CUDA_VISIBLE_DEVICES``...); ``PATH`` (for ``nvidia-smi``).
+this process would see: ``CUDA_VISIBLE_DEVICES``...).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip, warn
-from multigpu.gpus.smi import Runner, run_command
+from multigpu.gpus.types import DriverFacts
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ _CHILD = (
     "import json; from multigpu.diagnostics.doctor.cuda import torch_cuda_facts; "
     "print(json.dumps(torch_cuda_facts()))"
 )
-_DRIVER = re.compile(r"Driver Version:\s*([\d.]+)")
-_CUDA = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,18 +51,6 @@ class CudaFacts:
     """NCCL's (or RCCL's) version, ``"2.27.3"``; None when torch has none."""
     why: str = ""
     """torch's warning when CUDA is not available ("driver too old" and the like)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DriverFacts:
-    """The NVIDIA driver of this machine."""
-
-    version: str
-    """``"570.86.15"``."""
-    cuda: str | None
-    """The newest CUDA it supports, ``"12.8"`` (None when not reported)."""
-    source: str
-    """``nvml`` or ``nvidia-smi``."""
 
 
 def torch_cuda_facts() -> dict[str, Any]:
@@ -128,52 +115,6 @@ def cuda_facts_in_child(environ: Mapping[str, str]) -> CudaFacts | None:
     except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, IndexError) as e:
         log.debug("CUDA child failed: %s", e)
         return None
-
-
-def parse_smi_header(text: str) -> DriverFacts | None:
-    """The driver and CUDA versions from plain ``nvidia-smi`` output's header; None if absent.
-
-    Example:
-        >>> head = "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |"
-        >>> parse_smi_header(head)
-        DriverFacts(version='570.86.15', cuda='12.8', source='nvidia-smi')
-    """
-    driver = _DRIVER.search(text)
-    if driver is None:
-        return None
-    cuda = _CUDA.search(text)
-    return DriverFacts(
-        version=driver.group(1), cuda=cuda.group(1) if cuda else None, source="nvidia-smi"
-    )
-
-
-def read_driver(runner: Runner = run_command) -> DriverFacts | None:
-    """The NVIDIA driver from NVML, else from ``nvidia-smi``; None without a driver.
-
-    Example:
-        >>> read_driver(lambda argv: None)  # no nvidia-smi (and, here, no NVML)  # doctest: +SKIP
-    """
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # not installed, no libnvidia-ml, no driver: try nvidia-smi
-        text = runner(["nvidia-smi"])
-        return parse_smi_header(text) if text else None
-    try:
-        version = pynvml.nvmlSystemGetDriverVersion()
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # 12080 for 12.8
-        return DriverFacts(
-            version=version.decode() if isinstance(version, bytes) else str(version),
-            cuda=f"{cuda // 1000}.{cuda % 1000 // 10}",
-            source="nvml",
-        )
-    except pynvml.NVMLError as e:
-        log.debug("NVML driver query failed: %s", e)
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
 
 
 def _version(text: str | None) -> tuple[int, ...]:

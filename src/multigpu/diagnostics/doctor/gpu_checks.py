@@ -1,65 +1,21 @@
 """GPU checks: each visible GPU's free memory, utilisation and compute processes, and how the
-GPUs are linked (``nvidia-smi topo -m``).
+GPUs are linked (NVLink or the PCIe path).
 
-GPUs come from ``multigpu.gpus`` (NVML, then ``nvidia-smi``, then torch in a child process), so
-this process never creates a CUDA context.
+The facts come from ``multigpu.gpus.read_facts`` (NVML; nvidia-smi only where NVML cannot be
+loaded; torch in a child process last), so this process never creates a CUDA context.
 
-Environment variables read: ``CUDA_VISIBLE_DEVICES`` (from the mapping given), ``PATH``.
+Environment variables read: ``CUDA_VISIBLE_DEVICES`` (from the mapping given).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from multigpu.diagnostics.doctor.checks import Check, ok, skip, warn
-from multigpu.gpus import GPUInfo, Inventory, busy_reason
-from multigpu.gpus.smi import Runner, run_command
+from multigpu.gpus import GPUFacts, GPUInfo, busy_reason
+from multigpu.gpus.topology import link_meaning
 from multigpu.gpus.visible import visible_devices
-
-TOPO = ["nvidia-smi", "topo", "-m"]
-"""The command whose matrix says how each pair of GPUs is connected."""
-
-LINKS = {
-    "NV": "NVLink",
-    "PIX": "one PCIe switch",
-    "PXB": "several PCIe switches",
-    "PHB": "a PCIe host bridge (the CPU)",
-    "NODE": "host bridges within a NUMA node",
-    "SYS": "the link between CPU sockets (QPI/UPI)",
-    "SOC": "the link between CPU sockets",
-}
-"""What each link type of the matrix means (``NV12`` = 12 bonded NVLinks)."""
-
-_GPU = re.compile(r"^GPU(\d+)$")
-
-
-def parse_topology(text: str) -> dict[tuple[int, int], str]:
-    """The link type of every pair of GPUs ``(i, j)`` with ``i < j`` in ``nvidia-smi topo -m``.
-
-    NIC columns and rows, CPU/NUMA affinity and the legend are ignored; so are malformed rows.
-
-    Example:
-        >>> text = "\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tNV12\\t0-31\\n"
-        >>> parse_topology(text + "GPU1\\tNV12\\t X \\t0-31")
-        {(0, 1): 'NV12'}
-    """
-    lines = text.splitlines()
-    # The header is the first line that starts blank and names GPU0; rows start with "GPUi".
-    header = next((ln for ln in lines if ln[:1].isspace() and "GPU0" in ln.split()), "")
-    columns = [int(m.group(1)) for m in map(_GPU.match, header.split()) if m]
-    links: dict[tuple[int, int], str] = {}
-    for line in lines:
-        cells = line.split()
-        row = _GPU.match(cells[0]) if cells else None
-        if row is None or len(cells) < len(columns) + 1:
-            continue
-        i = int(row.group(1))
-        for j, link in zip(columns, cells[1 : len(columns) + 1], strict=True):
-            if i < j and link != "X":
-                links[(i, j)] = link
-    return links
 
 
 def topology_check(links: Mapping[tuple[int, int], str], *, gpus: int) -> Check:
@@ -72,17 +28,16 @@ def topology_check(links: Mapping[tuple[int, int], str], *, gpus: int) -> Check:
     if gpus < 2:
         return skip("gpu", "topology", f"{gpus} GPU visible: no GPU-to-GPU links to show")
     if not links:
-        return skip("gpu", "topology", "`nvidia-smi topo -m` is not available or gave no matrix")
+        return skip(
+            "gpu", "topology", "how the GPUs are linked is not reported (NVML, nvidia-smi topo -m)"
+        )
     counts = Counter(links.values())
     value = ", ".join(
-        f"{link} ({_meaning(link)}) x{n}" for link, n in sorted(counts.items(), key=lambda x: -x[1])
+        f"{link} ({link_meaning(link)}) x{n}"
+        for link, n in sorted(counts.items(), key=lambda x: -x[1])
     )
     matrix = {f"{i}-{j}": link for (i, j), link in sorted(links.items())}
     return ok("gpu", "topology", value, pairs=matrix)
-
-
-def _meaning(link: str) -> str:
-    return LINKS.get(link, LINKS["NV"] if link.startswith("NV") else "unknown link")
 
 
 def gpu_row(gpu: GPUInfo) -> Check:
@@ -110,15 +65,14 @@ def gpu_row(gpu: GPUInfo) -> Check:
     )
 
 
-def gpu_checks(
-    inventory: Inventory, environ: Mapping[str, str], runner: Runner = run_command
-) -> list[Check]:
-    """Rows for the GPUs this process sees and their topology; one SKIP row without any.
+def gpu_checks(facts: GPUFacts, environ: Mapping[str, str]) -> list[Check]:
+    """Rows for the GPUs this process sees and the links between them; one SKIP row without any.
 
     Example:
-        >>> [c.status for c in gpu_checks(Inventory(), {})]
+        >>> [c.status for c in gpu_checks(GPUFacts(), {})]
         ['SKIP']
     """
+    inventory = facts.inventory
     if not inventory.gpus:
         return [skip("gpu", "gpus", "no GPU found (NVML, nvidia-smi and torch.cuda asked)")]
     visible: Sequence[GPUInfo] = visible_devices(inventory, environ)
@@ -133,10 +87,8 @@ def gpu_checks(
             )
         ]
     rows = [gpu_row(gpu) for gpu in visible]
-    links: dict[tuple[int, int], str] = {}
-    if len(visible) > 1:
-        physical = {gpu.index for gpu in visible}
-        found = parse_topology(runner(TOPO) or "")
-        links = {pair: link for pair, link in found.items() if set(pair) <= physical}
+    # Links are between physical GPUs: keep the pairs of those this process sees.
+    physical = {gpu.index for gpu in visible}
+    links = {pair: link for pair, link in facts.links.items() if set(pair) <= physical}
     rows.append(topology_check(links, gpus=len(visible)))
     return rows
