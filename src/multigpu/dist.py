@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError, UsageError
+from multigpu.store_reach import StoreUnreachable, wait_until_listening
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ def init_process_group(
         env.rank,
         env.world_size,
     )
+    wait_for_store(env, timeout)
     try:
         dist.init_process_group(
             backend=backend,
@@ -105,17 +108,64 @@ def init_process_group(
             timeout=timeout,
             **kwargs,
         )
-    except RuntimeError as e:  # DistStoreError: a rank that never came ("wait timeout ...")
-        if "timeout" not in str(e).lower():
+    except RuntimeError as e:  # DistStoreError: a rank that never came
+        text = str(e).lower()
+        if "timeout" not in text and "timed out" not in text:
             raise
-        raise EnvError(
-            f"rank {env.rank} of {env.world_size} ({env.num_nodes} node(s)) waited "
-            f"{timeout.total_seconds():g} s for the other ranks to join the process group at "
-            f"{env.master_addr}:{env.master_port}; expected all {env.world_size} to join: a node "
-            "did not start or failed before joining (see its output), or the nodes were started "
-            "with different --nnodes / --nproc-per-node; start every node with the same options"
-        ) from e
+        raise EnvError(_join_timeout_message(env, timeout, str(e))) from e
     return True
+
+
+def _agent_hosts_store(env: ClusterEnv) -> bool:
+    # torchrun's agent shares its own store with its workers: then every rank is its client.
+    return env.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def wait_for_store(env: ClusterEnv, timeout: timedelta) -> None:
+    """Wait, within ``timeout``, until the process group's store accepts connections; raise
+    EnvError naming it when it never does. Rank 0 hosts the store (no wait) unless the agent
+    does.
+
+    torch's own client waits longer than its timeout when nothing answers (retries with
+    back-off: 47 s for 20 s), and then fails with a bare ``DistNetworkError``.
+    """
+    agent = _agent_hosts_store(env)
+    if env.rank == 0 and not agent:
+        return
+    try:
+        wait_until_listening(env.master_addr, env.master_port, timeout.total_seconds())
+    except StoreUnreachable as e:
+        host = "the launcher of node 0" if agent else "rank 0"
+        raise EnvError(
+            f"rank {env.rank} of {env.world_size} waited {timeout.total_seconds():g} s for the "
+            f"process group's store at {env.master_addr}:{env.master_port} (hosted by {host}) "
+            f"and nothing answered ({e.last_error}); expected {host} to be running: it was not "
+            "started, failed before it (see its output), or MASTER_ADDR/MASTER_PORT point "
+            "elsewhere; start every rank with the same MASTER_ADDR and MASTER_PORT within the "
+            "timeout (MULTIGPU_TIMEOUT, multigpu.init(timeout=...))"
+        ) from e
+
+
+def _join_timeout_message(env: ClusterEnv, timeout: timedelta, torch_text: str) -> str:
+    where = f"{env.master_addr}:{env.master_port}"
+    joined = re.search(r"(\d+)/(\d+) clients joined", torch_text)
+    if joined and env.rank == 0:  # the store's host counted who connected
+        came = int(joined.group(1))
+        return (
+            f"rank 0 of {env.world_size} ({env.num_nodes} node(s)) waited "
+            f"{timeout.total_seconds():g} s at the process group's store it hosts at {where} "
+            f"for the other {env.world_size - 1} of {env.world_size} ranks; only {came} of "
+            f"{env.world_size} joined: the others were not started, failed before joining (see "
+            "their output), or were given another MASTER_ADDR/MASTER_PORT or WORLD_SIZE; start "
+            f"all {env.world_size} ranks with the same ones within the timeout (MULTIGPU_TIMEOUT)"
+        )
+    return (
+        f"rank {env.rank} of {env.world_size} ({env.num_nodes} node(s)) waited "
+        f"{timeout.total_seconds():g} s for the other ranks to join the process group at "
+        f"{where}; expected all {env.world_size} to join: a node did not start or failed before "
+        "joining (see its output), or the nodes were started with different --nnodes / "
+        "--nproc-per-node; start every node with the same options"
+    )
 
 
 def init_single_process_group(device: torch.device, backend: str, timeout: timedelta) -> bool:
