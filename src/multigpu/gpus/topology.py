@@ -78,7 +78,7 @@ def _nvlinks(nvml: Any, handle: Any) -> tuple[list[str], int]:
         try:
             kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
         except (nvml.NVMLError, AttributeError):
-            kind = None  # drivers before R460 do not say; a GPU's bus id still matches below
+            kind = None  # not answered (older drivers): a GPU peer still matches by bus id below
         if kind == _NVLINK_SWITCH:
             switches += 1
             continue
