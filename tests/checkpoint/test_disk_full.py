@@ -85,3 +85,13 @@ def test_torchs_unexpected_pos_on_a_full_disk_is_said_as_a_full_disk(small_disk:
     assert "unexpected pos" in str(caught.value.__cause__)
     assert ran_out_of_space(caught.value.__cause__)  # type: ignore[arg-type]
     assert str(caught.value) == f"No space left on device writing to {small_disk}"
+
+
+def test_a_file_system_that_reports_no_size_is_not_refused_before_writing(tmp_path: Path) -> None:
+    """Some FUSE and object-store mounts report 0 blocks: unknown free space, not a full disk."""
+    from multigpu.checkpoint.space import Space
+
+    unknown = Space(tmp_path, needed=1 << 30, free=-1)
+    assert unknown.fits()
+    assert "the file system does not report its free space" in unknown.full_line()
+    assert not Space(tmp_path, needed=1 << 30, free=1 << 20).fits()

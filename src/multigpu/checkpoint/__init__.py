@@ -9,10 +9,12 @@ from multigpu.checkpoint.layout import (
 )
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.checkpoint.portable import LoadReport, load_weights
+from multigpu.checkpoint.space import DiskFullError
 
 __all__ = [
     "CheckpointStatus",
     "Checkpointer",
+    "DiskFullError",
     "LoadReport",
     "atomic_write",
     "find_latest",

@@ -40,14 +40,20 @@ class Space:
     needed: int
     """Estimated bytes of the save (tensors plus ``SMALL_FILE_BYTES`` per small file)."""
     free: int
-    """Bytes free to this user on the directory's file system, measured before writing."""
+    """Bytes free to this user on the directory's file system, measured before writing (-1: the
+    file system does not say, as some FUSE and object-store mounts)."""
 
     def fits(self) -> bool:
-        return self.needed <= self.free
+        return self.free < 0 or self.needed <= self.free
 
     def full_line(self) -> str:
         """The one line said on every rank when the save does not fit."""
-        if self.needed > self.free:
+        if self.free < 0:
+            amount = (
+                f"the save needs about {_size(self.needed)}; the file system does not report "
+                "its free space"
+            )
+        elif self.needed > self.free:
             amount = f"the save needs about {_size(self.needed)}, {_size(self.free)} were free"
         else:  # the disk filled while writing: someone else wrote, or our estimate was low
             amount = (
@@ -70,8 +76,11 @@ def _size(n: int) -> str:
 
 
 def free_bytes(directory: Path) -> int:
-    """Bytes an unprivileged writer may still use on ``directory``'s file system."""
+    """Bytes an unprivileged writer may still use on ``directory``'s file system (-1: unknown,
+    a file system reporting no size at all)."""
     st = os.statvfs(directory)
+    if st.f_blocks == 0:  # FUSE and object-store mounts that report nothing: not "full"
+        return -1
     return st.f_bavail * st.f_frsize
 
 
