@@ -177,7 +177,8 @@ class PendingSave:
                 reported = wait_for_ranks(tmp, range(1, job.world_size), job.timeout)
                 if own is not None:
                     raise own
-                files.update(reported)
+                for part in reported.values():  # each rank's {file name: size and hash}
+                    files.update(part)
                 files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
                 _commit(job, tmp, info, files)
             except Exception as e:

@@ -199,7 +199,8 @@ def done_file(tmp: Path, rank: int) -> Path:
 
 
 def wait_for_ranks(tmp: Path, ranks: Iterable[int], timeout: float) -> dict[str, FileInfo]:
-    """Wait until each of ``ranks`` has written its ``.done`` file; return the files they report.
+    """Wait until each of ``ranks`` has written its ``.done`` file; return what each reports
+    (``{rank file name: {file name: size and SHA-256}}``: its rank file and DCP files).
 
     Every rank is waited for, also after one reported a failure, so that when this returns or
     raises none of them is still writing into ``tmp``.
