@@ -54,3 +54,56 @@ def wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> list[f
                 ended[i] = time.monotonic() - began
         time.sleep(0.1)
     return ended
+
+
+START_MARK = "multigpu-test-start"
+"""Printed by ``start_timed``'s launcher once its imports are done (then the wall clock time)."""
+END_MARK = "multigpu-test-end"
+"""Printed by ``start_timed``'s launcher when ``main`` has returned (then the wall clock time)."""
+
+_TIMED = (
+    "import sys, time\n"
+    "import torch.distributed.run\n"
+    "from multigpu.launch.cli import main\n"
+    f"print({START_MARK!r}, time.time(), flush=True)\n"
+    "code = main(sys.argv[1:])\n"
+    f"print({END_MARK!r}, time.time(), flush=True)\n"
+    "sys.exit(code)\n"
+)
+
+
+def start_timed(host: Host | None, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """``multigpu ARGV`` on ``host`` (None: here), marking when its imports are done and when
+    ``main`` returns: on a loaded test machine importing torch alone took up to 12 s, and the
+    interpreter's exit seconds more, which no timeout bounds."""
+    command = [sys.executable, "-c", _TIMED, *argv]
+    with log.open("wb") as fh:
+        if host is not None:
+            env = host_env()
+            return host.run(command, env, cwd=log.parent, stdout=fh, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, env=host_env(), cwd=log.parent, stdout=fh, stderr=subprocess.STDOUT
+        )
+
+
+def wait_timed(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> float | None:
+    """Wait for ``proc`` (from ``start_timed``); its seconds from the start mark to the end
+    mark, None when it is still running after ``timeout``."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    marks = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith((START_MARK, END_MARK)):
+            name, _, value = line.partition(" ")
+            marks[name] = float(value)
+    if len(marks) != 2:
+        raise AssertionError(f"no start or end mark in {log}: {log.read_text()[-2000:]}")
+    return marks[END_MARK] - marks[START_MARK]
+
+
+def last_line(log: Path) -> str:
+    """The last line the launcher wrote, the end mark left out."""
+    lines = [x for x in log.read_text().strip().splitlines() if not x.startswith(END_MARK)]
+    return lines[-1] if lines else ""

@@ -1,9 +1,12 @@
-"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus five.
+"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus six.
 
 - Its exit barrier (the wait for the other nodes' workers at the end) is bounded by
   ``--timeout``: ``torch.distributed.run`` gives no option for it (300 s).
 - Its TCP connections to the rendezvous store fail after ``--timeout`` + 5 s when the store's
   host vanishes, instead of ~15 minutes deaf to SIGTERM (``timeouts.StoreCallBound``).
+- Before it dials another node's rendezvous store, it waits for the store to answer within
+  ``--timeout`` (``multigpu.store_reach``): torch's client retried with back-off past it (37-68 s
+  for 30 s) and then said nothing of what it waited for.
 - After each rendezvous round, before its workers start, it checks with the other nodes that
   they were started alike (``agreement.check_nodes_agree``).
 - It says when it restarts the workers and why, and each new round's size
@@ -12,7 +15,9 @@
   not 0 after the exit barrier's timeout (``exit_agreement``).
 
 ``torch.distributed.launcher.api.launch_agent`` builds its agent through the module name
-``LocalElasticAgent``, so for the time of the block that name makes ours.
+``LocalElasticAgent``, so for the time of the block that name makes ours; it makes the
+rendezvous handler through the module ``rendezvous.registry``, whose public
+``get_rendezvous_handler`` waits for the store first for the time of the block.
 
 Environment variables read: none.
 """
@@ -22,11 +27,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 from multigpu.launch.agreement import check_nodes_agree, node_facts
+from multigpu.launch.endpoints import dialled_store
 from multigpu.launch.exit_agreement import ExitAgreement
 from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
+from multigpu.store_reach import wait_until_listening
 
 
 @contextlib.contextmanager
@@ -42,6 +50,7 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
         >>> with multigpu_agent(60, "2"):  # doctest: +SKIP
         ...     torch.distributed.run.run(args)
     """
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.agent.server.api import WorkerGroup
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -63,11 +72,21 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
                 timeout_s,
             )
 
+    make_handler = rdzv_registry.get_rendezvous_handler
+
+    def handler_once_the_store_answers(params: Any) -> Any:
+        store = dialled_store(params)
+        if store is not None:  # raises StoreUnreachable (agent_errors words it)
+            wait_until_listening(*store, timeout_s)
+        return make_handler(params)
+
     original = launcher_api.LocalElasticAgent
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
     setattr(launcher_api, "LocalElasticAgent", ours)  # noqa: B010 (a module attribute)
+    setattr(rdzv_registry, "get_rendezvous_handler", handler_once_the_store_answers)  # noqa: B010
     try:
         with StoreCallBound(timeout_s + STORE_GRACE_S):
             yield
     finally:
         setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010
+        setattr(rdzv_registry, "get_rendezvous_handler", make_handler)  # noqa: B010

@@ -9,8 +9,11 @@ Environment variables read: none.
 
 from __future__ import annotations
 
+import re
 import socket
 from typing import Any
+
+from multigpu.store_reach import StoreUnreachable
 
 
 def root_cause(error: BaseException) -> str:
@@ -48,6 +51,11 @@ def endpoint_of(args: Any) -> str:
     return f"{getattr(args, 'master_addr', '127.0.0.1')}:{getattr(args, 'master_port', 29500)}"
 
 
+def _named_by(args: Any) -> str:
+    given = getattr(args, "rdzv_endpoint", "")
+    return "--rdzv-endpoint" if given else "--master-addr:--master-port"
+
+
 def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> str:
     """The one-line message for ``error`` raised by ``torch.distributed.run.run(args)``.
 
@@ -74,6 +82,25 @@ def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> s
         f"node, {here}: --nnodes {nnodes}), --rdzv-id or --rdzv-endpoint: start every node with "
         "the same ones"
     )
+    host = endpoint.rsplit(":", 1)[0]
+    if isinstance(error, StoreUnreachable):  # our wait before torch's client dials
+        return (
+            f"{here} waited {timeout_s:g} s (--timeout) for the rendezvous store at "
+            f"{error.host}:{error.port} ({_named_by(args)} {endpoint}) and nothing "
+            f"answered ({error.last_error}): {host} is down or cut off, or its `multigpu run` "
+            "(node rank 0, which hosts the store) is not started or has ended; start it, check "
+            "the address and port, the network between the nodes (--iface) and that every node "
+            "gives the same endpoint"
+        )
+    joined = re.search(r"(\d+)/(\d+) clients joined", f"{error} {cause}")
+    if joined:  # this node hosts the store (static rendezvous, node rank 0): nobody came
+        return (
+            f"{here} hosts the rendezvous store at {endpoint} and waited {timeout_s:g} s "
+            f"(--timeout) for the other nodes' launchers to connect: only {joined[1]} of "
+            f"{joined[2]} did (--nnodes {nnodes}): start `multigpu run` on every node with the "
+            f"same --nnodes and {_named_by(args)} {endpoint} and its own --node-rank, or raise "
+            "--timeout"
+        )
     if isinstance(error, RendezvousTimeoutError):
         return (
             f"not every node joined the rendezvous at {endpoint} within {timeout_s:g} s "
@@ -89,7 +116,6 @@ def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> s
     store_lost = isinstance(error, RendezvousConnectionError) or any(
         word in text for word in ("connect", "timed out", "timeout", "no route", "broken pipe")
     )
-    host = endpoint.rsplit(":", 1)[0]
     if store_lost and any(w in text for w in ("likely closed", "connection reset", "eof")):
         # The store answered before and then hung up: its host's launcher ended.
         return (

@@ -8,6 +8,8 @@ Environment variables read: none.
 
 from __future__ import annotations
 
+from typing import Any
+
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.ports import is_local_address
 
@@ -78,3 +80,31 @@ def rendezvous_endpoint(options: LaunchOptions) -> tuple[str, int] | None:
 def endpoint_option(options: LaunchOptions) -> str:
     """How the user named the rendezvous endpoint, for messages."""
     return "--rdzv-endpoint" if options.get("rdzv_endpoint") else "--master-addr/--master-port"
+
+
+def dialled_store(params: Any) -> tuple[str, int] | None:
+    """(host, port) of the rendezvous store this node's agent will dial as a client, for torch's
+    ``RendezvousParameters``; None when this node hosts it, or for other backends (etcd).
+
+    Static rendezvous: node rank 0 hosts it. c10d: ``is_host`` in ``--rdzv-conf``, else the node
+    whose address the endpoint names (torch's own guess, made the same way: a local address).
+
+    Example:
+        >>> from torch.distributed.elastic.rendezvous import RendezvousParameters
+        >>> dialled_store(RendezvousParameters("c10d", "node0:29400", "job", 2, 2))
+        ('node0', 29400)
+        >>> dialled_store(RendezvousParameters("static", "node0:29500", "job", 2, 2, rank=0))
+    """
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    if params.backend == "static":
+        if int(params.config.get("rank", 0)) == 0:
+            return None
+        return parse_rendezvous_endpoint(params.endpoint, default_port=29500)
+    if params.backend != "c10d":
+        return None
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    is_host = params.get_as_bool("is_host")
+    if is_host is None:
+        is_host = is_local_address(host)
+    return None if is_host else (host, port)
