@@ -1,7 +1,8 @@
 """Choose this rank's device, the backend for it, and move data to it.
 
 Environment variables read: ``CUDA_VISIBLE_DEVICES`` (through torch), ``MULTIGPU_DEVICE``
-(``cpu`` forces CPU even where CUDA is available).
+(``cpu`` forces CPU even where CUDA is available; ``auto`` or unset: CUDA when present; anything
+else is a UsageError).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from typing import Any, TypeVar
 
 import torch
 
+from multigpu.choices import BACKENDS
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import DeviceError
+from multigpu.variables import device as device_variable
 
 T = TypeVar("T")
-
-BACKENDS = ("nccl", "gloo")
 
 
 def cuda_count() -> int:
@@ -36,12 +37,13 @@ def choose_device(env: ClusterEnv, accelerator: str = "auto") -> torch.device:
     Raises:
         DeviceError: CUDA was asked for but is missing, or there are fewer visible GPUs than
             processes on this node.
+        UsageError: ``MULTIGPU_DEVICE`` is neither ``cpu`` nor ``auto``.
     """
     if accelerator not in ("auto", "cuda", "gpu", "cpu"):
         raise DeviceError(
             f"accelerator={accelerator!r} is not known; expected 'auto', 'cuda' or 'cpu'"
         )
-    forced_cpu = os.environ.get("MULTIGPU_DEVICE", "").lower() == "cpu"
+    forced_cpu = device_variable(os.environ) == "cpu"
     if forced_cpu and accelerator in ("cuda", "gpu"):
         raise DeviceError(
             f"accelerator={accelerator!r} was asked for in code, but MULTIGPU_DEVICE=cpu (set by "

@@ -3,8 +3,10 @@
 Environment variables read: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
 ``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_COMPRESSION`` (through
 ``resolve_strategy``), ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``,
-``MULTIGPU_DETERMINISTIC``, ``CUBLAS_WORKSPACE_CONFIG``, and (for ``multigpu verify``)
-``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS``.
+``MULTIGPU_DETERMINISTIC``, ``MULTIGPU_WATCHDOG``, ``MULTIGPU_HANG_AFTER``,
+``CUBLAS_WORKSPACE_CONFIG``, and (for ``multigpu verify``) ``MULTIGPU_VERIFY_DIR``,
+``MULTIGPU_VERIFY_STEPS``. A bad ``MULTIGPU_*`` value is a UsageError before anything starts
+(``multigpu.variables``); in a launched worker it ends the worker with one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from datetime import timedelta
 
 import torch
 
-from multigpu import dist
+from multigpu import dist, variables, worker_error
 from multigpu.context import Context
+from multigpu.context_comm import refuse
 from multigpu.device import backend_for, choose_device
-from multigpu.env import detect
-from multigpu.errors import EnvError
+from multigpu.env import ClusterEnv, detect
+from multigpu.errors import EnvError, UsageError
 from multigpu.hang import peers, start_watchdog
 from multigpu.log import warn_once
 from multigpu.precision import Precision
@@ -70,6 +73,11 @@ def init(
             --deterministic``).
         environ: the environment to read (default ``os.environ``).
 
+    Raises:
+        UsageError: a bad argument or ``MULTIGPU_*`` value (``MULTIGPU_STRATEGY=bogus``);
+            nothing has started yet. A worker launched by torchrun (``multigpu run``) ends
+            instead: one line, exit code 2.
+
     Example:
         >>> import multigpu
         >>> with multigpu.init(seed=0) as ctx:
@@ -78,20 +86,28 @@ def init(
     """
     env_vars = os.environ if environ is None else environ
     env = detect(env_vars)
-    device = choose_device(env, accelerator)
-    chosen_backend = backend_for(device, backend or env_vars.get("MULTIGPU_BACKEND"))
-    resolved = resolve_strategy(
-        strategy or env_vars.get("MULTIGPU_STRATEGY", "auto"), env.world_size, env_vars
-    )
-    mixed = Precision(precision, device)
-    resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm, precision=mixed)
-    wait = dist.resolve_timeout(timeout)
+    try:  # every choice read and checked before anything starts (a device, a process group)
+        device = choose_device(env, accelerator)
+        chosen_backend = backend_for(device, backend or variables.backend(env_vars))
+        resolved = resolve_strategy(
+            strategy or variables.strategy(env_vars), env.world_size, env_vars
+        )
+        mixed = Precision(precision, device)
+        resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm, precision=mixed)
+        if timeout is None:
+            variables.timeout(env_vars, dist.DEFAULT_TIMEOUT_S)  # "nan", "-1": refused here
+        wait = dist.resolve_timeout(timeout)
+        if deterministic is None:
+            deterministic = variables.deterministic(env_vars)
+        variables.watchdog(env_vars)  # read again once the process group exists: check now
+        variables.hang_after(env_vars)
+    except UsageError as e:
+        _refuse_launched(e, env)
+        raise
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if seed is not None:
         seed_everything(seed)
-    if deterministic is None:
-        deterministic = env_vars.get("MULTIGPU_DETERMINISTIC", "") not in ("", "0")
     if deterministic:
         make_deterministic(device, env_vars)
     created = dist.init_process_group(env, device, chosen_backend, wait)
@@ -115,6 +131,15 @@ def init(
             rank=env.rank, world_size=env.world_size, timeout=wait, environ=env_vars
         ),
     )
+
+
+def _refuse_launched(error: UsageError, env: ClusterEnv) -> None:
+    """A usage error in ``init()`` of a launched worker: recorded for the launcher's summary and
+    ended as a ``with multigpu.init()`` block ends one (one line, exit code 2, no traceback)."""
+    if env.source != "torchrun":
+        return  # a plain script, or a task of srun/mpirun: the exception, as raised
+    recorded = worker_error.record(error)
+    refuse(error, env.rank, said_by_launcher=recorded and worker_error.launched_by_multigpu())
 
 
 def check_same_versions() -> None:

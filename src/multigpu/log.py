@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from multigpu import variables
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -67,7 +69,7 @@ class _RankFilter(logging.Filter):
 
 def configure(level: str | int | None = None, rank: int | None = None) -> None:
     """Send multigpu's log records to stderr as whole lines with a rank prefix (CLI only)."""
-    chosen = level or os.environ.get("MULTIGPU_LOG_LEVEL", "INFO")
+    chosen = level or variables.log_level(os.environ)
     logger = logging.getLogger("multigpu")
     logger.setLevel(chosen if isinstance(chosen, int) else chosen.upper())
     if any(getattr(h, "_multigpu", False) for h in logger.handlers):

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu.choices import PRECISIONS
 from multigpu.errors import UsageError
 
-PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 _ALIASES = {
     "32-true": "32",
     "fp32": "32",

@@ -1,17 +1,26 @@
 """Every bad input to ``python -m multigpu``: exit code 2, one line on stderr, nothing started.
 
 The children run concurrently (each one mostly waits for ``import torch``) to keep this fast.
+A ``sitecustomize`` on their path leaves a file in the working directory from any process
+torchrun's agent starts: a worker that started is seen even if it said nothing.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.launch._util import popen_multigpu
+from tests.launch._util import SRC, popen_multigpu
+
+WORKER_MARK = """
+import os
+if os.environ.get("TORCHELASTIC_RUN_ID") and "LOCAL_RANK" in os.environ:
+    open(f"worker-started-{os.getpid()}", "w").close()
+"""
 
 CASES: dict[str, list[str]] = {
     "too-many-gpus": ["run", "--gpus", "3", "s.py"],
@@ -32,6 +41,22 @@ CASES: dict[str, list[str]] = {
     "train-iface-missing": ["train", "--iface", "nope", "--epochs", "1"],
     "train-cpu-zero": ["train", "--cpu", "0", "--epochs", "1"],
     "train-batch-not-divisible": ["train", "--cpu", "2", "--batch-size", "63", "--out", "out"],
+    "train-epochs-zero": ["train", "--cpu", "2", "--epochs", "0"],
+    "train-abbreviation": ["train", "--cpu", "2", "--epoch", "1"],
+    "train-out-is-a-file": ["train", "--cpu", "2", "--epochs", "1", "--out", "s.py"],
+    "run-env-strategy": ["run", "--cpu", "2", "s.py"],
+    "run-env-backend": ["run", "--cpu", "2", "s.py"],
+    "train-env-device": ["train", "--cpu", "2", "--epochs", "1"],
+    "train-env-deterministic": ["train", "--cpu", "2", "--epochs", "1"],
+    "run-env-log-level": ["run", "--cpu", "2", "s.py"],
+}
+
+ENV = {
+    "run-env-strategy": {"MULTIGPU_STRATEGY": "bogus"},
+    "run-env-backend": {"MULTIGPU_BACKEND": "mpi"},
+    "train-env-device": {"MULTIGPU_DEVICE": "tpu"},
+    "train-env-deterministic": {"MULTIGPU_DETERMINISTIC": "maybe"},
+    "run-env-log-level": {"MULTIGPU_LOG_LEVEL": "loud"},
 }
 
 EXPECTED = {
@@ -53,11 +78,22 @@ EXPECTED = {
     "train-iface-missing": "expected one of: ",
     "train-cpu-zero": "--cpu 0",
     "train-batch-not-divisible": "--batch-size 63 is not divisible",
+    "train-epochs-zero": "argument --epochs: 0 must be a positive finite number",
+    "train-abbreviation": "unrecognized arguments: --epoch 1",
+    "train-out-is-a-file": "s.py is a file, not a directory",
+    "run-env-strategy": "MULTIGPU_STRATEGY='bogus' (from the environment) is not one of auto,",
+    "run-env-backend": "MULTIGPU_BACKEND='mpi' (from the environment) is not one of auto,",
+    "train-env-device": "MULTIGPU_DEVICE='tpu' (from the environment) is not one of auto, cpu",
+    "train-env-deterministic": "MULTIGPU_DETERMINISTIC='maybe' (from the environment) is not 1",
+    "run-env-log-level": "MULTIGPU_LOG_LEVEL='loud' (from the environment) is not one of",
 }
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple]]:
+    hooks = tmp_path_factory.mktemp("hooks")
+    (hooks / "sitecustomize.py").write_text(WORKER_MARK)
+    path = os.pathsep.join([str(SRC), str(hooks)])
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -67,7 +103,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
             cwd = tmp_path_factory.mktemp(name)
             (cwd / "s.py").write_text("raise SystemExit('must never run')\n")
             cwds[name] = cwd
-            procs[name] = popen_multigpu([a.replace("{port}", port) for a in argv], cwd)
+            argv = [a.replace("{port}", port) for a in argv]
+            procs[name] = popen_multigpu(argv, cwd, PYTHONPATH=path, **ENV.get(name, {}))
         done = {}
         for name, proc in procs.items():
             try:
@@ -89,4 +126,4 @@ def test_bad_input_is_one_line_exit_2(name: str, results: dict[str, tuple]) -> N
     assert lines[0].startswith("multigpu: error: "), err
     assert EXPECTED[name] in lines[0]
     assert "Traceback" not in err and out == ""
-    assert files == ["s.py"]  # nothing written, nothing started
+    assert files == ["s.py"]  # nothing written, no worker started

@@ -1,26 +1,35 @@
 """``multigpu train`` picks its job by ``--model`` and refuses, before it starts, a global batch
-the processes cannot share."""
+the processes cannot share, any argument the job's own parser refuses, and outputs it could not
+write."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
+import os
 import shlex
+import time
+from pathlib import Path
 
 import pytest
 
 from multigpu.errors import UsageError
-from multigpu.examples import lm_options
+from multigpu.examples import digits_parser, job_cli, lm_options, lm_parser
 from multigpu.examples.digits import build_parser
+from multigpu.examples.job_cli import check_outputs, directory_problem
 from multigpu.launch.cli import main
 from multigpu.launch.train import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BATCH_SIZES,
+    JOB_PARSERS,
     MODEL_SUMMARIES,
     TRAIN_MODULE,
     TRAIN_MODULES,
     check_batch_size,
     check_checkpoint_options,
     choose_model,
+    parse_job_args,
     training_help,
 )
 from tests.launch._util import run_multigpu
@@ -119,3 +128,101 @@ def test_fsdp_with_ddp_compression_is_refused_before_any_worker_starts(
     assert "--compression bf16 compresses DDP's gradient all-reduce" in err[0]
     assert "--strategy fsdp does not have" in err[0]
     assert not out.exists()  # nothing written, nothing started
+
+
+BAD_JOB_ARGS = {
+    "epochs-zero": (["--epochs", "0"], "argument --epochs: 0 must be a positive finite number"),
+    "batch-negative": (["--batch-size", "-1"], "argument --batch-size: -1 must be a positive"),
+    "lr-nan": (["--lr", "nan"], "argument --lr: nan must be a positive finite number"),
+    "accumulation-zero": (["--accumulation-steps", "0"], "--accumulation-steps: 0 must be"),
+    "strategy-bogus": (["--strategy", "bogus"], "argument --strategy: invalid choice: 'bogus'"),
+    "precision-8": (["--precision", "8"], "argument --precision: invalid choice: '8'"),
+    "checkpoint-every-zero": (["--checkpoint-every", "0"], "--checkpoint-every: 0 must be"),
+    "keep-negative": (["--keep-checkpoints", "-1"], "--keep-checkpoints: -1 must be"),
+    "unknown-flag": (["--bogus"], "unrecognized arguments: --bogus"),
+    "abbreviation": (["--epoch", "2"], "unrecognized arguments: --epoch 2"),
+    "lm-abbreviation": (["--model", "lm", "--step", "2"], "unrecognized arguments: --step 2"),
+    "out-is-a-file": (["--out", "/etc/hostname"], "--out /etc/hostname: /etc/hostname is a file"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_JOB_ARGS))
+def test_a_bad_training_option_is_one_line_exit_2_before_any_worker_starts(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: every worker started, and each printed the job's usage block (14-25 lines) or
+    # a traceback; --epoch 2 trained. Here the launcher refuses it itself, in milliseconds
+    # (the imports are done), and writes nothing.
+    args, expected = BAD_JOB_ARGS[name]
+    monkeypatch.chdir(tmp_path)
+    started = time.perf_counter()
+    code = main(["train", "--cpu", "2", *args])
+    seconds = time.perf_counter() - started
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("multigpu: error: ") and expected in err[0], err[0]
+    assert err[0].endswith("--help'") or "give another --out" in err[0]
+    assert seconds < 3, seconds
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_job_parser_takes_whole_option_names_only():
+    for model, build in JOB_PARSERS.items():
+        parser = build()
+        assert parser.allow_abbrev is False, model
+        with pytest.raises(UsageError, match="unrecognized arguments: --batch 8"):
+            parser.parse_args(["--batch", "8"])
+    assert JOB_PARSERS["lm"] is lm_options.build_parser  # the job parses with the same parser
+    assert build_parser is digits_parser.build_parser
+
+
+def test_the_job_parsers_import_no_torch():
+    # The launcher imports them (parse_job_args): argparse and multigpu's light modules only.
+    allowed = {"__future__", "argparse", "math", "os", "sys", "tempfile", "collections"}
+    allowed |= {"pathlib", "typing", "multigpu"}
+    for module in (digits_parser, lm_parser, job_cli):
+        tree = ast.parse(inspect.getsource(module))
+        names = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert {n.split(".")[0] for n in names} <= allowed, (module.__name__, names)
+        assert {n for n in names if n.startswith("multigpu")} <= {
+            "multigpu.errors",
+            "multigpu.choices",
+            "multigpu.examples.job_cli",
+        }, names
+
+
+def test_parse_job_args_gives_the_jobs_namespace():
+    assert parse_job_args("digits", ["--epochs", "2", "--strategy=fsdp"]).strategy == "fsdp"
+    assert parse_job_args("lm", []).batch_size == DEFAULT_BATCH_SIZES["lm"]
+
+
+def test_outputs_must_be_writable_directories_and_nothing_is_left_behind(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    assert directory_problem(tmp_path / "new" / "deeper") is None  # creatable: fine
+    assert directory_problem(tmp_path) is None
+    assert os.listdir(tmp_path) == ["file"]  # the write test left nothing, created nothing
+    assert directory_problem(tmp_path / "file") == f"{tmp_path / 'file'} is a file, not a directory"
+    assert "is a file" in str(directory_problem(tmp_path / "file" / "sub"))
+    with pytest.raises(UsageError, match=r"--checkpoint-dir .*file/ckpt: .* is a file"):
+        parse_job_args("lm", ["--checkpoint-dir", str(tmp_path / "file" / "ckpt")])
+    with pytest.raises(UsageError, match=r"--save .* is a directory; expected the path of a file"):
+        parse_job_args("digits", ["--save", str(tmp_path)])
+    with pytest.raises(UsageError, match=r"--out .*checkpoints: .* is a file"):
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "checkpoints").write_text("x")
+        parse_job_args("digits", ["--out", str(tmp_path / "out"), "--checkpoint-every", "2"])
+    check_outputs(parse_job_args("digits", ["--out", str(tmp_path / "runs" / "a")]))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_directory_nobody_may_write_in_is_refused_even_for_root():
+    # /sys refuses new files even to root (os.access would say yes): a real write is tried.
+    problem = directory_problem(Path("/sys/multigpu-out"))
+    if problem is None:
+        pytest.skip("/sys is writable here")
+    assert problem.startswith("/sys is not writable (")

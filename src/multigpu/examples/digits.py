@@ -25,12 +25,12 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
-from multigpu.examples.job_cli import positive, run_job
+from multigpu.examples.digits_parser import build_parser
+from multigpu.examples.job_cli import run_job
 from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang import active_log
 from multigpu.hang.stragglers import SLOW, slowest
-from multigpu.precision import PRECISIONS
-from multigpu.strategies import COMPRESSIONS, STRATEGY_NAMES, DDPStrategy
+from multigpu.strategies import DDPStrategy
 
 
 class DigitsCNN(nn.Module):
@@ -306,68 +306,6 @@ def _write_outputs(
     if out is not None:
         text = json.dumps(metrics, indent=2) + "\n"
         atomic_write(out / "metrics.json", lambda fh: fh.write(text.encode()))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The training options of the digits job."""
-    p = argparse.ArgumentParser(
-        prog="multigpu train",
-        description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
-    )
-    p.add_argument("--epochs", type=positive(int), default=12, help="passes over the data (12)")
-    p.add_argument(
-        "--batch-size",
-        type=positive(int),
-        default=64,
-        help="GLOBAL batch per optimizer step, split over the processes (64)",
-    )
-    p.add_argument("--eval-batch-size", type=positive(int), default=256, help="global eval batch")
-    p.add_argument("--lr", type=positive(float), default=3e-3, help="Adam learning rate (3e-3)")
-    p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
-    p.add_argument(
-        "--accumulation-steps",
-        type=positive(int),
-        default=1,
-        help="micro-batches per optimizer step (the global batch stays --batch-size)",
-    )
-    p.add_argument("--precision", choices=PRECISIONS, default="32", help="32, bf16-mixed, 16-mixed")
-    p.add_argument(
-        "--strategy",
-        choices=STRATEGY_NAMES,
-        help="auto (ddp above one process), single, dp (legacy), ddp, fsdp (sharded); "
-        "default MULTIGPU_STRATEGY, else auto",
-    )
-    p.add_argument(
-        "--compression",
-        choices=COMPRESSIONS,
-        help="compress DDP's gradient all-reduce (default MULTIGPU_COMPRESSION, else none)",
-    )
-    p.add_argument("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
-    p.add_argument(
-        "--checkpoint-every",
-        type=positive(int),
-        help="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",
-    )
-    p.add_argument(
-        "--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)"
-    )
-    p.add_argument(
-        "--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)"
-    )
-    p.add_argument(
-        "--resume",
-        default="auto",
-        help="auto: continue from the newest complete checkpoint when there is one (default); "
-        "never: start over (refused if checkpoints exist); or the path of one checkpoint",
-    )
-    p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")
-    p.add_argument(
-        "--progress",
-        choices=("bar", "lines", "off"),
-        default="bar",
-        help="rank-0 progress bar on a terminal, else one line per epoch",
-    )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TextIO
 
+from multigpu import variables
 from multigpu.hang.explain import explain
 from multigpu.hang.recorder import CollectiveLog, user_site
 
@@ -51,12 +52,9 @@ def report_after(timeout_s: float, environ: Mapping[str, str]) -> float:
         >>> report_after(9, {"MULTIGPU_HANG_AFTER": "3"})
         3.0
     """
-    raw = environ.get("MULTIGPU_HANG_AFTER", "")
-    if raw:
-        try:
-            return max(0.5, float(raw))
-        except ValueError:
-            log.warning("MULTIGPU_HANG_AFTER=%r is not a number of seconds; using the default", raw)
+    after = variables.hang_after(environ)  # a UsageError when not a positive number
+    if after is not None:
+        return max(0.5, after)
     return min(timeout_s / 2, MAX_REPORT_AFTER_S)
 
 
@@ -170,7 +168,7 @@ def start_watchdog(
     *, rank: int, world_size: int, timeout: timedelta, environ: Mapping[str, str]
 ) -> Watchdog | None:
     """Record collectives and start the watchdog, unless ``MULTIGPU_WATCHDOG=0`` or alone."""
-    if world_size < 2 or environ.get("MULTIGPU_WATCHDOG", "1") == "0":
+    if world_size < 2 or not variables.watchdog(environ):
         return None
     try:
         from torch.distributed.distributed_c10d import _get_default_store

@@ -6,7 +6,8 @@ multigpu's options added, so every torchrun flag keeps its name, spellings and m
 User errors print one line, ``multigpu: error: ...``, and exit with 2; never a traceback.
 
 Environment variables read: ``MULTIGPU_LOG_LEVEL`` (the launcher's log level, default INFO);
-torchrun's ``PET_*`` option defaults (through its parser).
+torchrun's ``PET_*`` option defaults (through its parser); every ``MULTIGPU_*`` variable the
+workers read, checked before they start (``launch.env_checks``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from multigpu import variables
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch.options import BACKENDS, LaunchOptions, cpu_count_arg
 from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
@@ -211,6 +213,7 @@ def options_from_namespace(
 
 
 def _train(argv: Sequence[str]) -> int:
+    from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.options import parse_nnodes
     from multigpu.launch.run import run_command
     from multigpu.launch.train import (
@@ -219,6 +222,7 @@ def _train(argv: Sequence[str]) -> int:
         check_checkpoint_options,
         check_strategy_options,
         choose_model,
+        parse_job_args,
         split_launch_args,
         training_help,
         wants_one_process,
@@ -231,6 +235,7 @@ def _train(argv: Sequence[str]) -> int:
     if ns.help:
         sys.stdout.write(parser.format_help() + "\ntraining options:\n" + training_help(model))
         return 0
+    parse_job_args(model, job_argv)  # the job's own parser: a bad option refused here, once
     options = options_from_namespace(
         ns,
         script=TRAIN_MODULES[model],
@@ -240,6 +245,7 @@ def _train(argv: Sequence[str]) -> int:
     with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
 
     def check(plan: LaunchPlan) -> None:
+        check_worker_environment(plan)
         check_checkpoint_options(job_argv)
         check_strategy_options(job_argv)
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
@@ -269,7 +275,7 @@ def _configure_logging() -> None:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
         logger.addHandler(handler)
-    logger.setLevel(os.environ.get("MULTIGPU_LOG_LEVEL", "INFO").upper())
+    logger.setLevel(variables.log_level(os.environ))  # a bad level: one line, exit 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,12 +321,13 @@ def main(argv: list[str] | None = None) -> int:
             from multigpu.launch.listing import show_gpus
 
             return show_gpus(as_json=ns.json)
+        from multigpu.launch.env_checks import check_worker_environment
         from multigpu.launch.run import run_command
 
         options = options_from_namespace(
             ns, script=ns.training_script, script_args=ns.training_script_args
         )
-        return run_command(options)
+        return run_command(options, check=check_worker_environment)
     except UsageError as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2

@@ -2,9 +2,10 @@
 
 The command line mixes launch options (``--cpu 2``, ``--max-restarts 1``) and training options
 (``--epochs 3``); launch options are taken out by name, ``--model`` chooses the job's module, and
-everything else goes to the job unchanged and in order. The launcher never imports a job: what
-it needs to know of one (its module, its default batch size) is written here, and tests keep it
-equal to the job's own parser.
+everything else goes to the job unchanged and in order. The launcher never imports a job, only
+its parser (``digits_parser``, ``lm_parser``: no torch), with which it refuses the job's
+arguments before any worker starts (``parse_job_args``). What else it needs to know of a job (its
+module, its default batch size) is written here, and tests keep it equal to the job's parser.
 
 Environment variables read: none here (the job's ``--help`` runs with the user's environment).
 """
@@ -12,13 +13,13 @@ Environment variables read: none here (the job's ``--help`` runs with the user's
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
 from multigpu.errors import UsageError
+from multigpu.examples import digits_parser, lm_parser
+from multigpu.examples.job_cli import check_outputs
 
 TRAIN_MODULES = MappingProxyType(
     {"digits": "multigpu.examples.digits", "lm": "multigpu.examples.lm"}
@@ -96,6 +97,29 @@ def split_launch_args(
             job.append(token)
         i += 1
     return launch, job
+
+
+JOB_PARSERS: MappingProxyType[str, Callable[[], argparse.ArgumentParser]] = MappingProxyType(
+    {"digits": digits_parser.build_parser, "lm": lm_parser.build_parser}
+)
+"""Each job's option parser (the job parses its arguments with the same one)."""
+
+
+def parse_job_args(model: str, job_args: Sequence[str]) -> argparse.Namespace:
+    """The job's arguments as the job will parse them, and its outputs checked writable.
+
+    Raises:
+        UsageError: what the job's parser refuses (``--epochs 0``, ``--strategy bogus``, an
+            unknown or abbreviated option), or an ``--out``/``--checkpoint-dir``/``--save`` that
+            cannot be written; one line, before any worker starts.
+
+    Example:
+        >>> parse_job_args("lm", ["--steps", "5"]).steps
+        5
+    """
+    args = JOB_PARSERS[model]().parse_args(list(job_args))
+    check_outputs(args)
+    return args
 
 
 DEFAULT_BATCH_SIZES = MappingProxyType({"digits": 64, "lm": 32})
@@ -262,10 +286,7 @@ def wants_one_process(job_args: Sequence[str]) -> bool:
 
 
 def training_help(model: str = DEFAULT_MODEL) -> str:
-    """``--model``'s choices, then the job's own ``--help`` (its training options) run in a child.
-
-    A child, because launch/ must not import the job (and with it the whole library) itself.
-    """
+    """``--model``'s choices, then the job's own ``--help`` (its training options)."""
     pad = " " * 24  # argparse's column of option help
     choice = (
         f"  --model {{{','.join(TRAIN_MODULES)}}}   the built-in job; below: the options of "
@@ -273,16 +294,4 @@ def training_help(model: str = DEFAULT_MODEL) -> str:
         + "".join(f"{pad}{name}: {line}\n" for name, line in MODEL_SUMMARIES.items())
         + "\n"
     )
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", TRAIN_MODULES[model], "--help"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"(could not show the training options: {e})\n"
-    if done.returncode != 0:
-        return f"(could not show the training options: {done.stderr.strip()})\n"
-    return choice + done.stdout
+    return choice + JOB_PARSERS[model]().format_help()

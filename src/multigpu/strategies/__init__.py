@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from multigpu.choices import STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy, unwrap_module
 from multigpu.strategies.compression import COMPRESSION_ENV, COMPRESSIONS, parse_compression
@@ -20,8 +21,6 @@ from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.single import SingleDeviceStrategy
 
 log = logging.getLogger(__name__)
-
-STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp")
 
 
 def resolve_strategy(

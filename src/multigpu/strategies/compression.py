@@ -40,12 +40,10 @@ import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from multigpu.choices import COMPRESSIONS
 from multigpu.errors import UsageError
 
 log = logging.getLogger(__name__)
-
-COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
-"""Accepted by ``DDPStrategy(compression=)``, ``MULTIGPU_COMPRESSION`` and ``--compression``."""
 
 COMPRESSION_ENV = "MULTIGPU_COMPRESSION"
 """The environment variable that turns compression on without code (for ``ddp`` strategies)."""

@@ -1,0 +1,26 @@
+"""The names a user chooses from (strategies, precisions, compressions, backends, devices).
+
+Plain tuples, no torch: the launcher checks options and ``MULTIGPU_*`` variables against them
+before any worker starts, and the job parsers offer them as ``choices``; the modules that act on
+a name (``multigpu.strategies``, ``multigpu.precision``, ``multigpu.device``) take them from here.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp")
+"""``multigpu.init(strategy=)``, ``MULTIGPU_STRATEGY`` and ``multigpu train --strategy``."""
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+"""``multigpu.init(precision=)`` and ``multigpu train --precision`` (canonical names)."""
+
+COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
+"""``DDPStrategy(compression=)``, ``MULTIGPU_COMPRESSION`` and ``--compression``."""
+
+BACKENDS = ("nccl", "gloo")
+"""Process-group backends: ``multigpu.init(backend=)``, ``MULTIGPU_BACKEND`` (or ``auto``)."""
+
+DEVICES = ("auto", "cpu")
+"""``MULTIGPU_DEVICE``: ``cpu`` keeps a rank on the CPU where CUDA is present (``multigpu run
+--cpu`` sets it); ``auto`` (or unset): CUDA when present."""

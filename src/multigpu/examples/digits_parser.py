@@ -1,0 +1,82 @@
+"""The options of ``multigpu train`` (``--model digits``): a parser and nothing else.
+
+No torch: the launcher parses the job's arguments with it before any worker starts, and the job
+(``multigpu.examples.digits``) parses them again the same way.
+
+Environment variables read: none (``--strategy`` and ``--compression`` default to
+``MULTIGPU_STRATEGY`` and ``MULTIGPU_COMPRESSION``, read by ``multigpu.init``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
+from multigpu.examples.job_cli import JobParser, positive
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The training options of the digits job (``multigpu train``'s default).
+
+    Example:
+        >>> build_parser().parse_args(["--epochs", "2"]).batch_size
+        64
+    """
+    p = JobParser(
+        prog="multigpu train",
+        description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
+    )
+    p.add_argument("--epochs", type=positive(int), default=12, help="passes over the data (12)")
+    p.add_argument(
+        "--batch-size",
+        type=positive(int),
+        default=64,
+        help="GLOBAL batch per optimizer step, split over the processes (64)",
+    )
+    p.add_argument("--eval-batch-size", type=positive(int), default=256, help="global eval batch")
+    p.add_argument("--lr", type=positive(float), default=3e-3, help="Adam learning rate (3e-3)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
+    p.add_argument(
+        "--accumulation-steps",
+        type=positive(int),
+        default=1,
+        help="micro-batches per optimizer step (the global batch stays --batch-size)",
+    )
+    p.add_argument("--precision", choices=PRECISIONS, default="32", help="32, bf16-mixed, 16-mixed")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGY_NAMES,
+        help="auto (ddp above one process), single, dp (legacy), ddp, fsdp (sharded); "
+        "default MULTIGPU_STRATEGY, else auto",
+    )
+    p.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        help="compress DDP's gradient all-reduce (default MULTIGPU_COMPRESSION, else none)",
+    )
+    p.add_argument("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=positive(int),
+        help="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",
+    )
+    p.add_argument(
+        "--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)"
+    )
+    p.add_argument(
+        "--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)"
+    )
+    p.add_argument(
+        "--resume",
+        default="auto",
+        help="auto: continue from the newest complete checkpoint when there is one (default); "
+        "never: start over (refused if checkpoints exist); or the path of one checkpoint",
+    )
+    p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")
+    p.add_argument(
+        "--progress",
+        choices=("bar", "lines", "off"),
+        default="bar",
+        help="rank-0 progress bar on a terminal, else one line per epoch",
+    )
+    return p

@@ -1,0 +1,104 @@
+"""The options of ``multigpu train --model lm``: a parser and nothing else.
+
+No torch: the launcher parses the job's arguments with it before any worker starts, and the job
+(``multigpu.examples.lm``, through ``lm_options``) parses them again the same way.
+
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from multigpu.examples.job_cli import JobParser, positive
+
+DEFAULT_BATCH_SIZE = 32
+"""Sequences per optimizer step, over all processes (the launcher checks it divides)."""
+
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The training options of the LM job.
+
+    Example:
+        >>> build_parser().parse_args(["--strategy", "fsdp"]).n_layer
+        4
+    """
+    p = JobParser(
+        prog="multigpu train --model lm",
+        description="Train a small GPT on the bytes of Python's standard library (no download) "
+        "on all local devices; prints train and validation loss (nats per byte) beside the "
+        "unigram baseline, and tokens/s.",
+    )
+    add = p.add_argument
+    add("--steps", type=positive(int), default=400, help="optimizer steps (400)")
+    add(
+        "--batch-size",
+        type=positive(int),
+        default=DEFAULT_BATCH_SIZE,
+        help=f"GLOBAL sequences per optimizer step, split over processes ({DEFAULT_BATCH_SIZE})",
+    )
+    add("--block-size", type=positive(int), default=64, help="context length in bytes (64)")
+    add("--n-layer", type=positive(int), default=4, help="transformer blocks (4)")
+    add("--n-head", type=positive(int), default=4, help="attention heads (4)")
+    add("--n-embd", type=positive(int), default=128, help="model width (128)")
+    add(
+        "--lr",
+        type=positive(float),
+        default=5e-3,
+        help="AdamW peak learning rate, after a linear warm-up, cosine-decayed to a tenth (5e-3)",
+    )
+    add("--seed", type=int, default=0, help="seed for every RNG and the data order (0)")
+    add(
+        "--accumulation-steps",
+        type=positive(int),
+        default=1,
+        help="micro-batches per optimizer step (the global batch stays --batch-size)",
+    )
+    add("--precision", choices=("32", "bf16-mixed"), default="32", help="32 or bf16-mixed")
+    add(
+        "--strategy",
+        choices=STRATEGIES,
+        default="auto",
+        help="auto (ddp above one process), single, ddp, or fsdp (each Block a shard unit)",
+    )
+    add(
+        "--activation-checkpointing",
+        action="store_true",
+        help="with --strategy fsdp: recompute each block's activations in backward",
+    )
+    add(
+        "--corpus-mb",
+        type=positive(float),
+        default=4.0,
+        help="MB of standard-library source to read; the last 10%% is validation (4)",
+    )
+    add("--eval-every", type=positive(int), default=100, help="evaluate every N steps (100)")
+    add(
+        "--eval-windows",
+        type=positive(int),
+        default=256,
+        help="validation windows per evaluation, spread evenly over the split (256)",
+    )
+    add("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
+    add(
+        "--checkpoint-every",
+        type=positive(int),
+        help="save a checkpoint every N steps (to --checkpoint-dir or OUT/checkpoints)",
+    )
+    add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
+    add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")
+    add(
+        "--resume",
+        default="auto",
+        help="auto: continue from the newest complete checkpoint (default); never: start over "
+        "(refused if checkpoints exist); or the path of one checkpoint",
+    )
+    add(
+        "--progress",
+        choices=("lines", "off"),
+        default="lines",
+        help="lines: one line per evaluation (default); off: the summary only",
+    )
+    return p

@@ -1,0 +1,46 @@
+"""The launcher's check of the ``MULTIGPU_*`` variables its workers will read, before any starts.
+
+The workers inherit the launcher's environment, and each would refuse a bad value on its own
+(``multigpu.init``: one line, exit code 2) — after torch and the job's data were loaded on every
+rank. Checking here says it once, before anything starts.
+
+Environment variables read: those of ``multigpu.variables.check_environment``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from multigpu import variables
+from multigpu.errors import UsageError
+from multigpu.launch.plan import LaunchPlan
+
+
+def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a ``MULTIGPU_*`` value the workers of ``plan`` would refuse.
+
+    The user's own values are checked even where the plan sets the variable itself
+    (``--cpu`` sets ``MULTIGPU_DEVICE=cpu``): a bad value in the environment is a mistake
+    wherever it lands. Then what the workers will see (the plan's variables over the user's).
+
+    Raises:
+        UsageError: a value that is not valid (``MULTIGPU_STRATEGY=bogus``), or
+            ``MULTIGPU_BACKEND=nccl`` for CPU processes.
+
+    Example:
+        >>> from multigpu.launch.options import LaunchOptions
+        >>> from multigpu.launch.plan import build_plan, choose_devices
+        >>> opts = LaunchOptions(script="train.py", cpu=2)
+        >>> plan = build_plan(opts, choose_devices(opts, gpu_count=0, cores=2), environ={}, cores=2)
+        >>> check_worker_environment(plan, {"MULTIGPU_STRATEGY": "fsdp"})
+    """
+    env = os.environ if environ is None else environ
+    variables.check_environment(env)
+    workers = {**env, **plan.env}
+    variables.check_environment(workers)
+    if plan.device == "cpu" and variables.backend(workers) == "nccl":
+        raise UsageError(
+            "MULTIGPU_BACKEND=nccl (from the environment) needs GPUs, but this run's workers are "
+            "CPU processes; unset MULTIGPU_BACKEND (gloo is chosen on CPU) or run on GPUs"
+        )

@@ -1,0 +1,179 @@
+"""The ``MULTIGPU_*`` variables a user sets, read one way: a bad value is a one-line UsageError.
+
+Each reader takes the environment (a mapping) and the variable's name, returns its value or the
+default when it is unset or empty, and refuses anything else with a message that names the
+variable, the value, what is allowed and how to fix it. The modules that act on a variable
+(``initialize``, ``device``, ``dist``, ``hang.watchdog``, ``log``) read it through these, and
+the launcher checks every one (``check_environment``) before any worker starts: the workers
+inherit its environment.
+
+Environment variables read (by ``check_environment``): ``MULTIGPU_STRATEGY``,
+``MULTIGPU_BACKEND``, ``MULTIGPU_DEVICE``, ``MULTIGPU_COMPRESSION``, ``MULTIGPU_DETERMINISTIC``,
+``MULTIGPU_WATCHDOG``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_HANG_AFTER``, ``MULTIGPU_LOG_LEVEL``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
+from multigpu.errors import UsageError
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _raw(environ: Mapping[str, str], name: str) -> str:
+    return environ.get(name, "").strip()
+
+
+def _refuse(name: str, raw: str, expected: str, example: str) -> UsageError:
+    return UsageError(
+        f"{name}={raw!r} (from the environment) is not {expected}; "
+        f"unset {name} or set e.g. {name}={example}"
+    )
+
+
+def read_choice(
+    environ: Mapping[str, str],
+    name: str,
+    allowed: Sequence[str],
+    default: str,
+    example: str | None = None,
+) -> str:
+    """The value of ``name`` in lower case, one of ``allowed``; ``default`` when unset or empty.
+
+    Raises:
+        UsageError: a value that is not one of ``allowed`` (case and spaces aside).
+
+    Example:
+        >>> read_choice({"MULTIGPU_BACKEND": "Gloo"}, "MULTIGPU_BACKEND", ("nccl", "gloo"), "auto")
+        'gloo'
+    """
+    raw = _raw(environ, name)
+    if not raw:
+        return default
+    if raw.lower() not in allowed:
+        raise _refuse(name, raw, f"one of {', '.join(allowed)}", example or allowed[0])
+    return raw.lower()
+
+
+def read_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """``name`` as a yes/no switch (1/0, true/false, yes/no, on/off); ``default`` when unset.
+
+    Raises:
+        UsageError: any other value (``maybe``): a switch that silently meant "on" would hide
+            a typo.
+
+    Example:
+        >>> read_flag({"MULTIGPU_WATCHDOG": "off"}, "MULTIGPU_WATCHDOG", True)
+        False
+    """
+    raw = _raw(environ, name)
+    if not raw:
+        return default
+    if raw.lower() in TRUE:
+        return True
+    if raw.lower() in FALSE:
+        return False
+    raise _refuse(name, raw, "1 or 0 (also true/false, yes/no, on/off)", "1")
+
+
+def read_seconds(
+    environ: Mapping[str, str], name: str, default: float, example: str = "300"
+) -> float:
+    """``name`` as a positive finite number of seconds; ``default`` when unset or empty.
+
+    Raises:
+        UsageError: not a number, or 0, negative, inf or nan.
+
+    Example:
+        >>> read_seconds({"MULTIGPU_TIMEOUT": "60"}, "MULTIGPU_TIMEOUT", 300.0)
+        60.0
+    """
+    raw = _raw(environ, name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise _refuse(name, raw, "a positive number of seconds", example)
+    return value
+
+
+def strategy(environ: Mapping[str, str]) -> str:
+    """``MULTIGPU_STRATEGY``: the strategy of a script that leaves it to ``init()`` (auto)."""
+    return read_choice(environ, "MULTIGPU_STRATEGY", STRATEGY_NAMES, "auto", "ddp")
+
+
+def backend(environ: Mapping[str, str]) -> str:
+    """``MULTIGPU_BACKEND``: ``auto`` (nccl on CUDA, gloo on CPU), ``nccl`` or ``gloo``."""
+    return read_choice(environ, "MULTIGPU_BACKEND", ("auto", *BACKENDS), "auto")
+
+
+def device(environ: Mapping[str, str]) -> str:
+    """``MULTIGPU_DEVICE``: ``cpu`` keeps the rank on the CPU; ``auto`` (default): CUDA if any."""
+    return read_choice(environ, "MULTIGPU_DEVICE", DEVICES, "auto", "cpu")
+
+
+def compression(environ: Mapping[str, str]) -> str | None:
+    """``MULTIGPU_COMPRESSION``: DDP's gradient compression; None when unset."""
+    value = read_choice(environ, "MULTIGPU_COMPRESSION", COMPRESSIONS, "", "fp16")
+    return value or None
+
+
+def deterministic(environ: Mapping[str, str]) -> bool:
+    """``MULTIGPU_DETERMINISTIC``: deterministic algorithms (default off)."""
+    return read_flag(environ, "MULTIGPU_DETERMINISTIC", False)
+
+
+def watchdog(environ: Mapping[str, str]) -> bool:
+    """``MULTIGPU_WATCHDOG``: record collectives and explain hangs (default on)."""
+    return read_flag(environ, "MULTIGPU_WATCHDOG", True)
+
+
+def timeout(environ: Mapping[str, str], default: float) -> float:
+    """``MULTIGPU_TIMEOUT``: seconds a collective or a launcher's wait may take."""
+    return read_seconds(environ, "MULTIGPU_TIMEOUT", default)
+
+
+def hang_after(environ: Mapping[str, str]) -> float | None:
+    """``MULTIGPU_HANG_AFTER``: seconds in one collective before it is reported; None: unset."""
+    value = read_seconds(environ, "MULTIGPU_HANG_AFTER", math.inf, "30")
+    return None if math.isinf(value) else value
+
+
+def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:
+    """``MULTIGPU_LOG_LEVEL`` as ``logging`` spells it (``DEBUG`` ... ``CRITICAL``)."""
+    return read_choice(environ, "MULTIGPU_LOG_LEVEL", LOG_LEVELS, default.lower(), "info").upper()
+
+
+CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
+    "MULTIGPU_STRATEGY": strategy,
+    "MULTIGPU_BACKEND": backend,
+    "MULTIGPU_DEVICE": device,
+    "MULTIGPU_COMPRESSION": compression,
+    "MULTIGPU_DETERMINISTIC": deterministic,
+    "MULTIGPU_WATCHDOG": watchdog,
+    "MULTIGPU_TIMEOUT": lambda env: timeout(env, 300.0),
+    "MULTIGPU_HANG_AFTER": hang_after,
+    "MULTIGPU_LOG_LEVEL": log_level,
+}
+"""Every variable a user sets, with its reader (the others are set by multigpu itself)."""
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Read every user-set ``MULTIGPU_*`` variable of ``environ`` once; the first bad one raises.
+
+    Raises:
+        UsageError: the first variable (in ``CHECKS`` order) whose value is not valid.
+
+    Example:
+        >>> check_environment({"MULTIGPU_STRATEGY": "fsdp", "MULTIGPU_DETERMINISTIC": "1"})
+    """
+    for read in CHECKS.values():
+        read(environ)

@@ -1,0 +1,108 @@
+"""Every ``MULTIGPU_*`` variable a user sets is read one way: a bad value is a one-line
+UsageError naming the variable, the value, what is allowed and how to fix it — in the library
+(``multigpu.init``) as in the launcher (``check_environment``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import multigpu
+from multigpu import variables
+from multigpu.device import choose_device
+from multigpu.env import detect
+from multigpu.errors import UsageError
+from multigpu.hang.watchdog import report_after
+from multigpu.log import configure
+
+BAD = {
+    "MULTIGPU_STRATEGY": ("bogus", "one of auto, single, dp, ddp, fsdp"),
+    "MULTIGPU_BACKEND": ("mpi", "one of auto, nccl, gloo"),
+    "MULTIGPU_DEVICE": ("tpu", "one of auto, cpu"),
+    "MULTIGPU_COMPRESSION": ("gzip", "one of none, bf16, fp16, powersgd"),
+    "MULTIGPU_DETERMINISTIC": ("maybe", "1 or 0"),
+    "MULTIGPU_WATCHDOG": ("sometimes", "1 or 0"),
+    "MULTIGPU_TIMEOUT": ("nan", "a positive number of seconds"),
+    "MULTIGPU_HANG_AFTER": ("-1", "a positive number of seconds"),
+    "MULTIGPU_LOG_LEVEL": ("loud", "one of debug, info, warning, error, critical"),
+}
+
+
+def test_every_variable_a_user_sets_is_checked():
+    assert set(BAD) == set(variables.CHECKS)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_value_names_the_variable_the_value_the_choices_and_the_fix(name: str) -> None:
+    value, expected = BAD[name]
+    with pytest.raises(UsageError) as info:
+        variables.check_environment({name: value})
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{name}={value!r} (from the environment) is not {expected}")
+    assert f"unset {name} or set e.g. {name}=" in message
+
+
+def test_good_values_are_read_case_and_spaces_aside():
+    env = {
+        "MULTIGPU_STRATEGY": " FSDP ",
+        "MULTIGPU_BACKEND": "Gloo",
+        "MULTIGPU_DEVICE": "CPU",
+        "MULTIGPU_DETERMINISTIC": "true",
+        "MULTIGPU_WATCHDOG": "off",
+        "MULTIGPU_TIMEOUT": "2.5",
+        "MULTIGPU_LOG_LEVEL": "debug",
+    }
+    variables.check_environment(env)
+    assert variables.strategy(env) == "fsdp" and variables.backend(env) == "gloo"
+    assert variables.device(env) == "cpu" and variables.deterministic(env) is True
+    assert variables.watchdog(env) is False and variables.timeout(env, 300) == 2.5
+    assert variables.log_level(env) == "DEBUG"
+    unset: dict[str, str] = {"MULTIGPU_STRATEGY": ""}  # empty is unset
+    assert variables.strategy(unset) == "auto" and variables.deterministic(unset) is False
+    assert variables.watchdog(unset) is True and variables.hang_after(unset) is None
+
+
+def test_the_readers_in_the_library_refuse_what_they_silently_took_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # MULTIGPU_DEVICE=tpu meant "auto"; MULTIGPU_HANG_AFTER=x a warning and the default;
+    # MULTIGPU_LOG_LEVEL=loud logging's ValueError.
+    monkeypatch.setenv("MULTIGPU_DEVICE", "tpu")
+    with pytest.raises(UsageError, match="MULTIGPU_DEVICE='tpu'"):
+        choose_device(detect({}))
+    with pytest.raises(UsageError, match="MULTIGPU_HANG_AFTER='x'"):
+        report_after(300, {"MULTIGPU_HANG_AFTER": "x"})
+    monkeypatch.setenv("MULTIGPU_LOG_LEVEL", "loud")
+    level = logging.getLogger("multigpu").level
+    with pytest.raises(UsageError, match="MULTIGPU_LOG_LEVEL='loud'"):
+        configure()
+    assert logging.getLogger("multigpu").level == level
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MULTIGPU_STRATEGY", "bogus"),
+        ("MULTIGPU_BACKEND", "mpi"),
+        ("MULTIGPU_DEVICE", "tpu"),
+        ("MULTIGPU_DETERMINISTIC", "maybe"),
+        ("MULTIGPU_TIMEOUT", "nan"),
+        ("MULTIGPU_WATCHDOG", "sometimes"),
+    ],
+)
+def test_init_refuses_a_bad_variable_before_anything_starts(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: bogus and mpi were a traceback deep in init (exit 1 in a worker), tpu and maybe
+    # were taken silently, nan a ValueError from timedelta.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match=f"{name}={value!r}"):
+        multigpu.init()
+
+
+def test_a_value_given_in_code_is_not_overridden_by_the_variable():
+    env = {"MULTIGPU_STRATEGY": "ddp", "MULTIGPU_DETERMINISTIC": "0"}
+    with multigpu.init("single", deterministic=False, environ=env) as ctx:
+        assert ctx.strategy.name == "single"
