@@ -220,6 +220,18 @@ def test_outputs_must_be_writable_directories_and_nothing_is_left_behind(tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
+def test_on_several_nodes_the_launcher_checks_only_the_checkpoint_directory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Only the node hosting rank 0 writes --out and --save, and which node that is, the
+    # rendezvous decides; every rank writes its part of a checkpoint.
+    parse_job_args("digits", ["--out", "/etc/hostname"], single_node=False)
+    with pytest.raises(UsageError, match="--checkpoint-dir /etc/hostname: .* is a file"):
+        parse_job_args("lm", ["--checkpoint-dir", "/etc/hostname"], single_node=False)
+    assert main(["train", "--nnodes", "1:1", "--out", "/etc/hostname"]) == 2  # one node
+    assert "--out /etc/hostname: /etc/hostname is a file" in capsys.readouterr().err
+
+
 def test_a_directory_nobody_may_write_in_is_refused_even_for_root():
     # /sys refuses new files even to root (os.access would say yes): a real write is tried.
     problem = directory_problem(Path("/sys/multigpu-out"))

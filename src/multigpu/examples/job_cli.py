@@ -76,8 +76,12 @@ def directory_problem(path: Path) -> str | None:
     return None
 
 
-def check_outputs(args: argparse.Namespace) -> None:
+def check_outputs(args: argparse.Namespace, *, writes_outputs: bool = True) -> None:
     """Refuse, before training, a ``--out`` / ``--checkpoint-dir`` / ``--save`` it cannot write.
+
+    Every rank writes its part of a checkpoint, so the checkpoint directory is checked
+    everywhere; ``metrics.json`` and the model only rank 0 writes: ``writes_outputs=False``
+    (another rank, a node that may not host rank 0) leaves ``--out`` and ``--save`` to it.
 
     Raises:
         UsageError: a path that is a file where a directory is wanted (or the reverse), or under
@@ -89,7 +93,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     out = getattr(args, "out", None)
     checkpoint_dir = getattr(args, "checkpoint_dir", None)
     save = getattr(args, "save", None)
-    wanted = [("--out", out, "metrics.json and model.pt")]
+    wanted = [("--out", out, "metrics.json and model.pt")] if writes_outputs else []
     if checkpoint_dir:
         wanted.append(("--checkpoint-dir", checkpoint_dir, "the checkpoints"))
     elif out and getattr(args, "checkpoint_every", None):
@@ -101,7 +105,7 @@ def check_outputs(args: argparse.Namespace) -> None:
                 f"{option} {given}: {problem}; expected a directory (or a path where one can be "
                 f"created) that this user can write, for {what}; give another {option}"
             )
-    if save:
+    if save and writes_outputs:
         target = Path(save).absolute()
         problem = f"{save} is a directory" if target.is_dir() else directory_problem(target.parent)
         if problem:
@@ -119,7 +123,7 @@ def run_job(
     """Parse ``argv`` with ``parser`` and ``train``: 0, or 2 with one line on a usage error."""
     try:
         args = parser.parse_args(argv)
-        check_outputs(args)
+        check_outputs(args, writes_outputs=os.environ.get("RANK", "0") == "0")
         train(args)
     except UsageError as e:
         if os.environ.get("RANK", "0") == "0":  # the same message on every rank: say it once

@@ -235,7 +235,8 @@ def _train(argv: Sequence[str]) -> int:
     if ns.help:
         sys.stdout.write(parser.format_help() + "\ntraining options:\n" + training_help(model))
         return 0
-    parse_job_args(model, job_argv)  # the job's own parser: a bad option refused here, once
+    # The job's own parser: a bad option refused here, once, before anything starts.
+    parse_job_args(model, job_argv, single_node=str(getattr(ns, "nnodes", "1")) in ("1", "1:1"))
     options = options_from_namespace(
         ns,
         script=TRAIN_MODULES[model],

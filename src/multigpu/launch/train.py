@@ -105,8 +105,14 @@ JOB_PARSERS: MappingProxyType[str, Callable[[], argparse.ArgumentParser]] = Mapp
 """Each job's option parser (the job parses its arguments with the same one)."""
 
 
-def parse_job_args(model: str, job_args: Sequence[str]) -> argparse.Namespace:
+def parse_job_args(
+    model: str, job_args: Sequence[str], *, single_node: bool = True
+) -> argparse.Namespace:
     """The job's arguments as the job will parse them, and its outputs checked writable.
+
+    On several nodes only the checkpoint directory is checked here: the node that hosts rank 0,
+    the one writing ``--out`` and ``--save``, is known only after the rendezvous (its rank 0
+    checks them before training).
 
     Raises:
         UsageError: what the job's parser refuses (``--epochs 0``, ``--strategy bogus``, an
@@ -118,7 +124,7 @@ def parse_job_args(model: str, job_args: Sequence[str]) -> argparse.Namespace:
         5
     """
     args = JOB_PARSERS[model]().parse_args(list(job_args))
-    check_outputs(args)
+    check_outputs(args, writes_outputs=single_node)
     return args
 
 
