@@ -180,20 +180,21 @@ def test_the_job_parsers_import_no_torch():
     # The launcher imports them (parse_job_args): argparse and multigpu's light modules only.
     allowed = {"__future__", "argparse", "math", "os", "sys", "tempfile", "collections"}
     allowed |= {"pathlib", "typing", "multigpu"}
+    light = {"multigpu.errors", "multigpu.choices", "multigpu.variables"}
+    light |= {"multigpu.examples.job_cli"}
     for module in (digits_parser, lm_parser, job_cli):
-        tree = ast.parse(inspect.getsource(module))
-        names = {
-            alias.name
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Import)
-            for alias in node.names
-        } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        names = set()
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module == "multigpu":
+                names |= {
+                    f"multigpu.{alias.name}" for alias in node.names
+                }  # from multigpu import x
+            elif isinstance(node, ast.ImportFrom):
+                names.add(node.module or "")
         assert {n.split(".")[0] for n in names} <= allowed, (module.__name__, names)
-        assert {n for n in names if n.startswith("multigpu")} <= {
-            "multigpu.errors",
-            "multigpu.choices",
-            "multigpu.examples.job_cli",
-        }, names
+        assert {n for n in names if n.startswith("multigpu")} <= light, names
 
 
 def test_parse_job_args_gives_the_jobs_namespace():
@@ -238,3 +239,17 @@ def test_a_directory_nobody_may_write_in_is_refused_even_for_root():
     if problem is None:
         pytest.skip("/sys is writable here")
     assert problem.startswith("/sys is not writable (")
+
+
+def test_ddp_compression_under_a_strategy_chosen_by_the_variable_is_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: MULTIGPU_STRATEGY=fsdp with --compression bf16 trained DDP (bf16-compressed):
+    # the job built a DDPStrategy for --compression and never read the variable.
+    monkeypatch.setenv("MULTIGPU_STRATEGY", "fsdp")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--cpu", "2", "--compression", "bf16"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "which MULTIGPU_STRATEGY=fsdp does not have" in err[0], err
+    assert digits_parser.check_compression("ddp", "bf16", {"MULTIGPU_STRATEGY": "fsdp"}) == "ddp"
+    assert list(tmp_path.iterdir()) == []

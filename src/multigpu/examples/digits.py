@@ -25,7 +25,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
-from multigpu.examples.digits_parser import build_parser
+from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
 from multigpu.examples.job_cli import run_job
 from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang import active_log
@@ -186,14 +186,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _strategy(args: argparse.Namespace) -> str | DDPStrategy | None:
-    """``--strategy``, as a ``DDPStrategy`` carrying ``--compression`` when that is given."""
-    if args.strategy in ("single", "dp", "fsdp") and args.compression not in (None, "none"):
-        raise multigpu.UsageError(
-            f"--compression {args.compression} compresses DDP's gradient all-reduce, which "
-            f"--strategy {args.strategy} does not have; use --strategy ddp (or auto), or "
-            "leave out --compression"
-        )
-    if args.compression is None or args.strategy in ("single", "dp", "fsdp"):
+    """``--strategy``, as a ``DDPStrategy`` carrying ``--compression`` when that is given
+    (and the strategy, given or ``MULTIGPU_STRATEGY``, has DDP's all-reduce)."""
+    name = check_compression(args.strategy, args.compression)
+    if args.compression is None or name in NO_DDP:
         return args.strategy
     return DDPStrategy(compression=args.compression)
 

@@ -10,9 +10,39 @@ Environment variables read: none (``--strategy`` and ``--compression`` default t
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 
+from multigpu import variables
 from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
+from multigpu.errors import UsageError
 from multigpu.examples.job_cli import JobParser, positive
+
+NO_DDP = ("single", "dp", "fsdp")
+"""Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
+
+
+def check_compression(
+    strategy: str | None, compression: str | None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The strategy the job will run (``--strategy``, else ``MULTIGPU_STRATEGY``, else auto),
+    refused when ``--compression`` asks to compress an all-reduce it does not have.
+
+    Raises:
+        UsageError: ``--compression`` other than none with single, dp or fsdp.
+
+    Example:
+        >>> check_compression(None, "fp16", {"MULTIGPU_STRATEGY": "ddp"})
+        'ddp'
+    """
+    name = strategy or variables.strategy(os.environ if environ is None else environ)
+    if name in NO_DDP and compression not in (None, "none"):
+        given = f"--strategy {name}" if strategy else f"MULTIGPU_STRATEGY={name}"
+        raise UsageError(
+            f"--compression {compression} compresses DDP's gradient all-reduce, which {given} "
+            "does not have; use --strategy ddp (or auto), or leave out --compression"
+        )
+    return name
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -260,20 +260,16 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
     """Refuse, before anything starts, DDP's own options given to a strategy without DDP.
 
     Raises:
-        UsageError: ``--compression`` (DDP's gradient all-reduce) with ``--strategy`` single,
-            dp or fsdp (FSDP reduce-scatters shards: there is no DDP all-reduce to compress).
+        UsageError: ``--compression`` (DDP's gradient all-reduce) with ``--strategy`` (or
+            ``MULTIGPU_STRATEGY``) single, dp or fsdp (FSDP reduce-scatters shards: there is no
+            DDP all-reduce to compress).
 
     Example:
         >>> check_strategy_options(["--strategy", "fsdp"])
     """
-    strategy = option_value(job_args, "--strategy")
-    compression = option_value(job_args, "--compression")
-    if strategy in ("single", "dp", "fsdp") and compression not in (None, "none"):
-        raise UsageError(
-            f"--compression {compression} compresses DDP's gradient all-reduce, which "
-            f"--strategy {strategy} does not have; use --strategy ddp (or auto), or leave out "
-            "--compression"
-        )
+    digits_parser.check_compression(
+        option_value(job_args, "--strategy"), option_value(job_args, "--compression")
+    )
 
 
 def wants_one_process(job_args: Sequence[str]) -> bool:
