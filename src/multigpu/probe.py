@@ -10,7 +10,8 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
 - ``rank{r}.json``: ``{"rank", "world_size", "steps", "losses" (this rank's mean loss of each
   optimizer step; null where ``ctx.backward`` was not used), "loaders" [{"global_batch_size",
   "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout" [module names],
-  "dtype", "optimizers" (class names), "precision", "deterministic", "strategy"}``;
+  "dtype", "optimizers" (class names), "precision", "deterministic", "strategy", "batchnorm"
+  ({module name: true when synchronised across ranks (SyncBatchNorm), else false})}``;
 - ``params.pt`` (rank 0): the unwrapped models' ``state_dict`` on CPU (``model{i}.`` prefixed
   when there are several).
 
@@ -30,8 +31,12 @@ from torch import nn
 
 from multigpu.checkpoint.atomic import atomic_write
 from multigpu.strategies.base import unwrap_module
+from multigpu.strategies.sync_batchnorm import CPUSyncBatchNorm
 
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+_SYNCED_BATCHNORM = (nn.SyncBatchNorm, CPUSyncBatchNorm)
+"""BatchNorm whose statistics cover every rank's batch: the same on every rank."""
+_BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, *_SYNCED_BATCHNORM)
 
 
 class VerifyStop(SystemExit):
@@ -117,6 +122,12 @@ class VerifyProbe:
                 for name, mod in m.named_modules()
                 if isinstance(mod, _DROPOUT) and mod.p > 0
             ],
+            "batchnorm": {
+                name: isinstance(mod, _SYNCED_BATCHNORM)
+                for m in self.models
+                for name, mod in m.named_modules()
+                if isinstance(mod, _BATCHNORM)
+            },
             "dtype": str(params.dtype).removeprefix("torch.") if params is not None else None,
             "optimizers": self.optimizers,
             **self.info,

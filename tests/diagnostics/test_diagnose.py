@@ -30,6 +30,7 @@ def run(
     params: dict[str, torch.Tensor] | None = None,
     recorded_world_size: int | None = None,
     precision: str = "32",
+    batchnorm: dict[str, bool] | None = None,
 ) -> RunRecord:
     record = {
         "world_size": recorded_world_size or world_size,
@@ -39,6 +40,7 @@ def run(
         "dropout": dropout or [],
         "dtype": "float32",
         "precision": precision,
+        "batchnorm": batchnorm or {},
     }
     ranks = [{**record, "rank": r} for r in range(world_size)]
     return RunRecord(
@@ -121,13 +123,23 @@ def test_precision_differences_are_named() -> None:
     assert any("dtype or precision differs" in r for r in found)
 
 
-def test_batchnorm_is_suspected_only_when_tensors_differ() -> None:
-    bn = {"bn.weight": torch.ones(2), "bn.running_mean": torch.zeros(2)}
-    moved = {"bn.weight": torch.ones(2), "bn.running_mean": torch.full((2,), 0.1)}
-    assert reasons(run(1, params=bn), run(2, params=bn)) == []
-    found = reasons(run(1, params=bn), run(2, params=moved))
-    assert len(found) == 1 and found[0].startswith("BatchNorm layers present ('bn')")
+def test_batchnorm_is_suspected_only_when_unsynchronized_and_its_tensors_differ() -> None:
+    bn = {"bn.weight": torch.ones(2), "bn.running_mean": torch.zeros(2), "w": torch.ones(3)}
+    moved = {"bn.weight": torch.ones(2), "bn.running_mean": torch.full((2,), 0.1), "w": bn["w"]}
+    plain, synced = {"bn": False}, {"bn": True}
+    assert reasons(run(1, params=bn, batchnorm=plain), run(2, params=bn, batchnorm=plain)) == []
+    found = reasons(run(1, params=bn, batchnorm=plain), run(2, params=moved, batchnorm=plain))
+    assert len(found) == 1 and found[0].startswith("BatchNorm layers not synchronized ('bn')")
     assert "sync_batchnorm=True" in found[0]
+    # Synchronized (SyncBatchNorm): the same statistics on every rank, whatever differs.
+    assert reasons(run(1, params=bn, batchnorm=plain), run(2, params=moved, batchnorm=synced)) == []
+    # Not synchronized, but only another tensor differs: no evidence against BatchNorm.
+    elsewhere = {**bn, "w": torch.full((3,), 1.5)}
+    assert (
+        reasons(run(1, params=bn, batchnorm=plain), run(2, params=elsewhere, batchnorm=plain)) == []
+    )
+    # A record that does not say (hand-made, older): running_mean alone proves nothing.
+    assert reasons(run(1, params=bn), run(2, params=moved)) == []
 
 
 def test_a_reference_that_does_not_repeat_itself_is_nondeterministic() -> None:
@@ -144,10 +156,14 @@ def test_a_reference_that_does_not_repeat_itself_is_nondeterministic() -> None:
     )
 
 
-def test_unexplained_failure_points_at_world_size_dependent_code() -> None:
+def test_unexplained_failure_says_unknown_what_was_ruled_out_and_what_is_typical() -> None:
     moved = compare_runs(run(2, params={"w": torch.full((3,), 1.5)}), run(1), TOL)
     line = unexplained([moved])
+    assert line.startswith("cause unknown: the records rule out Dropout")
     assert "ctx.rank or ctx.world_size" in line and "5.00e-01" in line
+    assert "float rounding" in line and "BatchNorm" not in line
+    synced = [run(1, batchnorm={"bn": True}), run(2, batchnorm={"bn": True})]
+    assert "BatchNorm (synchronized: 'bn')" in unexplained([moved], synced)
 
 
 def test_notes_for_what_could_not_be_compared() -> None:

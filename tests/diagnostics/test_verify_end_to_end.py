@@ -116,3 +116,17 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, argv: list[str]) -> Non
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("multigpu: error: ")
+
+
+def test_synchronized_batchnorm_is_not_blamed_the_cause_is_unknown(tmp_path: Path) -> None:
+    # sync_batchnorm=True and a tolerance below float rounding: a FAIL that BatchNorm does not
+    # explain (it was named from its running_mean alone); the records rule it out instead.
+    script = Path(__file__).resolve().parent / "scripts" / "batchnorm_mlp.py"
+    done = verify([str(script), "--steps", "10", "--rtol", "1e-12", "--json"], tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "FAIL"
+    (reason,) = result["reasons"]
+    assert "not synchronized" not in reason and "sync_batchnorm=True" not in reason, reason
+    assert reason.startswith("cause unknown: the records rule out Dropout"), reason
+    assert "BatchNorm (synchronized: '1')" in reason and "float rounding" in reason

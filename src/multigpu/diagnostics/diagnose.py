@@ -2,7 +2,8 @@
 
 ``find_reasons`` names what breaks world-size invariance when ``multigpu verify`` fails
 (Dropout, a per-rank batch size, a world-size dependent dataset, different step counts, no
-``ctx.loader``, BatchNorm without synchronisation, gradient compression...); ``find_notes``
+``ctx.loader``, BatchNorm without synchronisation whose tensors differ, gradient
+compression...); ``find_notes``
 says what could not be checked (no losses, no model, a script that ended early) and is shown
 on PASS too.
 Each is one line: what was seen, why it matters, what to do.
@@ -105,12 +106,12 @@ def find_reasons(runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]
             "sends nothing to compress; verify without it (--compression none, "
             "MULTIGPU_COMPRESSION unset) or accept the difference (--rtol 1e-2 for bf16/fp16)"
         )
-    batchnorm = _batchnorm_layers(runs[0]) if runs else []
-    if batchnorm and any(not c.tensors_ok for c in comparisons):
+    batchnorm = _unsynchronized_batchnorm(runs, comparisons)
+    if batchnorm:
         reasons.append(
-            f"BatchNorm layers present ({_names(batchnorm)}): without "
-            "multigpu.init(sync_batchnorm=True) their statistics cover only each rank's share "
-            "of the batch, which shrinks as the world size grows"
+            f"BatchNorm layers not synchronized ({_names(batchnorm)}) and their tensors differ: "
+            "without multigpu.init(sync_batchnorm=True) their statistics cover only each "
+            "rank's share of the batch, which shrinks as the world size grows"
         )
     return reasons
 
@@ -146,24 +147,50 @@ def _compression(run: RunRecord) -> str:
     return str(run.main.get("compression") or "none")
 
 
-def _batchnorm_layers(run: RunRecord) -> list[str]:
-    suffix = ".running_mean"
-    return [k.removesuffix(suffix) for k in run.params if k.endswith(suffix)]
+def _unsynchronized_batchnorm(
+    runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]
+) -> list[str]:
+    """BatchNorm layers to blame: recorded as not synchronized in a run of several processes
+    (at one process nothing is split), and among the tensors that differ (their running
+    statistics are the first to show per-rank batches). Synchronized ones are the same on every
+    rank: naming them would send the user after the wrong cause."""
+    plain = {
+        name
+        for run in runs
+        if run.world_size > 1
+        for name, synced in run.batchnorm.items()
+        if not synced
+    }
+    differing = {t.name for c in comparisons for t in c.tensors if not t.ok}
+    return sorted(name for name in plain if any(t.startswith(f"{name}.") for t in differing))
 
 
-def unexplained(comparisons: Sequence[RunComparison]) -> str:
-    """The line for a FAIL no record explains.
+def ruled_out(runs: Sequence[RunRecord]) -> list[str]:
+    """What the records show is not the cause, for a FAIL no record explains."""
+    out = ["Dropout", "per-rank batch size or data", "different step counts", "precision",
+           "gradient compression"]  # fmt: skip
+    synced = sorted({n for run in runs for n, s in run.batchnorm.items() if s})
+    if synced:
+        out.append(f"BatchNorm (synchronized: {_names(synced)})")
+    return out
+
+
+def unexplained(comparisons: Sequence[RunComparison], runs: Sequence[RunRecord] = ()) -> str:
+    """The line for a FAIL no record explains: the cause is unknown; what was ruled out, and
+    what is typical.
 
     Example:
-        >>> unexplained([]).startswith("no known cause")
+        >>> unexplained([]).startswith("cause unknown")
         True
     """
     worst = max((c.max_rel for c in comparisons), default=0.0)
     return (
-        "no known cause found in the records: look for code that depends on ctx.rank or "
-        "ctx.world_size (per-rank seeds or data, a learning rate scaled by the world size); "
-        f"if the differences are float rounding (largest relative difference {worst:.2e}), "
-        "raise --rtol"
+        f"cause unknown: the records rule out {', '.join(ruled_out(runs))}; typical causes: "
+        "float rounding, since sums over ranks (gradient all-reduce, synchronized statistics) "
+        "add in a different order at each world size and a learning rate or momentum "
+        f"compounds it (largest relative difference {worst:.2e}: if that small, raise --rtol), "
+        "or code that depends on ctx.rank or ctx.world_size (per-rank seeds or data, a "
+        "learning rate scaled by the world size)"
     )
 
 
@@ -226,7 +253,7 @@ def adaptive_note(
 
     Example:
         >>> adaptive_note(["AdamW"], [], Tolerance(rtol=1e-4, l2_rtol=1e-2))[:40]
-        'AdamW amplifies float rounding: a gradi'
+        'AdamW amplifies float rounding: a gradie'
     """
     worst_max = max((c.max_rel for c in comparisons), default=0.0)
     worst_l2 = max((c.l2_rel for c in comparisons), default=0.0)

@@ -74,6 +74,12 @@ class RunRecord:
         return list(names)
 
     @property
+    def batchnorm(self) -> dict[str, bool]:
+        """BatchNorm layers of the models (rank 0's record): name -> synchronized across ranks
+        (SyncBatchNorm). Empty when none, or in a record that does not say."""
+        return {str(k): bool(v) for k, v in dict(self.main.get("batchnorm") or {}).items()}
+
+    @property
     def dtype(self) -> str | None:
         """The first parameter's dtype (``"float32"``...)."""
         return self.main.get("dtype")

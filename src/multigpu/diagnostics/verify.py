@@ -187,7 +187,7 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
     if again:  # first: no comparison across world sizes means anything if this holds
         reasons.insert(0, again)
     if not reasons:
-        reasons.append(unexplained(comparisons))
+        reasons.append(unexplained(comparisons, records))
     return _with(result, reasons)
 
 
