@@ -101,13 +101,13 @@ def init(
             deterministic = variables.deterministic(env_vars)
         variables.watchdog(env_vars)  # read again once the process group exists: check now
         variables.hang_after(env_vars)
+        if seed is not None:
+            seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
         _refuse_launched(e, env)
         raise
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if seed is not None:
-        seed_everything(seed)
     if deterministic:
         make_deterministic(device, env_vars)
     created = dist.init_process_group(env, device, chosen_backend, wait)

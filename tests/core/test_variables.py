@@ -106,3 +106,33 @@ def test_a_value_given_in_code_is_not_overridden_by_the_variable():
     env = {"MULTIGPU_STRATEGY": "ddp", "MULTIGPU_DETERMINISTIC": "0"}
     with multigpu.init("single", deterministic=False, environ=env) as ctx:
         assert ctx.strategy.name == "single"
+
+
+TORCHRUN_WORKER = {
+    "RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_RANK": "0",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "test",
+}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "said"),
+    [
+        ({"seed": -1}, {}, "seed=-1 must be an integer"),
+        ({}, {"MULTIGPU_STRATEGY": "bogus"}, "MULTIGPU_STRATEGY='bogus'"),
+    ],
+)
+def test_a_usage_error_in_init_ends_a_launched_worker_in_one_line_and_exit_2(
+    kwargs: dict, env: dict, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As a usage error inside `with multigpu.init()` does: before, one raised by init() itself
+    # left the worker with a traceback and exit code 1.
+    with pytest.raises(SystemExit) as info:
+        multigpu.init(environ=TORCHRUN_WORKER | env, **kwargs)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("multigpu: error: ") and said in err[0], err
