@@ -72,10 +72,13 @@ def start(rank: int, gather: Callable[[Any], list[Any]], master_addr: str | None
     global _listener, _peers, _rank
     master_addr = master_addr or os.environ.get("MASTER_ADDR")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    address = _facing_address(master_addr)
     try:
-        listener.bind(("0.0.0.0", 0))
+        # Only on the address the job's network reaches (loopback on one node): nothing of a
+        # run listens beyond it.
+        listener.bind((address or "127.0.0.1", 0))
         listener.listen(64)
-        mine = Peer(socket.gethostname(), _facing_address(master_addr), listener.getsockname()[1])
+        mine = Peer(socket.gethostname(), address, listener.getsockname()[1])
     except OSError as e:
         listener.close()
         log.debug("no liveness port: %s", e)
