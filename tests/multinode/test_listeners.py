@@ -6,9 +6,10 @@ of every worker (``/proc/net/tcp*`` matched to each process's socket inodes) whi
 runs.
 
 Known to fail today (strict xfail, so the fix shows up): torch's TCPStore server (the agent's
-rendezvous store, shared with the workers) binds every interface (``[::]``), the launcher holds
-a second such listener, and each worker's liveness port (``multigpu.hang.peers``) binds
-``0.0.0.0``; gloo's own sockets follow ``GLOO_SOCKET_IFNAME`` and are on loopback.
+rendezvous store, shared with the workers) binds every interface (``[::]``) and the launcher
+holds a second such listener. The workers' own listeners are on loopback: gloo's sockets follow
+``GLOO_SOCKET_IFNAME`` and each liveness port (``multigpu.hang.peers``) binds the address facing
+the master.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def listeners_of(pid: int) -> dict[int, list[str]]:
 
 
 @pytest.mark.xfail(
-    strict=True, reason="torch's TCPStore and the liveness port bind every interface"
+    strict=True, reason="torch's TCPStore servers in the launcher bind every interface"
 )
 def test_nothing_listens_beyond_loopback_on_one_node(tmp_path: Path) -> None:
     stop = tmp_path / "stop"

@@ -134,5 +134,5 @@ def _locked_message(path: Path, holder: str, wait_s: float) -> str:
     return (
         f"checkpoint directory {path} is in use by another run ({holder}){waited}; "
         "stop that run or wait for it to end, give another directory, or wait for it with "
-        "lock_timeout=SECONDS (multigpu train: --checkpoint-lock-timeout SECONDS)"
+        "ctx.checkpointer(..., lock_timeout=SECONDS)"
     )

@@ -99,7 +99,7 @@ def check_store_answers(host: str, port: int, *, option: str, wait_s: float) -> 
     from torch.distributed import TCPStore
 
     try:
-        socket.create_connection((host, port), timeout=min(wait_s, 3.0)).close()
+        socket.create_connection((host, port), timeout=min(wait_s, 1.0)).close()
     except OSError:
         return  # nothing there (yet), or unreachable: the agent's bounded waits report it
     answered = threading.Event()
