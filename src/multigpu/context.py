@@ -355,9 +355,9 @@ class Context(RankTools, Checkpointing):
         # for the launcher's one-line summary (torch elastic's error file, see worker_error.py)
         error = exc[1] if isinstance(exc[1], BaseException) else None
         recorded = worker_error.record(error)
-        if isinstance(exc[1], UsageError) and self.env.source == "torchrun":
+        if isinstance(error, UsageError) and self.env.source == "torchrun":
             said = recorded and worker_error.launched_by_multigpu()
-            refuse(exc[1], self.rank, said_by_launcher=said)
+            refuse(error, self.rank, said_by_launcher=said)
         if recorded and worker_error.is_consequence(error) and worker_error.launched_by_multigpu():
             # Another rank failed first and its error is the one to read; this rank's traceback
             # (a lost connection, 20 lines) is kept in its error file, not printed.

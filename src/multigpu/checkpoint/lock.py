@@ -75,11 +75,12 @@ class DirectoryLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
-                holder = _read_holder(fd)
+                busy = e.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN)
+                holder = _read_holder(fd) if busy and time.monotonic() >= deadline else ""
                 os.close(fd)
-                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                if not busy:
                     raise
-                if time.monotonic() >= deadline:
+                if holder:  # read only when giving up: the error names who holds it
                     raise CheckpointLockedError(_locked_message(path, holder, wait_s)) from None
                 time.sleep(POLL_S)
                 continue

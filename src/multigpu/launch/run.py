@@ -26,6 +26,7 @@ from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.agent_errors import describe_agent_error
 from multigpu.launch.endpoints import endpoint_option, rendezvous_endpoint
 from multigpu.launch.failure_summary import (
+    USAGE_EXIT_CODE,
     exit_code,
     failures_of,
     log_hint,
@@ -45,7 +46,6 @@ from multigpu.launch.slurm import with_slurm_topology
 
 logger = logging.getLogger(__name__)
 
-USAGE_EXIT_CODE = 2
 """Exit code of a usage error, for the launcher and for workers that refuse their input."""
 
 
