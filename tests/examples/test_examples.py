@@ -1,4 +1,5 @@
-"""The README's library example and the built-in ``multigpu train`` job, run as a user would."""
+"""The README's library example, docs/checkpoints.md's resume example and the built-in
+``multigpu train`` job, run as a user would."""
 
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def test_multigpu_train_defaults_reach_95_percent_on_two_processes(tmp_path: Pat
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt"]
 
 
-def test_readme_shows_the_resume_example_verbatim():
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+def test_checkpoint_docs_show_the_resume_example_verbatim():
+    docs = (ROOT / "docs" / "checkpoints.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", docs, flags=re.S)
     assert RESUME.read_text() in blocks
 
 

@@ -20,7 +20,7 @@ BATCHES = {2: [48, 64], 3: [48]}
 
 
 def shard(rank: int, world_size: int, batch: int) -> list[int]:
-    """Rank's indices, written out from the README: its slice of every full global batch, then
+    """Rank's indices, written out from docs/api.md: its slice of every full global batch, then
     its part of the tail (the first ``tail % world_size`` ranks get one more)."""
     per_rank, (steps, tail) = batch // world_size, divmod(N, batch)
     head = [s * batch + rank * per_rank + j for s in range(steps) for j in range(per_rank)]

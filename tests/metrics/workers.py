@@ -31,7 +31,7 @@ def problem() -> tuple[TensorDataset, nn.Module]:
 
 
 def evaluate(ctx: multigpu.Context, dataset: TensorDataset, model: nn.Module, batch: int) -> Any:
-    """One evaluation pass at global batch ``batch``, the way the README tells users to."""
+    """One evaluation pass at global batch ``batch``, the way docs/api.md tells users to."""
     loader = ctx.loader(dataset, batch_size=batch, shuffle=False)
     # The documented recipe for a shuffle=False loader's dataset indices, taken before the pass.
     sampler_indices = torch.tensor([i for b in loader.sampler for i in b], dtype=torch.int64)

@@ -4,7 +4,7 @@ With ``--nnodes 1:2 --max-restarts 1`` and checkpoints on a shared file system, 
 hosts the rendezvous store restarts its workers, the rendezvous closes with the nodes that are
 left (one), and the built-in job resumes from its last complete checkpoint at world size 1 and
 finishes. When the dead node is the store's host instead, the survivor cannot go on (restarts
-included) and says so in one line. Both behaviours are in the README ("Many machines").
+included) and says so in one line. Both behaviours are in docs/many-machines.md.
 """
 
 from __future__ import annotations
