@@ -37,6 +37,7 @@ from multigpu.strategies import (
     MeshShape,
     SingleDeviceStrategy,
     Strategy,
+    TensorParallelStrategy,
     unwrap_module,
 )
 
@@ -66,6 +67,7 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
     "Sum",
+    "TensorParallelStrategy",
     "UsageError",
     "__version__",
     "detect",

@@ -155,7 +155,8 @@ class Context(RankTools, Checkpointing):
 
     @property
     def mesh(self) -> Any:
-        """The strategy's named ``DeviceMesh`` (FSDP: axis ``dp_shard``), or None."""
+        """The strategy's named ``DeviceMesh``, or None (FSDP: axis ``dp_shard``; HSDP:
+        ``dp_replicate, dp_shard``; tensor parallel: ``dp_shard, tp``)."""
         return self.strategy.mesh
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
@@ -290,15 +291,18 @@ class Context(RankTools, Checkpointing):
     ) -> DistributedLoader:
         """A loader over this rank's shard; ``batch_size`` is the GLOBAL batch per optimizer step.
 
-        Each rank gets ``batch_size / (world_size * accumulation_steps)`` samples per batch; the
+        Each rank gets ``batch_size / (world_size * accumulation_steps)`` samples per batch (under
+        tensor parallelism the world is the data-parallel ranks: a TP group shares its batch); the
         global order depends on (seed, epoch) only, and the epoch advances by itself at each pass
         (no ``set_epoch``). Batches arrive on ``ctx.device`` unless ``move_to_device=False``.
         """
+        # The data-parallel ranks split the data; a tensor-parallel group shares one batch.
+        data_rank, data_ranks = self.strategy.data_shard(self.rank, self.world_size)
         loader = make_loader(
             dataset,
             batch_size=batch_size,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=data_rank,
+            world_size=data_ranks,
             shuffle=shuffle,
             seed=seed if seed is not None else (self.seed or 0),
             drop_last=drop_last,

@@ -9,7 +9,8 @@ inherit its environment.
 
 Environment variables read (by ``check_environment``): ``MULTIGPU_STRATEGY``,
 ``MULTIGPU_BACKEND``, ``MULTIGPU_DEVICE``, ``MULTIGPU_COMPRESSION``, ``MULTIGPU_DETERMINISTIC``,
-``MULTIGPU_WATCHDOG``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_HANG_AFTER``, ``MULTIGPU_LOG_LEVEL``.
+``MULTIGPU_WATCHDOG``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_HANG_AFTER``, ``MULTIGPU_LOG_LEVEL``,
+``MULTIGPU_MESH``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
 from multigpu.errors import UsageError
+from multigpu.mesh_spec import EXAMPLE, parse_mesh
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -147,6 +149,23 @@ def hang_after(environ: Mapping[str, str]) -> float | None:
     return None if math.isinf(value) else value
 
 
+def mesh(environ: Mapping[str, str]) -> dict[str, int] | None:
+    """``MULTIGPU_MESH``: the mesh shape (``dp=2,tp=2``, ``replicate=2,shard=4``); None: unset.
+
+    Its sizes are checked against the world size where that is known (the launcher's plan,
+    ``multigpu.init``), and its axes against the strategy in the workers.
+    """
+    raw = _raw(environ, "MULTIGPU_MESH")
+    if not raw:
+        return None
+    name = "MULTIGPU_MESH"
+    try:
+        return parse_mesh(raw, given_as=name)
+    except UsageError as e:  # its reason, in this module's words
+        why = str(e).split("; ")[0].removeprefix(f"{name}={raw!r}: ").removeprefix(f"{name}: ")
+        raise _refuse(name, raw, f"a mesh shape ({why})", EXAMPLE) from e
+
+
 def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:
     """``MULTIGPU_LOG_LEVEL`` as ``logging`` spells it (``DEBUG`` ... ``CRITICAL``)."""
     return read_choice(environ, "MULTIGPU_LOG_LEVEL", LOG_LEVELS, default.lower(), "info").upper()
@@ -162,6 +181,7 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_TIMEOUT": lambda env: timeout(env, 300.0),
     "MULTIGPU_HANG_AFTER": hang_after,
     "MULTIGPU_LOG_LEVEL": log_level,
+    "MULTIGPU_MESH": mesh,
 }
 """Every variable a user sets, with its reader (the others are set by multigpu itself)."""
 

@@ -26,6 +26,7 @@ BAD = {
     "MULTIGPU_TIMEOUT": ("nan", "a positive number of seconds"),
     "MULTIGPU_HANG_AFTER": ("-1", "a positive number of seconds"),
     "MULTIGPU_LOG_LEVEL": ("loud", "one of debug, info, warning, error, critical"),
+    "MULTIGPU_MESH": ("dp=2,pp=2", "a mesh shape ('pp' is not a mesh axis"),
 }
 
 

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 
 from multigpu import variables
 from multigpu.errors import UsageError
+from multigpu.launch.options import parse_nnodes
 from multigpu.launch.plan import LaunchPlan
+from multigpu.mesh_spec import resolve_sizes
 
 
 def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> None:
@@ -25,8 +27,9 @@ def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None
     wherever it lands. Then what the workers will see (the plan's variables over the user's).
 
     Raises:
-        UsageError: a value that is not valid (``MULTIGPU_STRATEGY=bogus``), or
-            ``MULTIGPU_BACKEND=nccl`` for CPU processes.
+        UsageError: a value that is not valid (``MULTIGPU_STRATEGY=bogus``),
+            ``MULTIGPU_BACKEND=nccl`` for CPU processes, or a ``MULTIGPU_MESH`` whose sizes do
+            not multiply to the planned world size (when the number of nodes is fixed).
 
     Example:
         >>> from multigpu.launch.options import LaunchOptions
@@ -44,3 +47,29 @@ def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None
             "MULTIGPU_BACKEND=nccl (from the environment) needs GPUs, but this run's workers are "
             "CPU processes; unset MULTIGPU_BACKEND (gloo is chosen on CPU) or run on GPUs"
         )
+    check_mesh(plan, workers)
+
+
+def check_mesh(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """Refuse a ``MULTIGPU_MESH`` that cannot cover the planned world (nodes x processes).
+
+    An elastic node range (``--nnodes 1:4``) is left to the workers: the world size is known
+    only once the nodes have joined.
+    """
+    shape = variables.mesh(environ)
+    if shape is None:
+        return
+    nnodes = "1"
+    for arg in plan.torchrun_args:
+        if arg.startswith("--nnodes="):
+            nnodes = arg.partition("=")[2]
+    low, high = parse_nnodes(nnodes)
+    if low != high:
+        return
+    world = high * plan.nproc_per_node
+    try:
+        resolve_sizes(shape, world)
+    except UsageError as e:
+        raise UsageError(
+            f"MULTIGPU_MESH={environ['MULTIGPU_MESH'].strip()} (from the environment): {e}"
+        ) from e

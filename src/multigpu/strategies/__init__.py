@@ -1,7 +1,8 @@
-"""Strategies: how a model is placed and wrapped (single, dp, ddp, fsdp) and how ``auto`` picks.
+"""Strategies: how a model is placed and wrapped (single, dp, ddp, fsdp, tp) and how ``auto`` picks.
 
 Environment variables read: ``MULTIGPU_COMPRESSION`` (by ``resolve_strategy``: the gradient
-compression of a ``ddp`` strategy that was not given one in code).
+compression of a ``ddp`` strategy that was not given one in code), ``MULTIGPU_MESH`` (the mesh
+of an ``fsdp`` strategy that was not given one in code).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from multigpu import variables
 from multigpu.choices import STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy, unwrap_module
@@ -19,6 +21,7 @@ from multigpu.strategies.dp import DataParallelStrategy
 from multigpu.strategies.fsdp import FSDPStrategy
 from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.single import SingleDeviceStrategy
+from multigpu.strategies.tensor_parallel import TensorParallelStrategy
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ def resolve_strategy(
     if isinstance(strategy, Strategy):
         if isinstance(strategy, DDPStrategy) and strategy.compression is None:
             strategy.compression = compression
-        return strategy
+        return _with_env_mesh(strategy, world_size, env)
     name = str(strategy).lower()
     auto = name == "auto"
     if auto:
@@ -70,7 +73,37 @@ def resolve_strategy(
             "or a Strategy instance"
         )
     chosen.auto = auto
-    return chosen
+    return _with_env_mesh(chosen, world_size, env)
+
+
+def _with_env_mesh(strategy: Strategy, world_size: int, env: Mapping[str, str]) -> Strategy:
+    """``strategy`` with ``MULTIGPU_MESH`` applied: the mesh of an FSDP strategy whose code gave
+    none; one whose code gave a mesh must agree with it; a strategy without a mesh refuses it."""
+    spec = variables.mesh(env)
+    if spec is None:
+        return strategy
+    raw = env["MULTIGPU_MESH"].strip()
+    if not isinstance(strategy, FSDPStrategy):
+        raise UsageError(
+            f"MULTIGPU_MESH={raw} (from the environment) shapes a device mesh, but strategy "
+            f"{strategy.name!r} uses none; unset MULTIGPU_MESH, or use strategy='fsdp' "
+            "(MULTIGPU_STRATEGY=fsdp) or TensorParallelStrategy"
+        )
+    if not strategy.shape_given:
+        strategy.set_mesh_shape(spec, given_as="MULTIGPU_MESH")
+        return strategy
+    from_env = MeshShape.parse(spec).resolve(world_size)
+    from_code = strategy.shape.resolve(world_size)
+    if from_env != from_code:
+        raise UsageError(
+            f"MULTIGPU_MESH={raw} (from the environment) differs from the mesh the script's "
+            f"strategy sets ({_spelled(from_code)}); unset MULTIGPU_MESH or make them equal"
+        )
+    return strategy
+
+
+def _spelled(shape: MeshShape) -> str:
+    return ",".join(f"{a}={n}" for a, n in zip(shape.axis_names, shape.sizes, strict=True))
 
 
 __all__ = [
@@ -83,6 +116,7 @@ __all__ = [
     "MeshShape",
     "SingleDeviceStrategy",
     "Strategy",
+    "TensorParallelStrategy",
     "resolve_strategy",
     "unwrap_module",
 ]

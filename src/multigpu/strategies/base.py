@@ -145,6 +145,11 @@ class Strategy(ABC):
         """The strategy's ``DeviceMesh`` (None when it uses none)."""
         return None
 
+    def data_shard(self, rank: int, world_size: int) -> tuple[int, int]:
+        """(which shard, how many shards) of the data ``rank`` reads: every rank its own by
+        default; under tensor parallelism the ranks of one TP group read the same batch."""
+        return rank, world_size
+
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Release what the strategy holds before the process group goes away."""
 

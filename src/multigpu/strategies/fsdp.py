@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -67,6 +67,9 @@ class FSDPStrategy(Strategy):
         replicate: ranks that hold whole replicas of the sharded model (HSDP: shard within a
             group of ``world_size / replicate`` ranks, e.g. one node, average across groups);
             1 (default): shard across every rank.
+        mesh_shape: the mesh as ``"replicate=2,shard=4"``, a dict or a ``MeshShape`` (instead
+            of ``replicate``); None: ``MULTIGPU_MESH`` when set, else ``replicate``. A ``tp``
+            axis needs a tensor-parallel plan: ``TensorParallelStrategy``.
 
     Example:
         >>> ctx = multigpu.init(strategy="fsdp")                             # doctest: +SKIP
@@ -88,6 +91,7 @@ class FSDPStrategy(Strategy):
         cpu_offload: bool = False,
         activation_checkpointing: bool = False,
         replicate: int = 1,
+        mesh_shape: str | Mapping[str, int] | MeshShape | None = None,
     ) -> None:
         super().__init__()
         if blocks is not None and not all(
@@ -111,10 +115,36 @@ class FSDPStrategy(Strategy):
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
         self.activation_checkpointing = bool(activation_checkpointing)
+        if mesh_shape is not None and replicate != 1:
+            raise UsageError(
+                f"FSDPStrategy(replicate={replicate!r}, mesh_shape={mesh_shape!r}) gives the "
+                "mesh twice; give mesh_shape alone, e.g. mesh_shape='replicate=2,shard=4'"
+            )
         self.shape = MeshShape(dp_replicate=replicate)
+        self.shape_given = mesh_shape is not None or replicate != 1
+        """False when no shape came from code: ``MULTIGPU_MESH`` may give one."""
+        if mesh_shape is not None:
+            self.set_mesh_shape(mesh_shape, given_as="mesh_shape")
         self._mesh: Any = None
         self._units: list[str] = []
         self._wrapped: list[weakref.ref[nn.Module]] = []
+
+    def set_mesh_shape(
+        self, spec: str | Mapping[str, int] | MeshShape, *, given_as: str = "mesh_shape"
+    ) -> None:
+        """Use the mesh ``spec`` (checked against the world size in ``bind``).
+
+        Raises:
+            UsageError: a bad spec, or a ``tp`` axis (FSDP alone has no tensor-parallel plan).
+        """
+        shape = MeshShape.parse(spec, given_as=given_as)
+        if shape.tp != 1:
+            raise UsageError(
+                f"{given_as}={spec!r} has a tp axis, but strategy='fsdp' has no tensor-parallel "
+                "plan; use multigpu.TensorParallelStrategy(plan, tensor_parallel=N) (see "
+                "docs/tensor-parallel.md), or drop tp"
+            )
+        self.shape = shape
 
     def validate(self) -> None:
         if TORCH_VERSION < FSDP_MIN_VERSION:
@@ -200,10 +230,13 @@ class FSDPStrategy(Strategy):
         if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
             drop_mesh_process_groups(self._mesh)
 
+    def shard_mesh(self) -> Any:
+        """The (sub-)mesh ``fully_shard`` shards over: the data-parallel axes."""
+        return self.mesh
+
     def _shard_options(self) -> dict[str, Any]:
-        mesh = self.mesh
         options: dict[str, Any] = {
-            "mesh": mesh,
+            "mesh": self.shard_mesh(),
             "reshard_after_forward": self.reshard_after_forward,
         }
         if self.precision.dtype is not None:

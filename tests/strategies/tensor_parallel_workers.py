@@ -1,0 +1,123 @@
+"""Module-level workers for the 2-D mesh tests: tensor parallel + FSDP, and HSDP, on 2x2.
+
+Each strategy trains the same small model from the same seed three times in one process group:
+straight through ``STEPS`` optimizer steps (the run compared with one process), the first half
+with a checkpoint at its end, and the second half resumed from that checkpoint through
+``ctx.checkpointer`` (which must end where the straight run ended). Rank 0 also trains the
+plain model alone (no process group, the loader of a world of one): the one-process reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import multigpu
+from multigpu.data import make_loader
+from multigpu.seed import seed_everything
+
+SAMPLES = 96
+BATCH = 16  # global: 6 steps an epoch, so the runs cross epochs
+STEPS = 50
+HALF = 25
+
+
+class Net(nn.Module):
+    """A block with a feed-forward part to split (``ff.0`` column-, ``ff.2`` row-wise) between
+    layers that stay whole (sharded by FSDP only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.ff = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        return self.out(h + self.ff(h))
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(SAMPLES, 8, generator=g)
+    return TensorDataset(x, torch.arange(SAMPLES), torch.randint(0, 4, (SAMPLES,), generator=g))
+
+
+def _optimizer(net: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+
+
+def strategy(kind: str) -> multigpu.Strategy:
+    """``tp``: the feed-forward split over 2 ranks, FSDP over the other 2; ``hsdp``: sharded
+    within pairs of ranks, replicated across the pairs."""
+    if kind == "tp":
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        plan = {"ff.0": ColwiseParallel(), "ff.2": RowwiseParallel()}
+        return multigpu.TensorParallelStrategy(plan, tensor_parallel=2, min_block_params=1)
+    return multigpu.FSDPStrategy(mesh_shape="replicate=2,shard=2", min_block_params=1)
+
+
+def _train(
+    ctx: multigpu.Context, steps: int, directory: Path | None, resume: bool
+) -> dict[str, Any]:
+    seed_everything(0)
+    net = Net()
+    model, opt = ctx.setup(net, _optimizer(net))
+    loader = ctx.loader(data(), batch_size=BATCH)
+    ckpt = None
+    if directory is not None:
+        ckpt = ctx.checkpointer(directory, every_steps=HALF, model=model, optimizer=opt)
+        ckpt.track(loader=loader)
+    resumed = ckpt.resume() if (ckpt is not None and resume) else None
+    done = ckpt.steps if ckpt is not None else 0
+    seen: list[int] = []
+    while done < steps:
+        for x, index, y in loader:
+            seen += index.tolist()
+            ctx.backward(F.cross_entropy(model(x), y))
+            ctx.step(opt)
+            done += 1
+            if ckpt is not None:
+                ckpt.step()
+            if done == steps:
+                break
+    if ckpt is not None:
+        ckpt.close()
+    return {"state": ctx.full_state_dict(model), "resumed": resumed, "seen": seen}
+
+
+def one_process(steps: int) -> dict[str, torch.Tensor]:
+    """The plain model trained on the whole global batch, no process group involved."""
+    seed_everything(0)
+    net = Net()
+    opt = _optimizer(net)
+    loader = make_loader(data(), batch_size=BATCH, rank=0, world_size=1, seed=0)
+    done = 0
+    while done < steps:
+        for x, _index, y in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+            done += 1
+            if done == steps:
+                break
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def two_d(kind: str, directory: str) -> dict[str, Any]:
+    """Straight, first half, resumed second half under ``kind``; rank 0 adds the reference."""
+    out: dict[str, Any] = {}
+    with multigpu.init(strategy=strategy(kind), seed=0) as ctx:
+        out["mesh"] = (ctx.mesh.mesh_dim_names, tuple(ctx.mesh.shape))
+        out["straight"] = _train(ctx, STEPS, None, resume=False)
+        out["first"] = _train(ctx, HALF, Path(directory), resume=False)
+        out["second"] = _train(ctx, STEPS, Path(directory), resume=True)
+        if ctx.rank == 0:
+            out["reference"] = one_process(STEPS)
+    return out
