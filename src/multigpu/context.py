@@ -231,11 +231,22 @@ class Context(RankTools, Checkpointing):
         loader's judgement (for loops that do not use ``ctx.loader``).
 
         Example:
-            >>> loader = ctx.loader(ds, batch_size=256, accumulation_steps=4)  # doctest: +SKIP
-            >>> for x, y in loader:
-            ...     with ctx.accumulate(model):
-            ...         ctx.backward(F.cross_entropy(model(x), y))
-            ...         ctx.step(optimizer)
+            >>> import torch.nn.functional as F
+            >>> from torch.utils.data import TensorDataset
+            >>> import multigpu
+            >>> ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+            >>> model = nn.Linear(4, 2)
+            >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> with multigpu.init(seed=0) as ctx:
+            ...     model, optimizer = ctx.setup(model, optimizer)
+            ...     loader = ctx.loader(ds, batch_size=16, accumulation_steps=4)
+            ...     steps = 0
+            ...     for x, y in loader:
+            ...         with ctx.accumulate(model):
+            ...             ctx.backward(F.cross_entropy(model(x), y))
+            ...             steps += ctx.step(optimizer)
+            >>> steps  # 64 samples, global batches of 16 in 4 micro-batches: 4 optimizer steps
+            4
         """
         return self._steps.accumulate(model, sync)
 

@@ -50,9 +50,11 @@ def run_child(
     """Run ``command`` with ``env``; stdout and stderr go to ``logs``.stdout/.stderr.
 
     Example:
-        >>> run = run_child(["true"], {}, timeout=5, logs=Path("/tmp/x"))  # doctest: +SKIP
-        >>> run.returncode
-        0
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     run = run_child(["true"], {}, timeout=5, logs=Path(tmp) / "true")
+        >>> run.returncode, run.reason
+        (0, '')
     """
     started = time.perf_counter()
     logs.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,7 @@ _SUMMARY = "the workers stopped on a usage error"
 
 
 def find_reason(stderr: str) -> str:
-    """The line of a failed child's stderr that says why it failed (empty when none does).
+    r"""The line of a failed child's stderr that says why it failed (empty when none does).
 
     Example:
         >>> find_reason("Traceback ...\n[rank0]: ValueError: bad\n====\nFailures:")

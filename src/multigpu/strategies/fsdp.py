@@ -73,7 +73,7 @@ class FSDPStrategy(Strategy):
 
     Example:
         >>> ctx = multigpu.init(strategy="fsdp")                             # doctest: +SKIP
-        >>> fsdp = FSDPStrategy(blocks=(Block,), activation_checkpointing=True)
+        >>> fsdp = FSDPStrategy(blocks=(nn.TransformerEncoderLayer,), activation_checkpointing=True)
         >>> ctx = multigpu.init(strategy=fsdp)                               # doctest: +SKIP
     """
 
