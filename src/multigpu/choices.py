@@ -3,8 +3,6 @@
 Plain tuples, no torch: the launcher checks options and ``MULTIGPU_*`` variables against them
 before any worker starts, and the job parsers offer them as ``choices``; the modules that act on
 a name (``multigpu.strategies``, ``multigpu.precision``, ``multigpu.device``) take them from here.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

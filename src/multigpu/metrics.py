@@ -4,8 +4,6 @@
 ``shuffle=False`` loader splits the last batch unevenly, never pads) cannot hang in the loop.
 ``compute()`` is the one collective (every rank must call it): it sums each rank's float64
 ``[total, count]`` (integers exact up to 2**53), so each sample counts once, at any world size.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

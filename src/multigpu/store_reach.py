@@ -8,8 +8,6 @@ torch's client connects at its first try.
 
 Used by the workers (``multigpu.dist``, before the process group's store) and by the launcher
 (``multigpu.launch.agent``, before the rendezvous store). Imports nothing of multigpu.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

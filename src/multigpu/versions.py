@@ -7,8 +7,6 @@ process group is created (``multigpu.init``), and every node's ``multigpu run`` 
 after each rendezvous, before any worker starts (``multigpu.launch.agreement``); a mismatch
 stops them all with the same message naming the hosts. No collectives here, so the launcher,
 which never creates a process group, can import it.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

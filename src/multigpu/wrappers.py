@@ -2,8 +2,6 @@
 
 Kept apart from the strategies so that code below them (checkpoints, portable loading) can
 unwrap a model too.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

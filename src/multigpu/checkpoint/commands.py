@@ -2,8 +2,6 @@
 
 Exit codes: 0 fine; 1 ``inspect`` found a checkpoint incomplete or corrupt; 2 bad input (one
 line on stderr, nothing written).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

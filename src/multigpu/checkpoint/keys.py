@@ -6,8 +6,6 @@ really named ``module``, so a prefix is removed only where that makes the keys m
 (or, with no model to compare, only while every key has it). Renaming is torch's own
 ``consume_prefix_in_state_dict_if_present``, which also renames the ``_metadata`` (per-module
 versions) that ``load_state_dict`` reads.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

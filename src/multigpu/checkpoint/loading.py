@@ -4,8 +4,6 @@
 exception: a real ``torch.save`` file that pickles custom classes (loadable with ``trust``) and
 a file that is not a PyTorch file at all (which ``trust`` cannot fix, and should never be
 advised for). The structure of the file tells them apart without running any of it.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 The captured state holds only what ``torch.load(..., weights_only=True)`` accepts: NumPy's key
 array becomes a torch tensor (NumPy arrays are not on torch's safe list).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """What a checkpoint holds, for ``multigpu ckpt inspect``: tensors, step, world size, health.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

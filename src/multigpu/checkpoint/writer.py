@@ -7,8 +7,6 @@ thread per rank, coordinated through ``.done`` files).
 Durability: each file is fsynced as it is closed; the temp directory is fsynced before the
 rename and the parent after it, so after a crash the ``step-*`` name exists only for a
 directory whose every byte is on disk.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """Data sharding: a world-size-invariant, resumable sample order and the loader built on it.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

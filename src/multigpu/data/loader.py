@@ -23,8 +23,6 @@ Randomness in workers: before each pass the DataLoader's ``generator`` is seeded
 ``random`` and NumPy) from ``base + i``, so augmentations are reproducible per
 (seed, epoch, rank, worker id). With ``persistent_workers=True`` workers are seeded once, at the
 first pass, and their streams continue across epochs.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

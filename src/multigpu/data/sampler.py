@@ -25,8 +25,6 @@ Progress: ``cursor`` counts the global samples of the epoch already consumed, in
 batches. A step counts when this rank hands out its last micro-batch of it; when the rank hands
 out its last batch of the epoch, the epoch increments and the cursor resets to 0 (so a
 checkpoint saved after the last step of an epoch resumes at the start of the next one).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ full step the other way (measured here: plain DDP on 2 processes against 1, 40 A
 an adaptive optimizer and no ``--rtol`` given, a tensor is judged by its relative L2 difference
 ``||a - b|| / ||b||`` against ``l2_rtol`` (1e-2), and the worst single element is reported
 beside it.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ compression...); ``find_notes``
 says what could not be checked (no losses, no model, a script that ended early) and is shown
 on PASS too.
 Each is one line: what was seen, why it matters, what to do.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

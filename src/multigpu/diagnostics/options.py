@@ -4,8 +4,6 @@
 own options are recognised by name anywhere on the line (like ``multigpu train``'s launch
 options); everything else is the script and its arguments, in order. ``--`` ends verify's
 options: what follows goes to the script even if it has the same name (``-- --steps 5``).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

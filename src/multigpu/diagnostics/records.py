@@ -4,8 +4,6 @@ The worker side (``multigpu.probe``) writes, in the run's ``MULTIGPU_VERIFY_DIR`
 ``rank{r}.json`` per rank and ``params.pt`` (rank 0). The file names are repeated here rather
 than imported: diagnostics must not import the training side (it starts workers as
 subprocesses), and the format is the contract between the two.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ context, reads ``multigpu.gpus`` (NVML, then nvidia-smi) instead: ``gpus_capacit
 
 Every reading is a pure function of the text it parses, so the choice is tested with recorded
 files; ``read_memory_files`` reads the real ones.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

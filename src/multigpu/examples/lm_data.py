@@ -7,8 +7,6 @@ on every run and every rank of one installation; another Python version gives an
 (``Corpus.sha256`` tells them apart). Tokens are bytes: a vocabulary of 256, no tokenizer.
 
 The last ``val_fraction`` of the bytes is the validation split, taken once, whatever the seed.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 No torch: the launcher parses the job's arguments with it before any worker starts, and the job
 (``multigpu.examples.lm``, through ``lm_options``) parses them again the same way.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Parse ``--gpus`` and choose GPUs: every idle one, the N with the most free memory, or exactly
 the indices given.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

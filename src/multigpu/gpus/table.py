@@ -1,6 +1,4 @@
 """``format_gpu_table``: the GPUs as a plain-text table (``multigpu gpus``, ``--dry-run``, doctor).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

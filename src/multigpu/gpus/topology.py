@@ -6,8 +6,6 @@ The names are ``nvidia-smi topo -m``'s, whichever source answers: NVML first
 towards the other GPU or towards NVSwitches), else the text of ``nvidia-smi topo -m``
 (``parse_topo_matrix``) — nvidia-smi has no CSV query for the topology, so that matrix is the
 one place its human-readable output is read.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Value objects of GPU discovery: ``GPUInfo`` (one device), ``GPURequest`` (what ``--gpus`` asks
 for), ``Inventory`` (what a probe found, before ``CUDA_VISIBLE_DEVICES`` is applied) and
 ``DriverFacts`` (the NVIDIA driver).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

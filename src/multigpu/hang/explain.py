@@ -4,8 +4,6 @@ A report (``Watchdog.report``) holds the rank's host, the collective it waits in
 its main thread is, its last collectives and how often it called each collective at each line.
 Two facts explain almost every hang: ranks waiting in *different* collectives, and a call site
 whose count differs between ranks (one rank skipped it, or ran it alone inside ``if rank == 0``).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ that made it; ``ctx.backward`` adds a record for the backward pass, whose DDP gr
 all-reduce runs in C++ and cannot be wrapped. The watchdog reads these records when a rank stops
 making progress. The cost is a Python wrapper and a short stack walk per collective, kept to a
 few microseconds: ``ctx.backward`` pays it at every step (see benchmarks/RESULTS.md).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

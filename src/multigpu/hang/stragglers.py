@@ -4,8 +4,6 @@ In data-parallel training every rank waits for the slowest at each gradient all-
 wall-clock step times are equal everywhere; the time a rank spends *outside* collectives (its
 forward pass, data loading, optimizer step) is what differs. At the end of a run each rank's
 busy time per step is gathered, and a rank at least 20 % above the median is named.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ A worker that dies in native code — gloo aborting on a collective mismatch, a 
 — writes nothing at the end; its trace file, updated at the start and end of every collective,
 still says what it was doing. The launcher lines the ranks' traces up by sequence number and
 names the first collective where they disagree. (Pure Python: the launcher imports it.)
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

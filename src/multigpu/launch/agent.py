@@ -18,8 +18,6 @@
 ``LocalElasticAgent``, so for the time of the block that name makes ours; it makes the
 rendezvous handler through the module ``rendezvous.registry``, whose public
 ``get_rendezvous_handler`` waits for the store first for the time of the block.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 torch says "The connection to the C10d store has failed. See inner exception for details." and
 leaves the user to dig the address out of a traceback. Here the message names the rendezvous
 endpoint, this machine, what was waited for and for how long, and what to check.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

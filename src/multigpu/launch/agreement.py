@@ -11,8 +11,6 @@ line naming the nodes, before a worker starts. Two store round trips per round, 
 
 The round's store is torch's: a fresh key prefix per c10d round, so a restart compares the
 nodes of the new round only.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 ``multigpu run`` checks both before starting anything: a port that another program holds, or an
 endpoint that does not answer, is named at once instead of failing inside torchrun's agent.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -15,8 +15,6 @@ Here, the agents agree through the rendezvous store instead (keys under ``multig
   a failure, a timeout or a lost store with one line and exit code 1;
 - every node then counts itself in ``left`` and waits a moment (``LEAVE_S``) for the others, so
   the node that hosts the store does not take it away before they have read the outcome.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

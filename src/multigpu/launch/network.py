@@ -5,8 +5,6 @@
 advertise its address to the other nodes. Both matter on machines with several networks, and
 on the many Linux installations whose hostname resolves to 127.0.1.1: there the agent would
 publish an address that other nodes cannot reach.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

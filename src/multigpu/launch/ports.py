@@ -2,8 +2,6 @@
 
 A port already in use on the node that must host torchrun's store would otherwise surface as a
 long rendezvous timeout or a deep traceback; trying to bind it first gives a one-line error.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

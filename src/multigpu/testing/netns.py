@@ -3,8 +3,6 @@
 Everything here acts on names this module's caller chose (``mg<pid>x<n>...``) and on processes
 it started; nothing else on the machine is touched, except leftovers of a dead test process,
 recognised by the pid in their names (``remove_stale``).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

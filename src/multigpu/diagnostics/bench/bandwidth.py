@@ -6,8 +6,6 @@
   hardware's peak whatever the number of ranks n.
 - ``S`` is the size of the whole array: the buffer of all-reduce and broadcast; for all-gather
   and reduce-scatter the TOTAL (n × the per-rank part), as nccl-tests does.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

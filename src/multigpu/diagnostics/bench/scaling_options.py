@@ -4,8 +4,6 @@
 as with ``multigpu verify``, bench's own options are recognised by name anywhere on the line;
 everything else is the script and its arguments; after ``--`` everything goes to the script.
 Without a script: the built-in digits job (``multigpu train``'s).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 ``--sizes`` takes a comma list (``1K,64K,1M``) or a geometric range ``MIN:MAX[:FACTOR]``
 (``8:64M`` = 8 B, 32 B, ... up to 64 MB, times 4 by default). Suffixes are binary, as in
 nccl-tests: K = 1024, M = 1024², G = 1024³ (an optional trailing ``B`` or ``iB`` is accepted).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

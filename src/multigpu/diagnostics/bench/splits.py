@@ -2,8 +2,6 @@
 
 ``multigpu bench scaling`` measures every split ``p × t`` with ``p · t = cores`` (on 2 cores:
 1 × 2 and 2 × 1) and recommends the one with the most samples per second.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations

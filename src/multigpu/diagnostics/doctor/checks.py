@@ -4,8 +4,6 @@
 - ``WARN``: it works, but it will be slow or break in some setups (the fix says what to do);
 - ``FAIL``: distributed training will not work as things are (the fix says what to do);
 - ``SKIP``: not applicable here (no GPU, a CPU-only torch, ``--no-probe``): the value says why.
-
-Environment variables read: none.
 """
 
 from __future__ import annotations
