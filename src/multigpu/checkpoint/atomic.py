@@ -16,7 +16,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     temporary file is removed if ``write`` raises.
 
     Example:
-        >>> atomic_write("/tmp/x.bin", lambda fh: fh.write(b"data"))  # doctest: +SKIP
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     written = atomic_write(Path(tmp) / "x.bin", lambda fh: fh.write(b"data"))
+        ...     written.name, written.read_bytes(), sorted(p.name for p in Path(tmp).iterdir())
+        ('x.bin', b'data', ['x.bin'])
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
