@@ -1,10 +1,11 @@
 """Module-level workers for the 2-D mesh tests: tensor parallel + FSDP, and HSDP, on 2x2.
 
-Each strategy trains the same small model from the same seed three times in one process group:
-straight through ``STEPS`` optimizer steps (the run compared with one process), the first half
-with a checkpoint at its end, and the second half resumed from that checkpoint through
-``ctx.checkpointer`` (which must end where the straight run ended). Rank 0 also trains the
-plain model alone (no process group, the loader of a world of one): the one-process reference.
+Both strategies run in one process group (a process start costs seconds on 2 cores). Each trains
+the same small model from the same seed straight through ``STEPS`` optimizer steps, with a
+checkpoint every ``HALF`` steps (the run compared with one process), then again from its
+checkpoint at ``HALF``, resumed through ``ctx.checkpointer``: it must end where the straight run
+ended. Rank 0 also trains the plain model alone (no process group, the loader of a world of
+one): the one-process reference.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SAMPLES = 96
 BATCH = 16  # global: 6 steps an epoch, so the runs cross epochs
 STEPS = 50
 HALF = 25
+KINDS = ("tp", "hsdp")
 
 
 class Net(nn.Module):
@@ -64,31 +66,25 @@ def strategy(kind: str) -> multigpu.Strategy:
 
 
 def _train(
-    ctx: multigpu.Context, steps: int, directory: Path | None, resume: bool
+    ctx: multigpu.Context, directory: Path, resume_from: Path | None = None
 ) -> dict[str, Any]:
     seed_everything(0)
     net = Net()
     model, opt = ctx.setup(net, _optimizer(net))
     loader = ctx.loader(data(), batch_size=BATCH)
-    ckpt = None
-    if directory is not None:
-        ckpt = ctx.checkpointer(directory, every_steps=HALF, model=model, optimizer=opt)
-        ckpt.track(loader=loader)
-    resumed = ckpt.resume() if (ckpt is not None and resume) else None
-    done = ckpt.steps if ckpt is not None else 0
+    ckpt = ctx.checkpointer(directory, every_steps=HALF, model=model, optimizer=opt)
+    ckpt.track(loader=loader)
+    resumed = ckpt.resume(resume_from) if resume_from is not None else None
     seen: list[int] = []
-    while done < steps:
+    while ckpt.steps < STEPS:
         for x, index, y in loader:
             seen += index.tolist()
             ctx.backward(F.cross_entropy(model(x), y))
             ctx.step(opt)
-            done += 1
-            if ckpt is not None:
-                ckpt.step()
-            if done == steps:
+            ckpt.step()
+            if ckpt.steps == STEPS:
                 break
-    if ckpt is not None:
-        ckpt.close()
+    ckpt.close()
     return {"state": ctx.full_state_dict(model), "resumed": resumed, "seen": seen}
 
 
@@ -110,14 +106,21 @@ def one_process(steps: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
-def two_d(kind: str, directory: str) -> dict[str, Any]:
-    """Straight, first half, resumed second half under ``kind``; rank 0 adds the reference."""
-    out: dict[str, Any] = {}
+def _runs(kind: str, directory: Path) -> dict[str, Any]:
     with multigpu.init(strategy=strategy(kind), seed=0) as ctx:
-        out["mesh"] = (ctx.mesh.mesh_dim_names, tuple(ctx.mesh.shape))
-        out["straight"] = _train(ctx, STEPS, None, resume=False)
-        out["first"] = _train(ctx, HALF, Path(directory), resume=False)
-        out["second"] = _train(ctx, STEPS, Path(directory), resume=True)
+        straight = _train(ctx, directory / "straight")
+        half = directory / "straight" / f"step-{HALF:08d}"
+        return {
+            "mesh": (ctx.mesh.mesh_dim_names, tuple(ctx.mesh.shape)),
+            "straight": straight,
+            "resumed": _train(ctx, directory / "resumed", resume_from=half),
+        }
+
+
+def two_d(directory: str) -> dict[str, Any]:
+    """Both strategies' runs (``tp``, ``hsdp``); rank 0 adds the one-process ``reference``."""
+    with multigpu.init(strategy="ddp", seed=0) as ctx:  # holds the group the others reuse
+        out: dict[str, Any] = {kind: _runs(kind, Path(directory) / kind) for kind in KINDS}
         if ctx.rank == 0:
             out["reference"] = one_process(STEPS)
     return out

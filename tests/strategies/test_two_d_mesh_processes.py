@@ -6,7 +6,6 @@ read the same batches."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,34 +20,34 @@ def _max_relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> flo
     return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)) for k in a)
 
 
-@pytest.fixture(scope="module", params=["tp", "hsdp"])
-def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    directory = tmp_path_factory.mktemp(request.param)
-    results = run_distributed(
-        workers.two_d, world_size=4, args=(request.param, str(directory)), timeout=180
-    )
-    return request.param, results, directory
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("two_d")
+    return run_distributed(workers.two_d, world_size=4, args=(str(directory),), timeout=240)
 
 
-def test_a_2x2_mesh_trains_like_one_process_and_resumes_where_it_left(runs: Any) -> None:
-    kind, results, directory = runs
-    rank0 = results[0]
+@pytest.mark.parametrize("kind", workers.KINDS)
+def test_a_2x2_mesh_trains_like_one_process_and_resumes_where_it_left(
+    results: list[dict[str, Any]], kind: str
+) -> None:
+    run = results[0][kind]
     names = ("dp_shard", "tp") if kind == "tp" else ("dp_replicate", "dp_shard")
-    assert rank0["mesh"] == (names, (2, 2))
-    reference = rank0["reference"]
-    straight = rank0["straight"]["state"]
-    assert _max_relative(straight, reference) < 1e-5, kind
-    assert rank0["first"]["resumed"] is None
-    assert rank0["second"]["resumed"] == workers.HALF
-    assert _max_relative(rank0["second"]["state"], straight) < 1e-6, kind
-    assert any(Path(directory).iterdir())  # the checkpoint it resumed from
+    assert run["mesh"] == (names, (2, 2))
+    straight = run["straight"]["state"]
+    assert _max_relative(straight, results[0]["reference"]) < 1e-5
+    assert run["resumed"]["resumed"] == workers.HALF
+    assert _max_relative(run["resumed"]["state"], straight) < 1e-6
 
 
-def test_tensor_parallel_ranks_share_their_batches_and_data_ranks_split_them(runs: Any) -> None:
-    kind, results, _ = runs
-    seen = [r["straight"]["seen"] for r in results]
+@pytest.mark.parametrize("kind", workers.KINDS)
+def test_tensor_parallel_ranks_share_their_batches_and_data_ranks_split_them(
+    results: list[dict[str, Any]], kind: str
+) -> None:
+    seen = [r[kind]["straight"]["seen"] for r in results]
     if kind == "tp":  # ranks 0,1 form one TP group, 2,3 the other: (dp 0), (dp 1)
         assert seen[0] == seen[1] and seen[2] == seen[3]
+        assert len(seen[0]) == workers.STEPS * workers.BATCH // 2
         assert not set(seen[0][:8]) & set(seen[2][:8])
     else:  # HSDP: four data-parallel ranks, four quarters of each global batch
+        assert len(seen[0]) == workers.STEPS * workers.BATCH // 4
         assert all(not set(seen[a][:4]) & set(seen[b][:4]) for a in range(4) for b in range(a))
