@@ -7,7 +7,7 @@ a name (``multigpu.strategies``, ``multigpu.precision``, ``multigpu.device``) ta
 
 from __future__ import annotations
 
-STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp")
+STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp", "pipeline")
 """``multigpu.init(strategy=)``, ``MULTIGPU_STRATEGY`` and ``multigpu train --strategy``."""
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")

@@ -22,6 +22,7 @@ from multigpu.auto_strategy import choose_for_memory
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools, refuse
+from multigpu.context_pipeline import ForwardBackward
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
@@ -45,7 +46,7 @@ _BACKWARD_OPS = {
 }
 
 
-class Context(RankTools, Checkpointing):
+class Context(RankTools, Checkpointing, ForwardBackward):
     """Where this process runs and how to train in it.
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down

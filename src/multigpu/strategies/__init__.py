@@ -20,6 +20,7 @@ from multigpu.strategies.ddp import DDPStrategy
 from multigpu.strategies.dp import DataParallelStrategy
 from multigpu.strategies.fsdp import FSDPStrategy
 from multigpu.strategies.mesh import MeshShape
+from multigpu.strategies.pipeline import PipelineStrategy
 from multigpu.strategies.single import SingleDeviceStrategy
 from multigpu.strategies.tensor_parallel import TensorParallelStrategy
 
@@ -67,6 +68,8 @@ def resolve_strategy(
         chosen = DDPStrategy(compression=compression)
     elif name == "fsdp":
         chosen = FSDPStrategy()
+    elif name == "pipeline":
+        chosen = PipelineStrategy()  # split evenly; setup asks for the example batch
     else:
         raise UsageError(
             f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} "
@@ -114,6 +117,7 @@ __all__ = [
     "DataParallelStrategy",
     "FSDPStrategy",
     "MeshShape",
+    "PipelineStrategy",
     "SingleDeviceStrategy",
     "Strategy",
     "TensorParallelStrategy",

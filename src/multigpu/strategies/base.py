@@ -70,6 +70,13 @@ class Strategy(ABC):
     def validate(self) -> None:  # noqa: B027 - optional hook
         """Raise a UsageError when the strategy cannot run in the bound world."""
 
+    def forward_backward(
+        self, model: nn.Module, inputs: tuple[Any, ...], target: Any, loss_fn: Any
+    ) -> torch.Tensor | None:
+        """Run the forward and backward of one batch in the strategy's own way and return the
+        loss (a pipeline's schedule); None: the Context calls the model and ``backward``."""
+        return None
+
     @abstractmethod
     def wrap(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the device and wrap it; return what the training loop calls.

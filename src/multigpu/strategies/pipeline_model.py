@@ -1,0 +1,255 @@
+"""The model a pipeline hands back: this process's stages, their schedule, and the loss everywhere.
+
+``torch.distributed.pipelining`` traces the whole model once (``torch.export``) and cuts its
+graph at the split points; each process keeps its stages (``PipelineStage``) and runs the
+schedule. The traced graph holds the shapes it was traced with, so every new input shape (an
+evaluation batch of another size) is traced again, once; every trace shares the same parameters.
+
+The user's loop never asks which stage it is: ``train_step`` returns the step's loss on every
+process (broadcast from the last stage), and ``forward`` under ``torch.no_grad()`` returns the
+last stage's output on every process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    Pipe,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    SplitPoint,
+    pipeline,
+)
+
+from multigpu.errors import UsageError
+from multigpu.strategies.pipeline_plan import INTERLEAVED, check_batch
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+@dataclass
+class _Runner:
+    """This process's stages traced for one input shape, and the schedule that drives them."""
+
+    stages: list[Any]  # torch's PipelineStage (its _PipelineStage, from a traced Pipe)
+    schedule: Any
+    has_first: bool
+    has_last: bool
+    compute_s: float = 0.0
+    wall_s: float = 0.0
+    steps: int = 0
+    loss_fn: list[LossFn | None] = field(default_factory=lambda: [None])
+
+
+class PipelinedModel(nn.Module):
+    """This process's stages of a model split into a pipeline (what ``ctx.setup`` returns).
+
+    ``_orig_mod`` is the plain view of the stages' parameters under the whole model's names
+    (``blocks.2.attn.c_attn.weight``), so ``unwrap_module`` reaches it as it reaches a compiled
+    model's, and checkpoints and optimizers see the unsplit model's names.
+    """
+
+    def __init__(
+        self,
+        full: nn.Module,
+        *,
+        split_points: list[str],
+        schedule: str,
+        microbatches: int,
+        per_process: int,
+        example: tuple[Any, ...],
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self._full = [full]  # kept out of the module tree: traced again for new shapes
+        self.split_points = split_points
+        self.schedule_name = schedule
+        self.microbatches = microbatches
+        self.per_process = per_process
+        self.device = device
+        self.rank = dist.get_rank()
+        self.processes = dist.get_world_size()
+        self.num_stages = self.processes * per_process
+        self.stage_indices = [self.rank + i * self.processes for i in range(per_process)]
+        self._traced = False
+        self._runners: dict[tuple[Any, ...], _Runner] = {}
+        first = self._runner(example, training=True)
+        self._orig_mod = _plain_view([s.submod for s in first.stages])
+
+    # ---- what the training loop calls --------------------------------------------------------
+    def train_step(self, inputs: tuple[Any, ...], target: Any, loss_fn: LossFn) -> torch.Tensor:
+        """Forward and backward of one batch through the pipeline; the mean loss on every rank.
+
+        Gradients are accumulated into this process's parameters, averaged over the micro-batches
+        (the same as ``loss_fn`` over the whole batch when it averages).
+        """
+        runner = self._runner(inputs, training=True)
+        runner.loss_fn[0] = loss_fn
+        losses: list[torch.Tensor] = []
+        start = time.perf_counter()
+        runner.schedule.step(
+            *(inputs if runner.has_first else ()),
+            target=target if runner.has_last else None,
+            losses=losses if runner.has_last else None,
+            return_outputs=False,
+        )
+        runner.wall_s += time.perf_counter() - start
+        runner.steps += 1
+        loss = torch.stack([x.detach().float() for x in losses]).mean() if losses else None
+        if loss is None:
+            loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        dist.broadcast(loss, src=self.processes - 1)  # the last stage is the last rank's
+        return loss
+
+    def forward(self, *inputs: Any) -> Any:
+        """Forward only (evaluation): the last stage's output, on every rank, without gradients."""
+        if torch.is_grad_enabled():
+            raise UsageError(
+                "a pipelined model's forward returns its output without gradients (the backward "
+                "runs inside the schedule); train with loss = ctx.forward_backward(model, x, "
+                "target=y, loss_fn=...), and call model(x) under torch.no_grad() to evaluate"
+            )
+        runner = self._runner(inputs, training=False)
+        out = runner.schedule.step(*(inputs if runner.has_first else ()))
+        meta = [(tuple(out.shape), out.dtype) if runner.has_last else None]
+        dist.broadcast_object_list(meta, src=self.processes - 1)
+        shape, dtype = meta[0]  # type: ignore[misc]
+        if not runner.has_last:
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.broadcast(out, src=self.processes - 1)
+        return out
+
+    def timings(self) -> tuple[float, float, int]:
+        """(seconds inside this process's stage computations, seconds in training steps, steps)."""
+        runners = [r for key, r in self._runners.items() if key[0]]
+        return (
+            sum(r.compute_s for r in runners),
+            sum(r.wall_s for r in runners),
+            sum(r.steps for r in runners),
+        )
+
+    def release(self) -> None:
+        """Drop the stages and schedules (they hold the process group) before it is destroyed."""
+        self._runners.clear()
+        self._full.clear()
+
+    # ---- tracing and schedules ---------------------------------------------------------------
+    def _runner(self, inputs: tuple[Any, ...], *, training: bool) -> _Runner:
+        key = (training, *(_shape(x) for x in inputs))
+        runner = self._runners.get(key)
+        if runner is None:
+            runner = self._build(inputs, training)
+            self._runners[key] = runner
+        return runner
+
+    def _build(self, inputs: tuple[Any, ...], training: bool) -> _Runner:
+        batch = _batch_size(inputs)
+        chunks = self.microbatches if training or batch % self.microbatches == 0 else 1
+        if training:
+            check_batch(batch, chunks)
+        example = tuple(x[: batch // chunks] if isinstance(x, torch.Tensor) else x for x in inputs)
+        full = self._full[0]
+        if not self._traced:  # marks the split points in the model's forwards, once
+            pipe = pipeline(
+                full, example, split_spec={p: SplitPoint.BEGINNING for p in self.split_points}
+            )
+            self._traced = True
+        else:
+            pipe = Pipe.from_tracing(full, example)
+        if pipe.num_stages != self.num_stages:
+            raise UsageError(
+                f"the split points {self.split_points} cut {type(full).__name__} into "
+                f"{pipe.num_stages} stages, not {self.num_stages}: a split point's module runs "
+                "more than once or not at all in forward; choose modules that run once, in order"
+            )
+        stages = [pipe.build_stage(i, self.device) for i in self.stage_indices]
+        del pipe  # the other stages' graphs are freed with it
+        holder: list[LossFn | None] = [None]
+
+        def loss(output: Any, target: Any) -> torch.Tensor:
+            fn = holder[0]
+            assert fn is not None
+            return fn(output, target)
+
+        runner = _Runner(
+            stages=stages,
+            schedule=None,
+            has_first=0 in self.stage_indices,
+            has_last=self.num_stages - 1 in self.stage_indices,
+            loss_fn=holder,
+        )
+        runner.schedule = self._schedule(stages, chunks, loss if training else None)
+        if training:
+            for stage in stages:
+                _time_compute(stage, runner)
+        return runner
+
+    def _schedule(self, stages: list[Any], chunks: int, loss: LossFn | None) -> Any:
+        if self.schedule_name == INTERLEAVED:
+            return ScheduleInterleaved1F1B(stages, chunks, loss_fn=loss)
+        kind = Schedule1F1B if self.schedule_name == "1f1b" and loss is not None else ScheduleGPipe
+        return kind(stages[0], chunks, loss_fn=loss)
+
+
+def _time_compute(stage: Any, runner: _Runner) -> None:
+    """Count the time the stage computes (forward and backward of a micro-batch): the rest of
+    a step's wall time is spent waiting for a neighbour, the pipeline's bubble."""
+    for method in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        original = getattr(stage, method, None)
+        if original is None:
+            continue
+
+        def timed(*args: Any, _run: Any = original, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _run(*args, **kwargs)
+            finally:
+                runner.compute_s += time.perf_counter() - start
+
+        setattr(stage, method, timed)
+
+
+def _shape(value: Any) -> Any:
+    return (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value)
+
+
+def _batch_size(inputs: tuple[Any, ...]) -> int:
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    raise UsageError(
+        "a pipeline splits its inputs into micro-batches along dim 0, but no input is a tensor "
+        "with a batch dimension; pass the batch's tensors (e.g. model inputs x of shape (B, ...))"
+    )
+
+
+def _plain_view(modules: list[nn.Module]) -> nn.Module:
+    """One module holding the parameters and buffers of ``modules`` under their own names."""
+    root = nn.Module()
+    for module in modules:
+        kept = module.state_dict(keep_vars=True)
+        for name, param in module.named_parameters():
+            _place(root, name).register_parameter(name.rsplit(".", 1)[-1], param)
+        for name, buffer in module.named_buffers():
+            leaf = name.rsplit(".", 1)[-1]
+            _place(root, name).register_buffer(leaf, buffer, persistent=name in kept)
+    return root
+
+
+def _place(root: nn.Module, name: str) -> nn.Module:
+    node = root
+    for part in name.split(".")[:-1]:
+        child = node._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            node.add_module(part, child)
+        node = child
+    return node
