@@ -117,10 +117,10 @@ def _runs(kind: str, directory: Path) -> dict[str, Any]:
         }
 
 
-def two_d(directory: str) -> dict[str, Any]:
-    """Both strategies' runs (``tp``, ``hsdp``); rank 0 adds the one-process ``reference``."""
+def two_d(directory: str, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    """The runs of ``kinds`` (``tp``, ``hsdp``); rank 0 adds the one-process ``reference``."""
     with multigpu.init(strategy="ddp", seed=0) as ctx:  # holds the group the others reuse
-        out: dict[str, Any] = {kind: _runs(kind, Path(directory) / kind) for kind in KINDS}
+        out: dict[str, Any] = {kind: _runs(kind, Path(directory) / kind) for kind in kinds}
         if ctx.rank == 0:
             out["reference"] = one_process(STEPS)
     return out
