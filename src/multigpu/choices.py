@@ -10,6 +10,9 @@ from __future__ import annotations
 STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp", "pipeline")
 """``multigpu.init(strategy=)``, ``MULTIGPU_STRATEGY`` and ``multigpu train --strategy``."""
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+"""``PipelineStrategy(schedule=)`` and ``multigpu train --schedule``."""
+
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 """``multigpu.init(precision=)`` and ``multigpu train --precision`` (canonical names)."""
 

@@ -123,6 +123,25 @@ def build_model(**overrides: Any) -> GPT:
     return GPT(GPTConfig(**overrides))
 
 
+def next_byte_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the logits (B, T, vocab) against the bytes that follow (B, T)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def bubble_line(strategy: multigpu.PipelineStrategy, bubble: dict[str, Any]) -> str:
+    """The pipeline's bubble in one line: measured per stage, and the schedule's own."""
+    d = strategy.describe()
+    measured = ", ".join(
+        f"process {i} {b:.2f}" for i, b in enumerate(bubble["measured"]) if b is not None
+    )
+    return (
+        f"pipeline bubble (idle fraction; measured: 1 - time in the stages' forward and "
+        f"backward / training step time): {measured}; {d['schedule']} schedule with "
+        f"{d['microbatches']} micro-batches on {d['stages']} stages: {bubble['schedule']:.2f} "
+        "if every stage took the same time and sends were free"
+    )
+
+
 @torch.no_grad()
 def evaluate(
     ctx: multigpu.Context, model: nn.Module, windows: lm_data.Windows, batch_size: int
@@ -166,8 +185,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         while step < args.steps:
             x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)
             with ctx.accumulate(model):  # gradients synchronized on the last micro-batch only
-                loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
-                ctx.backward(loss)
+                # forward + backward; a pipeline runs its schedule and gives the loss everywhere
+                loss = ctx.forward_backward(model, x, target=y, loss_fn=next_byte_loss)
                 ctx.clip_grad_norm(model, optimizer, 1.0)
                 stepped = ctx.step(optimizer)
             run.add(loss.detach())
@@ -182,6 +201,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
         if not run.history:  # resumed at the last step: nothing left to train, still evaluate
             run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
+        if isinstance(ctx.strategy, multigpu.PipelineStrategy):
+            ctx.print(bubble_line(ctx.strategy, ctx.strategy.bubble(model)))  # collective
         state = ctx.full_state_dict(model)  # gathered from the shards under FSDP (collective)
         if ctx.is_main and args.out:
             run.write(Path(args.out), state)  # model.pt and metrics.json, each atomically

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 import multigpu
 from multigpu.context import Context
+from multigpu.examples import lm_parser
 from multigpu.examples.job_cli import run_job
 from multigpu.examples.lm_data import Corpus
 from multigpu.examples.lm_parser import build_parser
@@ -39,6 +42,14 @@ def strategy(args: argparse.Namespace, block: type[nn.Module]) -> Any:
     Raises:
         multigpu.UsageError: ``--activation-checkpointing`` without ``--strategy fsdp``.
     """
+    if args.strategy == "pipeline":
+        lm_parser.check_pipeline(args, int(os.environ.get("WORLD_SIZE", "1")))
+        return multigpu.PipelineStrategy(  # traced with one batch of token ids
+            example_input=torch.zeros(args.batch_size, args.block_size, dtype=torch.long),
+            schedule=args.schedule,
+            microbatches=args.microbatches,
+            stages_per_process=2 if args.schedule == "interleaved-1f1b" else 1,
+        )
     if args.strategy != "fsdp":
         if args.activation_checkpointing:
             raise multigpu.UsageError(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 
+from multigpu.choices import PIPELINE_SCHEDULES
+from multigpu.errors import UsageError
 from multigpu.examples.job_cli import JobParser, positive
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
 
-STRATEGIES = ("auto", "single", "ddp", "fsdp")
+STRATEGIES = ("auto", "single", "ddp", "fsdp", "pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy",
         choices=STRATEGIES,
         default="auto",
-        help="auto (ddp above one process), single, ddp, or fsdp (each Block a shard unit)",
+        help="auto (ddp above one process), single, ddp, fsdp (each Block a shard unit), or "
+        "pipeline (the blocks cut into one stage per process)",
+    )
+    add(
+        "--schedule",
+        choices=PIPELINE_SCHEDULES,
+        default="1f1b",
+        help="with --strategy pipeline: gpipe, 1f1b (default) or interleaved-1f1b (2 stages "
+        "per process)",
+    )
+    add(
+        "--microbatches",
+        type=positive(int),
+        default=4,
+        help="with --strategy pipeline: micro-batches per batch (4; must divide --batch-size)",
     )
     add(
         "--activation-checkpointing",
@@ -100,3 +116,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines: one line per evaluation (default); off: the summary only",
     )
     return p
+
+
+def check_pipeline(args: argparse.Namespace, processes: int) -> None:
+    """Refuse, before anything starts, a pipeline the job cannot build on ``processes``.
+
+    Raises:
+        UsageError: pipeline options without ``--strategy pipeline``; a batch that does not split
+            into the micro-batches; fewer than 2 processes; more stages than blocks.
+
+    Example:
+        >>> check_pipeline(build_parser().parse_args(["--strategy", "pipeline"]), 2)
+    """
+    if args.strategy != "pipeline":
+        return
+    if args.batch_size % args.microbatches:
+        low = max(args.microbatches, args.batch_size - args.batch_size % args.microbatches)
+        raise UsageError(
+            f"--batch-size {args.batch_size} does not split into --microbatches "
+            f"{args.microbatches} equal micro-batches; use a multiple of {args.microbatches}, "
+            f"e.g. {low}, or other --microbatches"
+        )
+    per = 2 if args.schedule == "interleaved-1f1b" else 1
+    if processes < 2:
+        raise UsageError(
+            "--strategy pipeline needs at least 2 processes (one stage each); run with --cpu 2 "
+            "or on 2 GPUs, or use --strategy single"
+        )
+    if processes * per > args.n_layer:
+        raise UsageError(
+            f"--strategy pipeline on {processes} processes cuts the {args.n_layer} blocks into "
+            f"{processes * per} stages: more stages than blocks; use --n-layer "
+            f"{processes * per} or more, or fewer processes"
+        )

@@ -220,6 +220,7 @@ def _train(argv: Sequence[str]) -> int:
         TRAIN_MODULES,
         check_batch_size,
         check_checkpoint_options,
+        check_pipeline_options,
         check_strategy_options,
         choose_model,
         parse_job_args,
@@ -252,6 +253,7 @@ def _train(argv: Sequence[str]) -> int:
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
         if low == high:  # an elastic node count has no fixed world size to check against
             check_batch_size(job_argv, plan.nproc_per_node * low, model)
+            check_pipeline_options(job_argv, plan.nproc_per_node * low, model)
 
     return run_command(dataclasses.replace(options, torchrun=with_module), check=check)
 

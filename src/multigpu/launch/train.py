@@ -272,6 +272,16 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
     )
 
 
+def check_pipeline_options(job_args: Sequence[str], processes: int, model: str) -> None:
+    """Refuse, before anything starts, ``--strategy pipeline`` options the job cannot build.
+
+    Example:
+        >>> check_pipeline_options(["--strategy", "pipeline"], 2, "lm")
+    """
+    if model == "lm":
+        lm_parser.check_pipeline(JOB_PARSERS[model]().parse_args(list(job_args)), processes)
+
+
 def wants_one_process(job_args: Sequence[str]) -> bool:
     """True when the job is asked for ``--strategy dp`` (one process driving every GPU).
 

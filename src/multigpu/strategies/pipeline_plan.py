@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-"""``PipelineStrategy(schedule=)`` and ``multigpu train --schedule``."""
+SCHEDULES = PIPELINE_SCHEDULES
 
 INTERLEAVED = "interleaved-1f1b"
 
