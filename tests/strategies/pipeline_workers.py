@@ -94,6 +94,7 @@ def train(
         with torch.no_grad():  # evaluation: the output on every rank
             out = model(data().tensors[0][:8])
         bubble = ctx.strategy.bubble(model) if schedule != "single" else None
+        out = out.cpu()  # the parent may have no GPU context
         return {"losses": losses, "state": state, "local": local, "out": out, "bubble": bubble}
 
 
