@@ -10,6 +10,7 @@ Environment variables read: ``MULTIGPU_TIMEOUT`` (seconds, the default collectiv
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -22,7 +23,9 @@ import torch.distributed as dist
 
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError, UsageError
+from multigpu.store_listen import listening_store
 from multigpu.store_reach import StoreUnreachable, wait_until_listening
+from multigpu.torch_compat import store_servers_made_by
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +102,18 @@ def init_process_group(
         env.world_size,
     )
     wait_for_store(env, timeout)
+    # Rank 0's store (when the agent does not share its own) on MASTER_ADDR, not every interface.
+    servers = functools.partial(listening_store, many_nodes=env.num_nodes > 1)
     try:
-        dist.init_process_group(
-            backend=backend,
-            init_method=init_method,
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timeout,
-            **kwargs,
-        )
+        with store_servers_made_by(servers, elastic=False):
+            dist.init_process_group(
+                backend=backend,
+                init_method=init_method,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timeout,
+                **kwargs,
+            )
     except RuntimeError as e:  # DistStoreError: a rank that never came
         text = str(e).lower()
         if "timeout" not in text and "timed out" not in text:

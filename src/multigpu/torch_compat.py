@@ -20,10 +20,16 @@ when a torch release changes it, so upgrading torch is this file and that test.
   with plain ``pickle.load`` (any code in it runs). ``DCP_METADATA_GLOBALS`` lists the globals a
   metadata file written by torch names — some private (``_StorageInfo``, ``_get_layout``,
   ``_MEM_FORMAT_ENCODING``) — so that multigpu can read one with an allow-list instead.
+- **Where store servers are made**: the module name ``TCPStore`` of the c10d and static
+  rendezvous backends and of ``torch.distributed.rendezvous`` (``env://``, ``tcp://``), and
+  ``DynamicRendezvousHandler._create_tcp_store_server``: for the time of a block they make their
+  servers through multigpu (``store_listen``: bound to one address, not every interface).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -169,3 +175,52 @@ def dcp_metadata_global_allowed(module: str, name: str) -> bool:
     if (module, name) in DCP_METADATA_GLOBALS:
         return True
     return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+
+
+STORE_MODULES = (
+    "torch.distributed.rendezvous",
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    "torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
+)
+"""The modules that build their ``TCPStore`` servers through their module name ``TCPStore``."""
+
+
+@contextlib.contextmanager
+def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> Iterator[None]:
+    """Inside the block, torch's rendezvous code makes each ``TCPStore`` through
+    ``make(TCPStore, host, port, *args, **kwargs)`` (clients too: ``make`` tells them apart by
+    ``is_master``). ``elastic``: the agent's too (its rendezvous backends and the store its
+    handler shares with the workers); False: only ``init_process_group``'s (a worker's)."""
+    import importlib
+
+    import torch.distributed as tdist
+
+    def store(*args: Any, **kwargs: Any) -> Any:
+        return make(tdist.TCPStore, *args, **kwargs)
+
+    def shared_server(self: Any, master_addr: str, master_port: int) -> Any:
+        # torch's own: TCPStore(host_name=..., port=..., is_master=True, multi_tenant=True)
+        return make(tdist.TCPStore, master_addr, master_port, is_master=True, multi_tenant=True)
+
+    names = STORE_MODULES if elastic else STORE_MODULES[:1]
+    modules = [importlib.import_module(name) for name in names]
+    originals = [getattr(module, "TCPStore") for module in modules]  # noqa: B009
+    patched: list[tuple[Any, str, Any]] = []
+    if elastic:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            DynamicRendezvousHandler as handler,
+        )
+
+        patched.append((handler, "_create_tcp_store_server", shared_server))
+    restore = [(owner, name, owner.__dict__[name]) for owner, name, _ in patched]
+    for module in modules:
+        setattr(module, "TCPStore", store)  # noqa: B010 (a module attribute)
+    for owner, name, value in patched:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, originals, strict=True):
+            setattr(module, "TCPStore", original)  # noqa: B010
+        for owner, name, value in restore:
+            setattr(owner, name, value)

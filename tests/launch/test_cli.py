@@ -26,7 +26,8 @@ def test_dry_run_prints_the_plan(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert lines["devices"] == "cpu"
     assert lines["processes"].startswith("2 per node")
     assert shlex.split(lines["torchrun"]) == [
-        "torchrun", "--nproc-per-node=2", "--standalone", SCRIPT, str(tmp_path), "--x",
+        "torchrun", "--nproc-per-node=2", "--local-addr=127.0.0.1", "--standalone", SCRIPT,
+        str(tmp_path), "--x",
     ]  # fmt: skip
     env = dict(item.split("=", 1) for item in shlex.split(lines["env"]))
     assert env["MULTIGPU_DEVICE"] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
@@ -48,7 +49,8 @@ def test_train_dry_run_forwards_training_options(capsys: pytest.CaptureFixture[s
         "--out", "o",
     )  # fmt: skip
     assert shlex.split(lines["torchrun"]) == [
-        "torchrun", "--nproc-per-node=2", "--max-restarts=1", "--module", "--standalone",
+        "torchrun", "--nproc-per-node=2", "--max-restarts=1", "--module", "--local-addr=127.0.0.1",
+        "--standalone",
         "multigpu.examples.digits", "--epochs", "1", "--out", "o",
     ]  # fmt: skip
 

@@ -58,7 +58,8 @@ def test_torchrun_options_round_trip_through_torchruns_own_parser() -> None:
 def test_module_flag_and_defaults_left_to_torchrun() -> None:
     plan = plan_for("--cpu", "1", "-m", "pkg.train", "--epochs", "1")
     assert plan.torchrun_args == (
-        "--nproc-per-node=1", "--module", "--standalone", "pkg.train", "--epochs", "1",
+        "--nproc-per-node=1", "--module", "--local-addr=127.0.0.1", "--standalone", "pkg.train",
+        "--epochs", "1",
     )  # fmt: skip
 
 

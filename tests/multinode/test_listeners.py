@@ -1,93 +1,57 @@
-"""Nothing that ``multigpu run`` opens on one node listens beyond loopback.
+"""Nothing that ``multigpu run`` opens listens beyond loopback (one node) or the cluster address.
 
 The rendezvous store has no authentication (DESIGN.md, "Listeners"): on one node it must be
-reachable from this machine only. The test lists the listening TCP sockets of the launcher and
-of every worker (``/proc/net/tcp*`` matched to each process's socket inodes) while the job
-runs.
+reachable from this machine only, on several from the nodes' network only. The tests list the
+listening TCP sockets of each launcher and its workers (``multigpu.testing.listeners``) while
+the job runs:
 
-Known to fail today (strict xfail, so the fix shows up): torch's TCPStore server (the agent's
-rendezvous store, shared with the workers) binds every interface (``[::]``) and the launcher
-holds a second such listener. The workers' own listeners are on loopback: gloo's sockets follow
-``GLOO_SOCKET_IFNAME`` and each liveness port (``multigpu.hang.peers``) binds the address facing
-the master.
+- on this machine, a one-node job (the agent's rendezvous store and the store it shares with
+  its workers);
+- on test hosts whose hostname resolves to their network address (as on many real machines,
+  where torch's defaults put the stores and gloo on that address): a one-node job, and a
+  two-node job, both with ``--max-restarts 1`` (then rank 0's worker hosts the workers' store,
+  not the agent). node0 is given ``--iface``, node1 not (its hostname decides).
+
+Before ``store_listen`` every one of these failed: torch's TCPStore servers bind ``[::]``.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from multigpu.testing.hosts import Host, hosts_available, virtual_hosts
+from multigpu.testing.listeners import listeners_of
 from tests.launch._util import child_env
-from tests.multinode._util import SCRIPTS
+from tests.multinode._util import SCRIPTS, c10d_args, start
 
 
-def _listening() -> dict[str, str]:
-    """Socket inode -> the local address of every listening TCP socket of this namespace."""
-    found: dict[str, str] = {}
-    for table, size in (("tcp", 4), ("tcp6", 16)):
-        with open(f"/proc/net/{table}") as fh:
-            for line in fh.read().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] != "0A":  # TCP_LISTEN
-                    continue
-                hex_addr, hex_port = fields[1].split(":")
-                raw = bytes.fromhex(hex_addr)
-                # /proc prints each 32-bit word in host (little-endian) order
-                words = [raw[i : i + 4][::-1] for i in range(0, size, 4)]
-                address = ipaddress.ip_address(b"".join(words))
-                found[fields[9]] = f"{address}:{int(hex_port, 16)}"
-    return found
+def _wait_ready(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path], ranks: int) -> str:
+    deadline = time.monotonic() + 120
+    text = ""
+    while time.monotonic() < deadline:
+        text = "".join(log.read_text() for log in logs)
+        if text.count("ready ") >= ranks:
+            return text
+        assert all(p.poll() is None for p in procs), text[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"not every rank got ready within 120 s:\n{text[-3000:]}")
 
 
-def _family(pid: int) -> list[int]:
-    """``pid`` and its descendants."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo.extend(children.get(current, []))
-    return out
+def _beyond(found: dict[int, list[str]], allowed: set[str]) -> dict[int, list[str]]:
+    def ok(address: str) -> bool:
+        host = address.rsplit(":", 1)[0]
+        return ipaddress.ip_address(host).is_loopback or host in allowed
+
+    return {pid: bad for pid, addrs in found.items() if (bad := [a for a in addrs if not ok(a)])}
 
 
-def listeners_of(pid: int) -> dict[int, list[str]]:
-    """The local addresses each process of ``pid``'s family listens on."""
-    table = _listening()
-    out: dict[int, list[str]] = {}
-    for member in _family(pid):
-        try:
-            fds = os.listdir(f"/proc/{member}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{member}/fd/{fd}")
-            except OSError:
-                continue
-            inode = target[len("socket:[") : -1] if target.startswith("socket:[") else ""
-            if inode in table:
-                out.setdefault(member, []).append(table[inode])
-    return out
-
-
-@pytest.mark.xfail(
-    strict=True, reason="torch's TCPStore servers in the launcher bind every interface"
-)
 def test_nothing_listens_beyond_loopback_on_one_node(tmp_path: Path) -> None:
     stop = tmp_path / "stop"
     log = tmp_path / "run.log"
@@ -98,19 +62,45 @@ def test_nothing_listens_beyond_loopback_on_one_node(tmp_path: Path) -> None:
             env=child_env(), cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while log.read_text().count("ready ") < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        assert log.read_text().count("ready ") == 2, log.read_text()[-3000:]
+        _wait_ready([proc], [log], 2)
         found = listeners_of(proc.pid)
     finally:
         stop.touch()
         proc.wait(timeout=60)
     assert proc.returncode == 0, log.read_text()[-3000:]
-    assert found  # the store at least: the listing works
-    beyond = {
-        pid: [a for a in addresses if not ipaddress.ip_address(a.rsplit(":", 1)[0]).is_loopback]
-        for pid, addresses in found.items()
-    }
-    assert not any(beyond.values()), f"listening beyond loopback: {beyond}"
+    assert len(found) >= 2  # the launcher's store and the workers' gloo: the listing works
+    assert not _beyond(found, set()), f"listening beyond loopback: {found}"
+
+
+def test_on_hosts_stores_and_gloo_listen_on_loopback_or_the_cluster_address(
+    tmp_path: Path,
+) -> None:
+    reason = hosts_available()
+    if reason is not None:
+        pytest.skip(reason)
+    stop = tmp_path / "stop"
+    hold = [str(SCRIPTS / "hold.py"), str(stop)]
+    with virtual_hosts(3) as hosts:
+        node0, node1, alone = hosts
+        runs: list[tuple[Host, subprocess.Popen[bytes], set[str]]] = []
+        logs = [tmp_path / f"{h.name}.log" for h in hosts]
+        two = [*c10d_args(node0), "--max-restarts", "1", "--timeout", "30"]
+        runs.append((node0, start(node0, ["run", "--cpu", "1", *two, "--iface", "eth0", *hold],
+                                  logs[0]), {node0.address}))  # fmt: skip
+        runs.append((node1, start(node1, ["run", "--cpu", "1", *two, *hold], logs[1]),
+                     {node1.address}))  # fmt: skip
+        one = ["run", "--cpu", "2", "--max-restarts", "1", "--timeout", "30", *hold]
+        runs.append((alone, start(alone, one, logs[2]), set()))  # one node: loopback only
+        procs = [proc for _, proc, _ in runs]
+        try:
+            _wait_ready(procs, logs, 4)
+            found = {host.name: (listeners_of(proc.pid), allowed) for host, proc, allowed in runs}
+        finally:
+            stop.touch()
+            for proc in procs:
+                proc.wait(timeout=60)
+    text = "".join(log.read_text()[-2000:] for log in logs)
+    assert [p.returncode for p in procs] == [0, 0, 0], text
+    for name, (listeners, allowed) in found.items():
+        assert sum(map(len, listeners.values())) >= 2, (name, listeners)  # gloo, liveness...
+        assert not _beyond(listeners, allowed), f"{name} listens beyond {allowed}: {listeners}"

@@ -1,4 +1,4 @@
-"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus six.
+"""The elastic agent ``multigpu run`` hands to ``torch.distributed.run``: torchrun's, plus seven.
 
 - Its exit barrier (the wait for the other nodes' workers at the end) is bounded by
   ``--timeout``: ``torch.distributed.run`` gives no option for it (300 s).
@@ -13,6 +13,8 @@
   (``restart_reports``).
 - The nodes end with one outcome: a node whose workers failed makes the others exit 1 at once,
   not 0 after the exit barrier's timeout (``exit_agreement``).
+- The stores it hosts listen on the one address their clients dial (loopback on one node, the
+  cluster interface on several), not on every interface as torch's do (``store_listen``).
 
 ``torch.distributed.launcher.api.launch_agent`` builds its agent through the module name
 ``LocalElasticAgent``, so for the time of the block that name makes ours; it makes the
@@ -30,9 +32,12 @@ from typing import Any
 from multigpu.launch.agreement import check_nodes_agree, node_facts
 from multigpu.launch.endpoints import dialled_store
 from multigpu.launch.exit_agreement import ExitAgreement
+from multigpu.launch.options import parse_nnodes
 from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
+from multigpu.store_listen import listening_store
 from multigpu.store_reach import wait_until_listening
+from multigpu.torch_compat import store_servers_made_by
 
 
 @contextlib.contextmanager
@@ -82,8 +87,12 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
     setattr(launcher_api, "LocalElasticAgent", ours)  # noqa: B010 (a module attribute)
     setattr(rdzv_registry, "get_rendezvous_handler", handler_once_the_store_answers)  # noqa: B010
+    many_nodes = parse_nnodes(nnodes)[1] > 1
     try:
-        with StoreCallBound(timeout_s + STORE_GRACE_S):
+        with (
+            StoreCallBound(timeout_s + STORE_GRACE_S),
+            store_servers_made_by(functools.partial(listening_store, many_nodes=many_nodes)),
+        ):
             yield
     finally:
         setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010

@@ -66,3 +66,17 @@ def check_interface(name: str) -> str | None:
             "that connects the nodes (`ip -br addr`)"
         )
     return interface_address(name)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux), or None if none is found.
+
+    Example:
+        >>> loopback_interface()  # doctest: +SKIP
+        'lo'
+    """
+    for name in interface_names():
+        address = interface_address(name)
+        if address is not None and address.startswith("127."):
+            return name
+    return None

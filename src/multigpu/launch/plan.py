@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from multigpu.errors import UsageError
 from multigpu.launch.endpoints import store_port
+from multigpu.launch.network import loopback_interface
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
 from multigpu.launch.timeouts import (
     DEFAULT_TIMEOUT_S,
@@ -293,6 +294,12 @@ def build_plan(
         # gloo and NCCL otherwise pick the interface the hostname resolves to (127.0.1.1 on
         # many Linux installations, or the wrong network on machines with several).
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = options.iface
+    elif options.max_nodes == 1 and "GLOO_SOCKET_IFNAME" not in environ:
+        # One node: gloo's sockets on loopback, not on the address the hostname resolves to
+        # (often the machine's public one): nothing of the job listens beyond this machine.
+        loopback = loopback_interface()
+        if loopback is not None:
+            env["GLOO_SOCKET_IFNAME"] = loopback
     timeout_s = resolve_timeout(options.timeout, environ)
     if options.timeout is not None:
         env["MULTIGPU_TIMEOUT"] = f"{options.timeout:g}"
@@ -322,6 +329,10 @@ def _torchrun_args(
     given = dict(options.torchrun)
     if iface_address and not options.given("local_addr"):
         given["local_addr"] = iface_address  # the address other nodes reach this one at
+    elif options.max_nodes == 1 and not options.given("local_addr"):
+        # The workers' MASTER_ADDR, where the agent's store listens (store_listen): loopback,
+        # not the hostname's address (torch's default), which may face the outside.
+        given["local_addr"] = "127.0.0.1"
     if options.max_nodes > 1 or options.timeout is not None:
         # Only then: on one node no rendezvous waits for anyone, and the plan stays short.
         static = given.get("rdzv_backend", "static") == "static"
