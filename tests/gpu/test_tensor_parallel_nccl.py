@@ -39,7 +39,7 @@ def test_tensor_parallel_over_two_gpus_trains_like_one_process_and_resumes(
     )
     assert results[0]["tp"]["mesh"] == (("dp_shard", "tp"), (1, 2))
     assert results[0]["tp"]["straight"]["seen"] == results[1]["tp"]["straight"]["seen"]
-    _check(results[0]["tp"], results[0]["reference"])
+    _check(results[0]["tp"], results[0]["reference"]["state"])
 
 
 @pytest.mark.requires("gpus>=4")
@@ -48,7 +48,7 @@ def test_tp_with_fsdp_and_hsdp_on_a_2x2_mesh_of_gpus(tmp_path: Path) -> None:
         workers.two_d, world_size=4, args=(str(tmp_path),), device="cuda", timeout=300
     )
     for kind in workers.KINDS:
-        _check(results[0][kind], results[0]["reference"])
+        _check(results[0][kind], results[0]["reference"]["state"])
 
 
 def test_the_tutorials_model_on_two_gpus_gives_the_ported_models_losses() -> None:

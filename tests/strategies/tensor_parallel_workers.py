@@ -27,6 +27,7 @@ BATCH = 16  # global: 6 steps an epoch, so the runs cross epochs
 STEPS = 50
 HALF = 25
 KINDS = ("tp", "hsdp")
+CLIP = 0.5  # below most steps' gradient norm: the clipping changes the run
 
 
 class Net(nn.Module):
@@ -76,34 +77,44 @@ def _train(
     ckpt.track(loader=loader)
     resumed = ckpt.resume(resume_from) if resume_from is not None else None
     seen: list[int] = []
+    norms: list[float] = []
     while ckpt.steps < STEPS:
         for x, index, y in loader:
             seen += index.tolist()
             ctx.backward(F.cross_entropy(model(x), y))
+            norms.append(float(ctx.clip_grad_norm(model, opt, CLIP)))
             ctx.step(opt)
             ckpt.step()
             if ckpt.steps == STEPS:
                 break
     ckpt.close()
-    return {"state": ctx.full_state_dict(model), "resumed": resumed, "seen": seen}
+    return {
+        "state": ctx.full_state_dict(model),
+        "resumed": resumed,
+        "seen": seen,
+        "norms": norms,
+    }
 
 
-def one_process(steps: int) -> dict[str, torch.Tensor]:
-    """The plain model trained on the whole global batch, no process group involved."""
+def one_process(steps: int) -> dict[str, Any]:
+    """The plain model trained on the whole global batch, no process group involved: its final
+    ``state`` and the gradient ``norms`` of every step."""
     seed_everything(0)
     net = Net()
     opt = _optimizer(net)
     loader = make_loader(data(), batch_size=BATCH, rank=0, world_size=1, seed=0)
     done = 0
+    norms: list[float] = []
     while done < steps:
         for x, _index, y in loader:
             opt.zero_grad()
             F.cross_entropy(net(x), y).backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)))
             opt.step()
             done += 1
             if done == steps:
                 break
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return {"state": {k: v.detach().clone() for k, v in net.state_dict().items()}, "norms": norms}
 
 
 def _runs(kind: str, directory: Path) -> dict[str, Any]:

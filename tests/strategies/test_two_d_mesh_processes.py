@@ -34,7 +34,10 @@ def test_a_2x2_mesh_trains_like_one_process_and_resumes_where_it_left(
     names = ("dp_shard", "tp") if kind == "tp" else ("dp_replicate", "dp_shard")
     assert run["mesh"] == (names, (2, 2))
     straight = run["straight"]["state"]
-    assert _max_relative(straight, results[0]["reference"]) < 1e-5
+    assert _max_relative(straight, results[0]["reference"]["state"]) < 1e-5
+    norms, expected = run["straight"]["norms"], results[0]["reference"]["norms"]
+    assert max(abs(a - b) / b for a, b in zip(norms, expected, strict=True)) < 1e-5
+    assert sum(n > workers.CLIP for n in expected) > workers.STEPS // 2  # clipping acted
     assert run["resumed"]["resumed"] == workers.HALF
     assert _max_relative(run["resumed"]["state"], straight) < 1e-6
 

@@ -12,9 +12,11 @@ global batch stays the user's number.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from multigpu.errors import UsageError
@@ -23,6 +25,7 @@ from multigpu.strategies.fsdp import FSDPStrategy
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS
 from multigpu.strategies.materialize import has_meta_tensors
 from multigpu.strategies.mesh import MeshShape
+from multigpu.torch_compat import is_dtensor
 
 Plan = Mapping[str, Any] | Callable[[nn.Module, Any], Any]
 """``{submodule name: ParallelStyle}`` for ``parallelize_module``, or ``fn(model, tp_mesh)``
@@ -130,6 +133,32 @@ class TensorParallelStrategy(FSDPStrategy):
                 )
             module = parallelize_module(module, tp_mesh, dict(self.plan))
         return super().wrap(module)
+
+    def clip_grad_norm(
+        self, module: nn.Module, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the whole model's gradient norm, the number DDP gives.
+
+        ``clip_grad_norm_`` stacks the per-parameter norms, which fails here: a TP layer's
+        gradients live on the 2-D mesh, the other layers' on the data-parallel one. Each norm is
+        made whole first (one small reduction per parameter), then combined.
+        """
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        norms = []
+        for grad in grads:
+            norm = torch.linalg.vector_norm(grad, norm_type)
+            norms.append(norm.full_tensor() if is_dtensor(norm) else norm)
+        stacked = torch.stack(norms)
+        total = (
+            stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
+        )
+        scale = min(1.0, float(max_norm / (total + 1e-6)))  # clip_grad_norm_'s coefficient
+        if scale < 1.0:
+            for grad in grads:
+                grad.mul_(scale)
+        return total
 
     def describe(self) -> dict[str, Any]:
         described = super().describe()
