@@ -13,10 +13,27 @@ Example:
 
 from __future__ import annotations
 
-from multigpu.launch.cli import main
-from multigpu.launch.options import LaunchOptions
-from multigpu.launch.plan import DeviceRequest, LaunchPlan, build_plan, choose_devices
-from multigpu.launch.run import launch, prepare, run_command
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multigpu.launch.cli import main
+    from multigpu.launch.options import LaunchOptions
+    from multigpu.launch.plan import DeviceRequest, LaunchPlan, build_plan, choose_devices
+    from multigpu.launch.run import launch, prepare, run_command
+
+# Imported on first use: the command line validates its input before anything heavy loads.
+_WHERE = {
+    "main": "multigpu.launch.cli",
+    "LaunchOptions": "multigpu.launch.options",
+    "DeviceRequest": "multigpu.launch.plan",
+    "LaunchPlan": "multigpu.launch.plan",
+    "build_plan": "multigpu.launch.plan",
+    "choose_devices": "multigpu.launch.plan",
+    "launch": "multigpu.launch.run",
+    "prepare": "multigpu.launch.run",
+    "run_command": "multigpu.launch.run",
+}
 
 __all__ = [
     "DeviceRequest",
@@ -29,3 +46,11 @@ __all__ = [
     "prepare",
     "run_command",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'multigpu.launch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value

@@ -213,9 +213,7 @@ def options_from_namespace(
 
 
 def _train(argv: Sequence[str]) -> int:
-    from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.options import parse_nnodes
-    from multigpu.launch.run import run_command
     from multigpu.launch.train import (
         TRAIN_MODULES,
         check_batch_size,
@@ -245,6 +243,9 @@ def _train(argv: Sequence[str]) -> int:
         one_process=wants_one_process(job_argv),
     )
     with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
+    # Imported only now: a refused flag above costs no more than torchrun's parser.
+    from multigpu.launch.env_checks import check_worker_environment
+    from multigpu.launch.run import run_command
 
     def check(plan: LaunchPlan) -> None:
         check_worker_environment(plan)
