@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu import variables
 from multigpu.checkpoint.atomic import atomic_write
 from multigpu.probe import VerifyProbe, VerifyStop
 
@@ -51,7 +52,8 @@ class BenchProbe(VerifyProbe):
         directory = environ.get("MULTIGPU_BENCH_DIR")
         if not directory:
             return None
-        return cls(Path(directory), int(environ.get("MULTIGPU_BENCH_STEPS") or 0), rank, world_size)
+        steps = variables.read_count(environ, "MULTIGPU_BENCH_STEPS")
+        return cls(Path(directory), steps, rank, world_size)
 
     def watch_model(
         self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu import variables
 from multigpu.checkpoint.atomic import atomic_write
 from multigpu.strategies.base import unwrap_module
 from multigpu.strategies.sync_batchnorm import CPUSyncBatchNorm
@@ -75,7 +76,7 @@ class VerifyProbe:
             from multigpu.bench_record import BenchProbe  # `bench scaling` times the steps
 
             return BenchProbe.from_bench_environ(environ, rank, world_size)
-        steps = int(environ.get("MULTIGPU_VERIFY_STEPS", "0") or 0)
+        steps = variables.read_count(environ, "MULTIGPU_VERIFY_STEPS")
         return cls(Path(directory), steps, rank, world_size)
 
     def watch_model(

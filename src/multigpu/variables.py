@@ -107,6 +107,24 @@ def read_seconds(
     return value
 
 
+def read_count(environ: Mapping[str, str], name: str, default: int = 0) -> int:
+    """``name`` as a whole number >= 0 (a count of steps); ``default`` when unset or empty.
+
+    Raises:
+        UsageError: not a whole number, or negative.
+
+    Example:
+        >>> read_count({"MULTIGPU_VERIFY_STEPS": "20"}, "MULTIGPU_VERIFY_STEPS")
+        20
+    """
+    raw = _raw(environ, name)
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise _refuse(name, raw, "a whole number of steps (0 or more)", "20")
+    return int(raw)
+
+
 def strategy(environ: Mapping[str, str]) -> str:
     """``MULTIGPU_STRATEGY``: the strategy of a script that leaves it to ``init()`` (auto)."""
     return read_choice(environ, "MULTIGPU_STRATEGY", STRATEGY_NAMES, "auto", "ddp")

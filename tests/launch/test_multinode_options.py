@@ -5,9 +5,11 @@ Pure planning, plus the two run-time bounds on real objects (a socket, torch's l
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+import threading
 from argparse import Namespace
 from pathlib import Path
 
@@ -162,16 +164,33 @@ def test_agent_errors_name_the_endpoint_and_the_fix() -> None:
     assert f"(this node, {here}: --nnodes 2)" in line and "new --rdzv-id" in line
 
 
+def _answer_garbage(listener: socket.socket) -> None:
+    """Answer every connection as an HTTP server would (torch's client retries on it)."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # closed: the test is over
+            return
+        with conn, contextlib.suppress(OSError):
+            conn.recv(64)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+
+@pytest.mark.parametrize("program", ["silent", "answers-garbage"])
 def test_a_port_held_by_a_program_that_is_not_a_store_is_named_not_waited_on(
-    tmp_path: Path,
+    tmp_path: Path, program: str
 ) -> None:
-    # torch's store client would wait for such a program forever, whatever its timeout.
+    # torch's store client would wait for a silent program forever, whatever its timeout, and
+    # retry against one answering garbage; the launcher's probe left in a thread of its own
+    # then aborted it at exit (SIGABRT, exit 134) after the one line.
     script = tmp_path / "t.py"
     script.write_text("print('never')\n")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
+        if program == "answers-garbage":
+            threading.Thread(target=_answer_garbage, args=(listener,), daemon=True).start()
         done = subprocess.run(
             [sys.executable, "-m", "multigpu", "run", "--cpu", "1", "--nnodes", "2",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "2",
@@ -179,7 +198,10 @@ def test_a_port_held_by_a_program_that_is_not_a_store_is_named_not_waited_on(
             env=child_env({}), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert f"a program listens at 127.0.0.1:{port} but does not answer as a rendezvous store" in (
-        done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert (
+        f"a program listens at 127.0.0.1:{port} but does not answer as a rendezvous store"
+        in (lines[0])
     )
     assert "never" not in done.stdout

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import signal
 import socket
 
 from multigpu.errors import UsageError
@@ -91,29 +93,63 @@ def check_store_answers(host: str, port: int, *, option: str, wait_s: float) -> 
     Example:
         >>> check_store_answers("127.0.0.1", 1, option="--rdzv-endpoint", wait_s=1)
     """
-    import threading
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
     try:
         socket.create_connection((host, port), timeout=min(wait_s, 1.0)).close()
     except OSError:
         return  # nothing there (yet), or unreachable: the agent's bounded waits report it
-    answered = threading.Event()
-
-    def probe() -> None:
-        # An error is an answer too: the agent meets it again and reports it.
-        with contextlib.suppress(Exception):
-            TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait_s),
-                     wait_for_workers=False)  # fmt: skip
-        answered.set()
-
-    threading.Thread(target=probe, daemon=True, name="multigpu-store-probe").start()
-    if not answered.wait(wait_s):
+    if not _answers_as_store(host, port, wait_s):
         raise UsageError(
             f"{option}: a program listens at {host}:{port} but does not answer as a rendezvous "
             f"store within {wait_s:g} s (torch would wait for it forever); expected the port free "
             f"on the store's node, or held by this job's store: stop the program that holds port "
             f"{port} on {host} (`ss -ltnp 'sport = :{port}'` shows it) or choose another port"
         )
+
+
+def _answers_as_store(host: str, port: int, wait_s: float) -> bool:
+    """Whether a TCPStore client at ``host:port`` gets an answer (any: an error is one too)
+    within ``wait_s``.
+
+    The client runs in a forked child that is killed when the time is up: a client left
+    waiting in a thread of this process made it abort at exit (SIGABRT, "terminate called
+    without an active exception", from the client's C++ thread). Without ``fork`` (not POSIX)
+    a daemon thread does it, as before.
+    """
+    import threading
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    def connect() -> None:
+        TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait_s),
+                 wait_for_workers=False)  # fmt: skip
+
+    if not hasattr(os, "fork"):
+        answered = threading.Event()
+
+        def probe() -> None:
+            with contextlib.suppress(Exception):
+                connect()
+            answered.set()
+
+        threading.Thread(target=probe, daemon=True, name="multigpu-store-probe").start()
+        return answered.wait(wait_s)
+    child = os.fork()
+    if child == 0:  # the child: connect quietly, and leave without Python's teardown
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)  # torch's client logs each retry: the parent words the outcome
+            connect()
+        except BaseException:  # an error is an answer too
+            pass
+        os._exit(0)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(child, os.WNOHANG)
+        if done:
+            return True
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return False
