@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         TensorParallelStrategy,
         unwrap_module,
     )
+    from multigpu.strategies.model_parallel import place_stages
 
 __version__ = "0.1.0"
 
@@ -96,6 +97,7 @@ _WHERE: dict[str, str] = {
     "gather_all": "multigpu.metrics",
     "gather_in_dataset_order": "multigpu.metrics",
     "seed_everything": "multigpu.seed",
+    "place_stages": "multigpu.strategies.model_parallel",
     "DataParallelStrategy": "multigpu.strategies",
     "DDPStrategy": "multigpu.strategies",
     "FSDPStrategy": "multigpu.strategies",
@@ -144,6 +146,7 @@ __all__ = [
     "init",
     "load_weights",
     "move_to_device",
+    "place_stages",
     "seed_everything",
     "unwrap_module",
     "verify_checkpoint",

@@ -29,6 +29,7 @@ from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.hang import Watchdog, active_log, report_lost_peers
 from multigpu.hang.stragglers import straggler_lines
+from multigpu.metrics import count_repeated_data
 from multigpu.precision import Precision
 from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
@@ -310,6 +311,11 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         """
         # The data-parallel ranks split the data; a tensor-parallel group shares one batch.
         data_rank, data_ranks = self.strategy.data_shard(self.rank, self.world_size)
+        # A rank reading a lower rank's data leaves its metrics out of their sums.
+        shard_of = self.strategy.data_shard
+        count_repeated_data(
+            any(shard_of(r, self.world_size)[0] == data_rank for r in range(self.rank))
+        )
         loader = make_loader(
             dataset,
             batch_size=batch_size,
@@ -357,6 +363,7 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         if self._probe is not None:
             self._probe.write()
         self.strategy.teardown()
+        count_repeated_data(False)
         if self._owns_process_group:
             dist.destroy_process_group()
 

@@ -25,6 +25,18 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
+_REPEATS = False
+"""True while this rank's data repeats a lower rank's (a tensor-parallel group or a pipeline
+reads one batch on each of its ranks, ``Strategy.data_shard``): then its state is left out of
+``compute()``'s sum, so each sample still counts once. Set by ``ctx.loader``."""
+
+
+def count_repeated_data(repeats: bool) -> None:
+    """Say whether this rank's evaluation data repeats a lower rank's (``ctx.loader`` does)."""
+    global _REPEATS
+    _REPEATS = repeats
+
+
 class Metric:
     """Base: a float64 state ``[total, count]``; ``compute()`` sums it over ranks.
 
@@ -58,7 +70,8 @@ class Metric:
             >>> m = Mean(); m.update(torch.tensor([1.0, 2.0])); m.compute()
             1.5
         """
-        reduced = dist.all_reduce(self._local.to(_comm_device()), op="sum")
+        local = torch.zeros_like(self._local) if _REPEATS else self._local
+        reduced = dist.all_reduce(local.to(_comm_device()), op="sum")
         self._global = reduced.cpu()
         return self._value(self._global)
 

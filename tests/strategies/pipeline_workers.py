@@ -91,11 +91,16 @@ def train(
                     break
         state = ctx.full_state_dict(model)
         local = sorted(ctx.unwrap(model).state_dict())
+        evaluated = multigpu.Mean()  # every process reads every batch: each counts once
         with torch.no_grad():  # evaluation: the output on every rank
             out = model(data().tensors[0][:8])
+            for x, y in ctx.loader(data(), batch_size=BATCH, shuffle=False):
+                evaluated.update(F.mse_loss(model(x), y, reduction="none").mean(dim=1))
+        evaluated.compute()
         bubble = ctx.strategy.bubble(model) if schedule != "single" else None
         out = out.cpu()  # the parent may have no GPU context
-        return {"losses": losses, "state": state, "local": local, "out": out, "bubble": bubble}
+        return {"losses": losses, "state": state, "local": local, "out": out, "bubble": bubble,
+                "evaluated": evaluated.count}  # fmt: skip
 
 
 def several(runs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

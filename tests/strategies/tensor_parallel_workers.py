@@ -88,11 +88,17 @@ def _train(
             if ckpt.steps == STEPS:
                 break
     ckpt.close()
+    evaluated = multigpu.Mean()  # each sample once, though a TP group reads it on both ranks
+    with torch.no_grad():
+        for x, _index, y in ctx.loader(data(), batch_size=BATCH, shuffle=False):
+            evaluated.update(F.cross_entropy(model(x), y, reduction="none"))
+    evaluated.compute()
     return {
         "state": ctx.full_state_dict(model),
         "resumed": resumed,
         "seen": seen,
         "norms": norms,
+        "evaluated": evaluated.count,
     }
 
 

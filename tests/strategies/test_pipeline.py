@@ -66,6 +66,7 @@ def test_two_stages_train_like_the_unsplit_model(
     assert not set(run0["local"]) & set(run1["local"])  # each process holds its stages only
     for run in (run0, run1):  # evaluation: the last stage's output on every rank
         assert torch.allclose(run["out"], alone["out"], atol=1e-5)
+        assert run["evaluated"] == alone["evaluated"] == pipeline_workers.SAMPLES  # each once
 
 
 def pipeline_workers_initial() -> dict[str, torch.Tensor]:

@@ -39,6 +39,7 @@ def test_a_2x2_mesh_trains_like_one_process_and_resumes_where_it_left(
     assert max(abs(a - b) / b for a, b in zip(norms, expected, strict=True)) < 1e-5
     assert sum(n > workers.CLIP for n in expected) > workers.STEPS // 2  # clipping acted
     assert run["resumed"]["resumed"] == workers.HALF
+    assert run["straight"]["evaluated"] == len(workers.data())  # each sample counted once
     assert _max_relative(run["resumed"]["state"], straight) < 1e-6
 
 
