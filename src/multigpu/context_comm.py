@@ -77,9 +77,13 @@ class RankTools:
         """Reduce a tensor or number over ranks: ``mean``, ``sum``, ``max``, ``min``, ``prod``."""
         return dist.all_reduce(value, op=op, device=self._comm_device())
 
-    def reduce(self, value: T, op: dist.ReduceOp = "sum") -> T:
-        """Like ``all_reduce`` with ``sum`` by default: totals of counts and sums over ranks."""
-        return dist.all_reduce(value, op=op, device=self._comm_device())
+    def reduce(self, value: Any, op: str = "sum") -> NoReturn:
+        """Removed (it was an all-reduce, unlike torch's ``reduce`` to one rank): use
+        ``ctx.all_reduce(value, op="sum")``. Raises UsageError saying so, for one release."""
+        raise UsageError(
+            f"ctx.reduce(value, op={op!r}) was renamed: it is an all-reduce (every rank gets the "
+            f"result), unlike torch.distributed.reduce; use ctx.all_reduce(value, op={op!r})"
+        )
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order, on every rank (tensors may differ in length)."""

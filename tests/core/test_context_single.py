@@ -32,6 +32,9 @@ def test_single_process_has_no_group_and_noop_collectives():
         assert ctx.gather("x") == ["x"]
         assert ctx.broadcast(5) == 5
         ctx.barrier()
+        # ctx.reduce was an all-reduce (unlike torch's reduce): renamed, old callers told how
+        with pytest.raises(multigpu.UsageError, match=r"use ctx.all_reduce\(value, op='sum'\)"):
+            ctx.reduce(3)
 
 
 def test_setup_returns_model_and_optimizers_and_unwrap_is_plain():

@@ -153,7 +153,7 @@ def evaluate(
         loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten(), reduction="sum")
         total += torch.tensor([float(loss), y.numel()], dtype=torch.float64)
     model.train()
-    loss_sum, tokens = ctx.reduce(total).tolist()  # summed over ranks
+    loss_sum, tokens = ctx.all_reduce(total, op="sum").tolist()  # summed over ranks
     return loss_sum / tokens
 
 
