@@ -151,8 +151,8 @@ def test_bench_probe_times_steps_and_stops_after_the_last(tmp_path: Path) -> Non
 def test_train_cpu_auto_dry_run_uses_a_recorded_split_or_the_default(
     cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from multigpu.host import usable_cores
     from multigpu.launch.cli import main
-    from multigpu.launch.run import usable_cores
 
     cores = usable_cores()
     assert main(["train", "--cpu", "auto", "--dry-run"]) == 0

@@ -15,16 +15,15 @@ import pytest
 from multigpu.diagnostics.doctor.cuda import driver_check
 from multigpu.diagnostics.doctor.gpu_checks import gpu_checks, topology_check
 from multigpu.diagnostics.doctor.network import (
-    Interface,
     ifname_check,
     interface_rows,
     mtu_check,
-    read_interfaces,
     used_interface,
 )
 from multigpu.gpus import GPUFacts, read_facts
 from multigpu.gpus.smi import QUERY_GPU
 from multigpu.gpus.topology import TOPO, parse_topo_matrix
+from multigpu.host import Interface, read_interfaces
 from tests.gpus.fake_nvml import SWITCH, LinkedNVML, NoNVML
 from tests.gpus.recorded import DATA as GPU_DATA
 from tests.gpus.recorded import Recorded

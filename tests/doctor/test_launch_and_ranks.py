@@ -11,7 +11,6 @@ import pytest
 
 from multigpu.diagnostics.doctor.checks import ok, warn
 from multigpu.diagnostics.doctor.cli import doctor_main
-from multigpu.diagnostics.doctor.network import read_interfaces
 from multigpu.diagnostics.doctor.probe import failure_check, result_check
 from multigpu.diagnostics.doctor.ranks import compare_ranks, merge_rows
 from multigpu.diagnostics.doctor.rendezvous import (
@@ -22,6 +21,7 @@ from multigpu.diagnostics.doctor.rendezvous import (
     port_check,
 )
 from multigpu.errors import UsageError
+from multigpu.host import read_interfaces
 
 TORCHRUN = {
     "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.host import usable_cores
 from multigpu.launch.cli import main
-from multigpu.launch.run import usable_cores
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "allreduce.py")
 

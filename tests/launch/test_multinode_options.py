@@ -22,9 +22,10 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.run import parse_args as torchrun_parse_args
 
 from multigpu.errors import UsageError
+from multigpu.host import interface_names
 from multigpu.launch.agent_errors import describe_agent_error, root_cause
 from multigpu.launch.cli import build_train_parser
-from multigpu.launch.network import check_interface, interface_names
+from multigpu.launch.network import check_interface
 from multigpu.launch.timeouts import (
     StoreCallBound,
     rendezvous_conf,

@@ -10,44 +10,9 @@ publish an address that other nodes cannot reach.
 from __future__ import annotations
 
 import socket
-import struct
 
 from multigpu.errors import UsageError
-
-_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
-
-
-def interface_names() -> list[str]:
-    """The network interfaces of this machine (of this network namespace), sorted.
-
-    Example:
-        >>> "lo" in interface_names()  # doctest: +SKIP
-        True
-    """
-    try:
-        return sorted(name for _, name in socket.if_nameindex())
-    except OSError:  # no netlink (not Linux): nothing to offer
-        return []
-
-
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of interface ``name``, or None when it has none (or this is not Linux).
-
-    Example:
-        >>> interface_address("lo")  # doctest: +SKIP
-        '127.0.0.1'
-    """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            request = struct.pack("256s", name.encode()[:15])
-            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+from multigpu.host import interface_address, interface_names
 
 
 def check_interface(name: str) -> str | None:
@@ -66,17 +31,3 @@ def check_interface(name: str) -> str | None:
             "that connects the nodes (`ip -br addr`)"
         )
     return interface_address(name)
-
-
-def loopback_interface() -> str | None:
-    """The name of this machine's loopback interface (``lo`` on Linux), or None if none is found.
-
-    Example:
-        >>> loopback_interface()  # doctest: +SKIP
-        'lo'
-    """
-    for name in interface_names():
-        address = interface_address(name)
-        if address is not None and address.startswith("127."):
-            return name
-    return None

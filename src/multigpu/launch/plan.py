@@ -20,8 +20,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from multigpu.errors import UsageError
+from multigpu.host import loopback_interface
 from multigpu.launch.endpoints import store_port
-from multigpu.launch.network import loopback_interface
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
 from multigpu.launch.timeouts import (
     DEFAULT_TIMEOUT_S,

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any, TextIO
 
-from multigpu.diagnostics.bench.splits import usable_cores
 from multigpu.errors import MultiGPUError, UsageError
+from multigpu.host import usable_cores
 from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.agent_errors import describe_agent_error
 from multigpu.launch.endpoints import endpoint_option, rendezvous_endpoint

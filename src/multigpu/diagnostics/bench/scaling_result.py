@@ -26,8 +26,9 @@ from multigpu.diagnostics.bench.scaling import (
     with_speedups,
 )
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
-from multigpu.diagnostics.bench.splits import fastest, load_before, split_label, usable_cores
+from multigpu.diagnostics.bench.splits import fastest, load_before, split_label
 from multigpu.diagnostics.options import choose_device
+from multigpu.host import usable_cores
 
 log = logging.getLogger(__name__)
 

@@ -76,16 +76,3 @@ def busy_note(load: float | None) -> str | None:
         "using the CPU, so CPU figures (multi-threaded ones most) are lower and noisier than on "
         "an idle machine"
     )
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask), as the launcher counts them.
-
-    Example:
-        >>> usable_cores() >= 1
-        True
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from multigpu.diagnostics.options import number_arg
 from multigpu.errors import UsageError
+from multigpu.host import read_interfaces
 
 if TYPE_CHECKING:
     from multigpu.diagnostics.doctor.checks import Check
@@ -183,7 +184,7 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
     from multigpu.gpus.torch_probe import has_gpu_device_node
     from multigpu.gpus.visible import visible_devices
 
-    interfaces = network.read_interfaces()
+    interfaces = read_interfaces()
     launch_rows, env = rendezvous.launch_checks(environ, interfaces)
     worker = env is not None and env.source == "torchrun"
     gpu_facts = read_facts(environ)  # GPUs, driver and links in one NVML session

@@ -1,9 +1,8 @@
 """Network checks: interfaces (state, MTU, IPv4), MTU agreement, and the interfaces that gloo
 and NCCL are told to use (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``).
 
-Interfaces are listed with netlink (``socket.if_nameindex``) and read with ioctls on a socket,
-not from ``/sys/class/net``: sysfs shows the network namespace that mounted it, which is not this
-process's inside a container or test host entered with ``nsenter``.
+The interfaces themselves are read by ``multigpu.host`` (the launcher's ``--iface`` reads them
+the same way).
 
 Environment variables read (from the mapping given): ``GLOO_SOCKET_IFNAME``,
 ``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ``MASTER_PORT``.
@@ -12,94 +11,13 @@ Environment variables read (from the mapping given): ``GLOO_SOCKET_IFNAME``,
 from __future__ import annotations
 
 import socket
-import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip, warn
-
-_IFF_UP, _IFF_LOOPBACK, _IFF_RUNNING = 0x1, 0x8, 0x40
-_SIOCGIFFLAGS, _SIOCGIFADDR, _SIOCGIFMTU = 0x8913, 0x8915, 0x8921
+from multigpu.host import Interface
 
 VIRTUAL_PREFIXES = ("veth", "docker", "br-", "virbr", "cni", "flannel", "cali", "vxlan", "kube")
 """Interfaces of container and VM plumbing: their MTU is not the nodes' network's."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Interface:
-    """One network interface of this machine (of this process's network namespace)."""
-
-    name: str
-    """``eth0``, ``lo``, ``ib0``."""
-    up: bool
-    """Administratively up (``IFF_UP``)."""
-    carrier: bool
-    """Its link is up too (``IFF_RUNNING``): it can carry traffic."""
-    loopback: bool
-    """``lo``."""
-    mtu: int | None
-    """Its MTU in bytes (None when not readable)."""
-    ipv4: str | None = None
-    """Its IPv4 address, if it has one."""
-
-    @property
-    def usable(self) -> bool:
-        """Up with a link: gloo and NCCL can use it."""
-        return self.up and self.carrier
-
-    def describe(self) -> str:
-        """``"up, MTU 1500, 10.0.0.2"``.
-
-        Example:
-            >>> Interface(name="lo", up=True, carrier=True, loopback=True, mtu=65536,
-            ...           ipv4="127.0.0.1").describe()
-            'up, MTU 65536, 127.0.0.1 (loopback)'
-        """
-        state = "up" if self.usable else ("up, no carrier" if self.up else "down")
-        parts = [state, f"MTU {self.mtu}" if self.mtu else "MTU ?"]
-        parts.append(self.ipv4 or "no IPv4 address")
-        return ", ".join(parts) + (" (loopback)" if self.loopback else "")
-
-
-def read_interfaces() -> list[Interface]:
-    """Every interface of this network namespace, sorted by name ([] where netlink is missing).
-
-    Example:
-        >>> [i.name for i in read_interfaces() if i.loopback]  # doctest: +SKIP
-        ['lo']
-    """
-    try:
-        import fcntl
-
-        names = sorted(name for _, name in socket.if_nameindex())
-    except (ImportError, OSError):
-        return []
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-
-        def ask(name: str, request: int) -> bytes | None:
-            ifreq = name.encode()[:15].ljust(40, b"\0")  # struct ifreq: name[16] + a union
-            try:
-                return fcntl.ioctl(sock.fileno(), request, ifreq)
-            except OSError:
-                return None  # e.g. no IPv4 address on it
-
-        for name in names:
-            flags_raw, mtu_raw, addr_raw = (
-                ask(name, r) for r in (_SIOCGIFFLAGS, _SIOCGIFMTU, _SIOCGIFADDR)
-            )
-            flags = struct.unpack_from("H", flags_raw, 16)[0] if flags_raw else 0
-            found.append(
-                Interface(
-                    name=name,
-                    up=bool(flags & _IFF_UP),
-                    carrier=bool(flags & _IFF_RUNNING),
-                    loopback=bool(flags & _IFF_LOOPBACK),
-                    mtu=struct.unpack_from("i", mtu_raw, 16)[0] if mtu_raw else None,
-                    ipv4=socket.inet_ntoa(addr_raw[20:24]) if addr_raw else None,
-                )
-            )
-    return found
 
 
 def interface_rows(interfaces: Sequence[Interface]) -> list[Check]:

@@ -12,9 +12,9 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip, warn
-from multigpu.diagnostics.doctor.network import Interface
 from multigpu.env import ClusterEnv, detect
 from multigpu.errors import EnvError
+from multigpu.host import Interface
 
 DEFAULT_PORT = 29500
 """torch's default ``MASTER_PORT`` (``--master-port``)."""

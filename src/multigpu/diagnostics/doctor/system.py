@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from multigpu.diagnostics.bench.splits import usable_cores
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
+from multigpu.host import usable_cores
 
 GiB = 1024**3
 MiB = 1024**2
