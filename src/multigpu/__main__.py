@@ -1,13 +1,13 @@
-"""``python -m multigpu``: the ``multigpu`` command line (see ``multigpu.launch.cli``).
+"""``python -m multigpu``: the ``multigpu`` command line (see ``multigpu.cli.main``).
 
-Environment variables read: see ``multigpu.launch.cli``.
+Environment variables read: see ``multigpu.cli.main``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from multigpu.launch.cli import main
+from multigpu.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from multigpu.bench_record import BenchProbe
-from multigpu.diagnostics.bench.cache import (
+from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
+from multigpu.errors import UsageError
+from multigpu.launch.cpu_split import (
     cache_path,
     cpu_auto_split,
     find_record,
@@ -19,8 +21,6 @@ from multigpu.diagnostics.bench.cache import (
     script_key,
     torch_version,
 )
-from multigpu.errors import UsageError
-from multigpu.launch.cli import build_run_parser, options_from_namespace
 from multigpu.launch.options import LaunchOptions, cpu_count_arg
 from multigpu.launch.plan import build_plan, choose_devices
 from multigpu.probe import VerifyProbe, VerifyStop
@@ -151,8 +151,8 @@ def test_bench_probe_times_steps_and_stops_after_the_last(tmp_path: Path) -> Non
 def test_train_cpu_auto_dry_run_uses_a_recorded_split_or_the_default(
     cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from multigpu.cli.main import main
     from multigpu.host import usable_cores
-    from multigpu.launch.cli import main
 
     cores = usable_cores()
     assert main(["train", "--cpu", "auto", "--dry-run"]) == 0

@@ -11,6 +11,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from multigpu.cli.main import main
 from multigpu.diagnostics import (
     RunOutcome,
     RunRecord,
@@ -23,7 +24,6 @@ from multigpu.diagnostics import (
 from multigpu.diagnostics.report import render
 from multigpu.diagnostics.verify import child_env, run_command
 from multigpu.errors import UsageError
-from multigpu.launch.cli import main
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "mlp.py")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.cli.main import main
 from multigpu.gpus.types import GPUInfo
-from multigpu.launch.cli import main
 
 BIG = """
 import torch

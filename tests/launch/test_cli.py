@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.cli.main import main
 from multigpu.host import usable_cores
-from multigpu.launch.cli import main
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "allreduce.py")
 

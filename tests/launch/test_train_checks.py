@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.cli.main import main
 from multigpu.errors import UsageError
 from multigpu.examples import digits_parser, job_cli, lm_options, lm_parser
 from multigpu.examples.digits import build_parser
 from multigpu.examples.job_cli import check_outputs, directory_problem
-from multigpu.launch.cli import main
 from multigpu.launch.train import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BATCH_SIZES,

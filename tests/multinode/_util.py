@@ -64,7 +64,7 @@ END_MARK = "multigpu-test-end"
 _TIMED = (
     "import sys, time\n"
     "import torch.distributed.run\n"
-    "from multigpu.launch.cli import main\n"
+    "from multigpu.cli.main import main\n"
     f"print({START_MARK!r}, time.time(), flush=True)\n"
     "code = main(sys.argv[1:])\n"
     f"print({END_MARK!r}, time.time(), flush=True)\n"

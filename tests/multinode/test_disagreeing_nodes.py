@@ -89,7 +89,7 @@ def test_a_round_completed_with_different_nnodes_stops_every_node_before_any_wor
 # node1's launcher as if another torch were installed there (its workers never start).
 OTHER_TORCH = (
     "import sys, torch; torch.__version__ = '2.12.1'; "
-    "from multigpu.launch.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from multigpu.cli.main import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

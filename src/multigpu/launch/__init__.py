@@ -1,14 +1,15 @@
-"""The launcher: ``multigpu run|train|gpus`` on top of torch.distributed.run.
+"""The launcher: plans a launch and runs it on top of torch.distributed.run (the command line
+that calls it is ``multigpu.cli``).
 
-Only errors, log, env, gpus and torch.distributed.run are imported from here (an import-linter
-contract keeps it so); nothing in the library imports launch/.
+Only errors, log, env, host, gpus and torch.distributed.run are imported from here (an
+import-linter contract keeps it so); nothing in the library imports launch/.
 
-Environment variables read: see ``multigpu.launch.run`` and ``multigpu.launch.cli``.
+Environment variables read: see ``multigpu.launch.run``.
 
 Example:
-    >>> from multigpu.launch import main
-    >>> main(["run", "--cpu", "2", "--dry-run", "train.py"])  # doctest: +SKIP
-    0
+    >>> from multigpu.launch import LaunchOptions, prepare
+    >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
+    ...     print(plan.describe())
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from multigpu.launch.cli import main
     from multigpu.launch.options import LaunchOptions
     from multigpu.launch.plan import DeviceRequest, LaunchPlan, build_plan, choose_devices
     from multigpu.launch.run import launch, prepare, run_command
 
 # Imported on first use: the command line validates its input before anything heavy loads.
 _WHERE = {
-    "main": "multigpu.launch.cli",
     "LaunchOptions": "multigpu.launch.options",
     "DeviceRequest": "multigpu.launch.plan",
     "LaunchPlan": "multigpu.launch.plan",
@@ -42,7 +41,6 @@ __all__ = [
     "build_plan",
     "choose_devices",
     "launch",
-    "main",
     "prepare",
     "run_command",
 ]

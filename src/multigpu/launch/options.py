@@ -113,7 +113,7 @@ def cpu_count_arg(text: str) -> int | Literal["auto"]:
         (2, 'auto')
     """
     if text.strip().lower() == "auto":
-        return "auto"  # resolved by the plan from the measured split (diagnostics.bench.cache)
+        return "auto"  # resolved by the plan from the measured split (launch.cpu_split)
     try:
         value = int(text)
     except ValueError:

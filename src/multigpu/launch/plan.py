@@ -7,7 +7,7 @@ Environment variables read (from the ``environ`` passed in): ``OMP_NUM_THREADS``
 ``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them; else
 set to 1 where workers may restart),
 ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``); for ``--cpu auto``, the split saved by
-``multigpu bench scaling`` (``MULTIGPU_CACHE_DIR``, ``XDG_CACHE_HOME``: see its ``cache``).
+``multigpu bench scaling`` (``MULTIGPU_CACHE_DIR``, ``XDG_CACHE_HOME``: see ``launch.cpu_split``).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def choose_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> Dev
                 "same number of processes; drop --nproc-per-node (--cpu N sets it)"
             )
         if isinstance(options.cpu, str):  # --cpu auto: the split `bench scaling` measured here
-            from multigpu.diagnostics.bench.cache import cpu_auto_split
+            from multigpu.launch.cpu_split import cpu_auto_split
 
             n, why = cpu_auto_split(options.script, is_module=options.is_module, cores=cores)
             return DeviceRequest(kind="cpu", processes=_cpu(options, n).processes, note=why)

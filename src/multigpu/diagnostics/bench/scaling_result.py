@@ -16,7 +16,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from multigpu.diagnostics.bench.cache import new_record, save_record, script_key, torch_version
 from multigpu.diagnostics.bench.scaling import (
     Row,
     configurations,
@@ -29,6 +28,7 @@ from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.bench.splits import fastest, load_before, split_label
 from multigpu.diagnostics.options import choose_device
 from multigpu.host import usable_cores
+from multigpu.launch.cpu_split import new_record, save_record, script_key, torch_version
 
 log = logging.getLogger(__name__)
 
