@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from multigpu.diagnostics.doctor.cli import parse_doctor_args
+from multigpu.cli.doctor import parse_doctor_args
 from multigpu.errors import UsageError
 from multigpu.testing.hosts import Host
 from tests.launch._util import child_env, popen_multigpu, run_multigpu

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from multigpu.cli.doctor import doctor_main
 from multigpu.diagnostics.doctor.checks import ok, warn
-from multigpu.diagnostics.doctor.cli import doctor_main
 from multigpu.diagnostics.doctor.probe import failure_check, result_check
 from multigpu.diagnostics.doctor.ranks import compare_ranks, merge_rows
 from multigpu.diagnostics.doctor.rendezvous import (

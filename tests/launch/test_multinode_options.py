@@ -21,6 +21,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 from torch.distributed.run import parse_args as torchrun_parse_args
 
+from multigpu.cli.args import split_own_args as split_launch_args
 from multigpu.cli.launch_parsers import build_train_parser
 from multigpu.errors import UsageError
 from multigpu.host import interface_names
@@ -31,7 +32,6 @@ from multigpu.launch.timeouts import (
     rendezvous_conf,
     resolve_timeout,
 )
-from multigpu.launch.train import split_launch_args
 from tests.launch._util import child_env
 from tests.launch.test_plan import plan_for
 

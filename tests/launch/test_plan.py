@@ -8,13 +8,14 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.run import parse_args as torchrun_parse_args
 
+from multigpu.cli.args import split_own_args as split_launch_args
 from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
 from multigpu.launch.endpoints import store_port
 from multigpu.launch.options import LaunchOptions, parse_nnodes
 from multigpu.launch.plan import build_plan, choose_devices
 from multigpu.launch.ports import check_port_free, is_local_address
-from multigpu.launch.train import split_launch_args, wants_one_process
+from multigpu.launch.train import wants_one_process
 
 
 def parse(*argv: str) -> LaunchOptions:

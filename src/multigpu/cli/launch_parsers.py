@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any
 
-from multigpu.errors import UsageError
+from multigpu.cli.args import Parser
 from multigpu.launch.options import BACKENDS, LaunchOptions, cpu_count_arg
 from multigpu.launch.plan import CPU_DEFAULT_WHY
 from multigpu.launch.timeouts import seconds_arg
@@ -31,18 +31,6 @@ DEVICE_HELP = (
     "Devices. Default: every free GPU when the machine has GPUs; on a CPU-only machine ONE "
     f"process using all cores, because {CPU_DEFAULT_WHY}. --cpu N asks for N processes."
 )
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser that raises UsageError instead of printing usage and exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        if "training_script" in message:  # argparse would name torchrun's internal dest
-            raise UsageError(
-                f"'{self.prog}' was given no script; expected '{self.prog} [options] script.py "
-                f"[args]' or '{self.prog} [options] -m module [args]'; see '{self.prog} --help'"
-            )
-        raise UsageError(f"{message}; see '{self.prog} --help'")
 
 
 def _torchrun_parser() -> argparse.ArgumentParser:
@@ -103,7 +91,7 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_run_parser(prog: str = f"{PROG} run") -> _Parser:
+def build_run_parser(prog: str = f"{PROG} run") -> Parser:
     """The parser of ``multigpu run``: torchrun's options plus ``--gpus/--cpu/--backend/--dry-run``.
 
     Example:
@@ -111,7 +99,7 @@ def build_run_parser(prog: str = f"{PROG} run") -> _Parser:
         >>> ns.cpu, ns.training_script, ns.training_script_args
         (2, 'train.py', ['--lr', '0.1'])
     """
-    parser = _Parser(
+    parser = Parser(
         prog=prog,
         parents=[_torchrun_parser()],
         add_help=False,
@@ -125,7 +113,7 @@ def build_run_parser(prog: str = f"{PROG} run") -> _Parser:
 
 def build_train_parser() -> argparse.ArgumentParser:
     """The launch options of ``multigpu train`` (the training options belong to the job)."""
-    parser = _Parser(
+    parser = Parser(
         prog=f"{PROG} train",
         add_help=False,
         allow_abbrev=False,
@@ -146,7 +134,7 @@ def build_train_parser() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level ``multigpu`` parser with its subcommands."""
-    parser = _Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
+    parser = Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
     sub = parser.add_subparsers(
         dest="command",
         required=True,

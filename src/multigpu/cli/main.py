@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from multigpu import variables
+from multigpu.cli.args import split_own_args
 from multigpu.cli.launch_parsers import (
     PROG,
     build_parser,
@@ -39,13 +40,12 @@ def _train(argv: Sequence[str]) -> int:
         check_strategy_options,
         choose_model,
         parse_job_args,
-        split_launch_args,
         training_help,
         wants_one_process,
     )
 
     parser = build_train_parser()
-    launch_argv, job_argv = split_launch_args(argv, parser._actions)
+    launch_argv, job_argv = split_own_args(argv, parser._actions)
     model, job_argv = choose_model(job_argv)  # --model digits (default) | lm
     ns = parser.parse_args(launch_argv)
     if ns.help:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return verify_main(args[1:])
         if args and args[0] == "doctor":
-            from multigpu.diagnostics.doctor.cli import doctor_main
+            from multigpu.cli.doctor import doctor_main
 
             return doctor_main(args[1:])
         if args and args[0] == "slurm":
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench_main(args[1:])
         if args and args[0] == "estimate":
-            from multigpu.diagnostics.estimate_cli import estimate_main
+            from multigpu.cli.estimate import estimate_main
 
             return estimate_main(args[1:])
         if args and args[0] == "ckpt":

@@ -13,7 +13,7 @@ Environment variables read: none here (the job's ``--help`` runs with the user's
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -61,42 +61,6 @@ TRAIN_DESTS = frozenset(
     }
 )
 """torchrun options ``multigpu train`` understands; the rest of torchrun's belong to ``run``."""
-
-
-def split_launch_args(
-    argv: Sequence[str], actions: Iterable[argparse.Action]
-) -> tuple[list[str], list[str]]:
-    """Split ``argv`` into (launch options, arguments for the job), keeping each side's order.
-
-    An option is a launch option when its name (before any ``=``) is one of ``actions``' option
-    strings; its value is taken along unless it is a flag or written ``--opt=value``. ``--``
-    ends the launch options: everything after it goes to the job.
-
-    Example:
-        >>> p = argparse.ArgumentParser()
-        >>> _ = p.add_argument("--cpu")
-        >>> split_launch_args(["--cpu", "2", "--epochs", "3"], p._actions)
-        (['--cpu', '2'], ['--epochs', '3'])
-    """
-    takes_value = {name: action.nargs != 0 for action in actions for name in action.option_strings}
-    launch: list[str] = []
-    job: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token == "--":
-            job.extend(argv[i + 1 :])
-            break
-        name = token.split("=", 1)[0]
-        if name in takes_value and token.startswith("-"):
-            launch.append(token)
-            if takes_value[name] and "=" not in token and i + 1 < len(argv):
-                launch.append(argv[i + 1])
-                i += 1
-        else:
-            job.append(token)
-        i += 1
-    return launch, job
 
 
 JOB_PARSERS: MappingProxyType[str, Callable[[], argparse.ArgumentParser]] = MappingProxyType(

@@ -17,7 +17,7 @@ Modules, one concept each:
 - ``rendezvous``: the launch environment detected, hostname, ``MASTER_ADDR``, the port;
 - ``probe``: the all-reduce (``multigpu bench comm``'s machinery, or across launched ranks);
 - ``ranks``: the multi-rank mode and the cross-node comparison;
-- ``cli``: ``doctor_main(argv)``, the command line.
+- the command line, ``doctor_main(argv)``, is ``multigpu.cli.doctor``.
 
 This package imports nothing itself, so a worker loading one module does not load the others.
 

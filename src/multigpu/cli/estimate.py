@@ -24,12 +24,13 @@ import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from rich.console import Console
 from torch import nn
 
+from multigpu.cli.args import Parser, processes_arg
 from multigpu.errors import UsageError
 from multigpu.estimate import Capacity, cpu_capacity, estimate_memory, gpus_capacity
 from multigpu.estimate.memory import DEFAULT_MIN_BLOCK_PARAMS, PRECISIONS, MemoryEstimate
@@ -43,21 +44,6 @@ BUILTIN = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{PROG} --help'")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes >= 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``multigpu estimate`` parser.
 
@@ -65,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["lm", "--nproc", "2"]).nproc
         2
     """
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         allow_abbrev=False,
         description="Memory per rank of a model's training state (parameters, gradients, "
@@ -76,16 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="digits, lm, pkg.module:factory or path/to/file.py:factory")
     p.add_argument(
         "--nproc",
-        type=_positive,
+        type=processes_arg,
         help="processes per node (default: the GPUs found, else 1, as 'multigpu run')",
     )
-    p.add_argument("--nnodes", type=_positive, default=1, help="nodes (1); FSDP shards over all")
+    p.add_argument(
+        "--nnodes", type=processes_arg, default=1, help="nodes (1); FSDP shards over all"
+    )
     p.add_argument("--cpu", action="store_true", help="CPU processes even where GPUs exist")
     p.add_argument("--optimizer", choices=sorted(STATES_PER_PARAM), default="adamw", help="(adamw)")
     p.add_argument("--precision", choices=PRECISIONS, default="32", help="(32)")
     p.add_argument(
         "--min-block-params",
-        type=_positive,
+        type=processes_arg,
         default=DEFAULT_MIN_BLOCK_PARAMS,
         help=f"FSDP's unit size threshold ({DEFAULT_MIN_BLOCK_PARAMS:,})",
     )

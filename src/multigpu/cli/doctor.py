@@ -20,9 +20,9 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
-from multigpu.diagnostics.options import number_arg
+from multigpu.cli.args import Parser, number_arg
 from multigpu.errors import UsageError
 from multigpu.host import read_interfaces
 
@@ -50,14 +50,9 @@ class DoctorOptions:
     """Seconds the probe (start-up included) and each collective may take."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{PROG} --help'")
-
-
 def build_doctor_parser() -> argparse.ArgumentParser:
     """The parser of ``multigpu doctor``."""
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         allow_abbrev=False,
         description="Check this machine for distributed training and say how to fix what is "
