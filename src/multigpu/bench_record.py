@@ -1,33 +1,29 @@
 """The worker side of ``multigpu bench scaling``: when each optimizer step of a script ends.
 
-A ``VerifyProbe`` — the recorder ``multigpu verify`` uses, fed by the Context (``ctx.setup``
-hooks the optimizers' steps, ``ctx.loader`` reports the loaders) — that keeps, instead of
-losses and parameters, the time at which each optimizer step ends and the samples one step
-consumes (the global batch of the first shuffling ``ctx.loader``). ``VerifyProbe.from_environ``
-returns one when ``MULTIGPU_BENCH_DIR`` is set. After ``MULTIGPU_BENCH_STEPS`` steps it writes
-its record and stops the script cleanly (``VerifyStop``, a ``SystemExit(0)``); a script that
-ends sooner is recorded at teardown. On CUDA each step's time is taken after
+A Context hook of its own (``multigpu.hooks``), attached by ``init()`` when ``MULTIGPU_BENCH_DIR``
+is set (``multigpu.instrument``): ``multigpu verify``'s recorder, but keeping, instead of losses
+and parameters, the time at which each optimizer step ends and the samples one step consumes
+(the global batch of the first shuffling ``ctx.loader``). After ``MULTIGPU_BENCH_STEPS`` steps
+it writes its record and stops the script cleanly (``VerifyStop``, a ``SystemExit(0)``); a
+script that ends sooner is recorded at teardown. On CUDA each step's time is taken after
 ``torch.cuda.synchronize()``, so it is the GPU's time, not the launch queue's.
 
 File ``bench-rank{r}.json`` in ``MULTIGPU_BENCH_DIR``: ``{"rank", "world_size", "steps",
 "step_ends" (seconds since init at the end of each step), "samples_per_step" (null without
 ``ctx.loader``), "threads" (torch's intra-op threads), "device"}``.
-
-Environment variables read: ``MULTIGPU_BENCH_DIR``, ``MULTIGPU_BENCH_STEPS``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from multigpu import variables
 from multigpu.checkpoint.atomic import atomic_write
 from multigpu.probe import VerifyProbe, VerifyStop
 
@@ -44,25 +40,14 @@ class BenchProbe(VerifyProbe):
         self.step_ends: list[float] = []
         self._cuda = False
 
-    @classmethod
-    def from_bench_environ(
-        cls, environ: Mapping[str, str], rank: int, world_size: int
-    ) -> BenchProbe | None:
-        """The probe for this worker, or None outside ``multigpu bench scaling``."""
-        directory = environ.get("MULTIGPU_BENCH_DIR")
-        if not directory:
-            return None
-        steps = variables.read_count(environ, "MULTIGPU_BENCH_STEPS")
-        return cls(Path(directory), steps, rank, world_size)
-
     def watch_model(
         self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None
     ) -> None:
         super().watch_model(model, full_state)
         self._cuda = self._cuda or any(p.is_cuda for p in model.parameters())
 
-    def record_loss(self, loss: torch.Tensor) -> None:
-        pass  # reading the loss would synchronise a GPU at every micro-step
+    def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
+        return backward  # reading the loss would synchronise a GPU at every micro-step
 
     def _on_step(self) -> None:
         if self._cuda:

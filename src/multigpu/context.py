@@ -8,9 +8,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -27,11 +26,9 @@ from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
-from multigpu.hang import Watchdog, active_log, report_lost_peers
-from multigpu.hang.stragglers import straggler_lines
+from multigpu.hooks import Hook
 from multigpu.metrics import count_repeated_data
 from multigpu.precision import Precision
-from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.training import StepControl
@@ -39,12 +36,6 @@ from multigpu.training import StepControl
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# How the hang explainer names a backward pass: the collective it runs inside.
-_BACKWARD_OPS = {
-    "ddp": "backward (DDP gradient all-reduce)",
-    "fsdp": "backward (FSDP all-gather and reduce-scatter)",
-}
 
 
 class Context(RankTools, Checkpointing, ForwardBackward):
@@ -72,8 +63,7 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         seed: int | None,
         owns_process_group: bool,
         precision: Precision | None = None,
-        probe: VerifyProbe | None = None,
-        watchdog: Watchdog | None = None,
+        hooks: Sequence[Hook] = (),
     ) -> None:
         self.env = env
         self.device = device
@@ -82,12 +72,14 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         self.timeout = timeout
         self.seed = seed
         self.precision = precision or Precision("32", device)
-        self._probe = probe
-        self._steps = StepControl(strategy, self.precision, probe)
+        self._hooks = tuple(hooks)  # instruments chosen by init() (verify, bench, hang tools)
+        self._steps = StepControl(strategy, self.precision)
+        self._backward = self._steps.backward
+        for hook in self._hooks:
+            self._backward = hook.wrap_backward(self, self._backward)
         self._owns_process_group = owns_process_group
         self._closed = False
         self._checkpointers: list[Checkpointer] = []
-        self._watchdog = watchdog
         self._meta_rng = MetaRng()
         self._chosen = False
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
@@ -128,10 +120,8 @@ class Context(RankTools, Checkpointing, ForwardBackward):
             wrapped = self.strategy.setup(model, optimizers)
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)
-        if self._probe is not None:
-            self._probe.watch_model(wrapped, self.strategy.full_model_state)
-            for optimizer in optimizers:
-                self._probe.watch_optimizer(optimizer)
+        for hook in self._hooks:
+            hook.on_setup(self, wrapped, optimizers)
         if not optimizers:
             return wrapped
         return (wrapped, *optimizers)
@@ -183,13 +173,8 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         Gradients are averaged across ranks by DDP (on the last micro-step only, when
         accumulating), so they are the mean over the global batch.
         """
-        recorder = active_log() if self.is_distributed else None
         with self._memory_said("ctx.backward"):
-            if recorder is None:
-                self._steps.backward(loss, **kwargs)
-            else:  # a call with no shapes: the loss's are not those of the all-reduce
-                op = _BACKWARD_OPS.get(self.strategy.name, "backward")
-                recorder.call(op, self._steps.backward, loss, **kwargs)
+            self._backward(loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
         """Step the optimizer(s) at the end of an optimizer step, then zero the gradients.
@@ -331,17 +316,8 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         )
         loader.on_batch = self._steps.note_batch
         self._loaders.add(loader)
-        if self._probe is not None:
-            sampler = loader.sampler
-            self._probe.watch_loader(
-                {
-                    "global_batch_size": sampler.global_batch_size,
-                    "num_samples": sampler.num_samples,
-                    "shuffle": sampler.shuffle,
-                    "accumulation_steps": sampler.accumulation_steps,
-                    "seed": sampler.seed,
-                }
-            )
+        for hook in self._hooks:
+            hook.on_loader(self, loader)
         return loader
 
     def to_device(self, obj: T) -> T:
@@ -358,10 +334,8 @@ class Context(RankTools, Checkpointing, ForwardBackward):
             atexit.unregister(self.teardown)
         for ckpt in self._checkpointers:  # a background save must end before the group does
             ckpt.close()
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        if self._probe is not None:
-            self._probe.write()
+        for hook in self._hooks:
+            hook.on_teardown(self)
         self.strategy.teardown()
         count_repeated_data(False)
         if self._owns_process_group:
@@ -371,12 +345,11 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None and self.is_distributed and not self._closed:
-            self._report_stragglers()  # a collective: only when every rank ends normally
-        report_lost_peers(exc[1])  # after a failed collective: which ranks still answer
+        error = exc[1] if isinstance(exc[1], BaseException) else None
+        for hook in () if self._closed else self._hooks:
+            hook.on_exit(self, error)
         self.teardown()
         # for the launcher's one-line summary (torch elastic's error file, see worker_error.py)
-        error = exc[1] if isinstance(exc[1], BaseException) else None
         recorded = worker_error.record(error)
         if isinstance(error, UsageError) and self.env.source == "torchrun":
             said = recorded and worker_error.launched_by_multigpu()
@@ -385,11 +358,3 @@ class Context(RankTools, Checkpointing, ForwardBackward):
             # Another rank failed first and its error is the one to read; this rank's traceback
             # (a lost connection, 20 lines) is kept in its error file, not printed.
             raise SystemExit(1) from None
-
-    def _report_stragglers(self) -> None:
-        recorder = active_log()
-        if recorder is None:
-            return
-        busy = self.gather((recorder.busy_s, recorder.steps))
-        for line in straggler_lines(busy):
-            self.print(line, file=sys.stderr)

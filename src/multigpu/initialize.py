@@ -25,10 +25,9 @@ from multigpu.context_comm import refuse
 from multigpu.device import backend_for, choose_device
 from multigpu.env import ClusterEnv, detect
 from multigpu.errors import EnvError, UsageError
-from multigpu.hang import peers, start_watchdog
+from multigpu.instrument import choose_hooks
 from multigpu.log import warn_once
 from multigpu.precision import Precision
-from multigpu.probe import VerifyProbe
 from multigpu.seed import seed_everything
 from multigpu.strategies import Strategy, resolve_strategy
 from multigpu.versions import local_versions, mismatch_message
@@ -114,8 +113,10 @@ def init(
     if not created and resolved.needs_process_group and not dist.is_initialized():
         created = dist.init_single_process_group(device, chosen_backend, wait)
     check_same_versions()
-    if env.world_size > 1:  # a liveness port per rank: after a failure, who is lost
-        peers.start(env.rank, dist.gather_objects_small, env.master_addr)
+    # Gradient compression in effect (none at world size 1): verify names it on a FAIL.
+    compression = resolved.describe().get("compression", "none") if env.world_size > 1 else "none"
+    info = {"precision": mixed.name, "deterministic": deterministic, "compression": compression}
+    hooks = choose_hooks(env_vars, env, timeout=wait, info=info)
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,
@@ -126,10 +127,7 @@ def init(
         seed=seed,
         owns_process_group=created,
         precision=mixed,
-        probe=_probe(env_vars, env.rank, env.world_size, mixed.name, deterministic, resolved),
-        watchdog=start_watchdog(
-            rank=env.rank, world_size=env.world_size, timeout=wait, environ=env_vars
-        ),
+        hooks=hooks,
     )
 
 
@@ -165,19 +163,3 @@ def make_deterministic(device: torch.device, environ: Mapping[str, str]) -> None
             "nondeterministic; launch with `multigpu verify --deterministic` or export "
             "CUBLAS_WORKSPACE_CONFIG=:4096:8",
         )
-
-
-def _probe(
-    environ: Mapping[str, str],
-    rank: int,
-    world_size: int,
-    precision: str,
-    deterministic: bool,
-    strategy: Strategy,
-) -> VerifyProbe | None:
-    probe = VerifyProbe.from_environ(environ, rank, world_size)
-    if probe is not None:
-        # Gradient compression in effect (none at world size 1): verify names it on a FAIL.
-        compression = strategy.describe().get("compression", "none") if world_size > 1 else "none"
-        probe.info.update(precision=precision, deterministic=deterministic, compression=compression)
-    return probe

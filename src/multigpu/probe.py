@@ -1,11 +1,12 @@
 """The worker side of ``multigpu verify``: record losses, steps and final parameters.
 
-Active only when ``multigpu verify`` starts the worker (``MULTIGPU_VERIFY_DIR`` is set). The
-Context feeds it: every loss passed to ``ctx.backward``, every optimizer step (through
-``Optimizer.register_step_post_hook``, so a plain ``optimizer.step()`` counts too), the models
-and loaders it set up. After ``MULTIGPU_VERIFY_STEPS`` optimizer steps it writes what it saw and
-stops the script with ``VerifyStop`` (a clean ``SystemExit(0)``); a script that ends sooner is
-recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
+A Context hook (``multigpu.hooks``), attached by ``init()`` when ``multigpu verify`` starts the
+worker (``MULTIGPU_VERIFY_DIR`` is set, see ``multigpu.instrument``). It sees every loss passed
+to ``ctx.backward``, every optimizer step (through ``Optimizer.register_step_post_hook``, so a
+plain ``optimizer.step()`` counts too), the models and loaders the Context set up. After
+``MULTIGPU_VERIFY_STEPS`` optimizer steps it writes what it saw and stops the script with
+``VerifyStop`` (a clean ``SystemExit(0)``); a script that ends sooner is recorded at teardown.
+Files, in ``MULTIGPU_VERIFY_DIR``:
 
 - ``rank{r}.json``: ``{"rank", "world_size", "steps", "losses" (this rank's mean loss of each
   optimizer step; null where ``ctx.backward`` was not used), "loaders" [{"global_batch_size",
@@ -14,23 +15,20 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
   ({module name: true when synchronised across ranks (SyncBatchNorm), else false})}``;
 - ``params.pt`` (rank 0): the unwrapped models' ``state_dict`` on CPU (``model{i}.`` prefixed
   when there are several).
-
-Environment variables read: ``MULTIGPU_VERIFY_DIR``, ``MULTIGPU_VERIFY_STEPS`` (and, through
-``multigpu.bench_record``, ``MULTIGPU_BENCH_DIR`` and ``MULTIGPU_BENCH_STEPS``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from multigpu import variables
 from multigpu.checkpoint.atomic import atomic_write
+from multigpu.hooks import Hook
 from multigpu.strategies.base import unwrap_module
 from multigpu.strategies.sync_batchnorm import CPUSyncBatchNorm
 
@@ -47,7 +45,7 @@ class VerifyStop(SystemExit):
         super().__init__(0)
 
 
-class VerifyProbe:
+class VerifyProbe(Hook):
     """Collects what ``multigpu verify`` compares across world sizes (see the module doc)."""
 
     def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:
@@ -65,19 +63,27 @@ class VerifyProbe:
         self.info: dict[str, Any] = {}
         self.written = False
 
-    @classmethod
-    def from_environ(
-        cls, environ: Mapping[str, str], rank: int, world_size: int
-    ) -> VerifyProbe | None:
-        """This worker's probe: under ``multigpu verify`` this class, under ``multigpu bench
-        scaling`` a ``BenchProbe``; else None."""
-        directory = environ.get("MULTIGPU_VERIFY_DIR")
-        if not directory:
-            from multigpu.bench_record import BenchProbe  # `bench scaling` times the steps
+    def on_setup(
+        self, ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> None:
+        self.watch_model(model, ctx.strategy.full_model_state)
+        for optimizer in optimizers:
+            self.watch_optimizer(optimizer)
 
-            return BenchProbe.from_bench_environ(environ, rank, world_size)
-        steps = variables.read_count(environ, "MULTIGPU_VERIFY_STEPS")
-        return cls(Path(directory), steps, rank, world_size)
+    def on_loader(self, ctx: Any, loader: Any) -> None:
+        sampler = loader.sampler
+        names = ("global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed")
+        self.watch_loader({name: getattr(sampler, name) for name in names})
+
+    def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
+        def recorded(loss: torch.Tensor, **kwargs: Any) -> None:
+            self.record_loss(loss)
+            backward(loss, **kwargs)
+
+        return recorded
+
+    def on_teardown(self, ctx: Any) -> None:
+        self.write()
 
     def watch_model(
         self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None

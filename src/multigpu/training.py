@@ -20,19 +20,17 @@ from torch import nn
 from multigpu.data import DistributedLoader
 from multigpu.log import warn_once
 from multigpu.precision import Precision
-from multigpu.probe import VerifyProbe
 from multigpu.strategies import Strategy
 
 log = logging.getLogger(__name__)
 
 
 class StepControl:
-    """Accumulation state, precision and the verify probe, shared by Context's step methods."""
+    """Accumulation state and precision, shared by Context's step methods."""
 
-    def __init__(self, strategy: Strategy, precision: Precision, probe: VerifyProbe | None) -> None:
+    def __init__(self, strategy: Strategy, precision: Precision) -> None:
         self.strategy = strategy
         self.precision = precision
-        self.probe = probe
         self.active_loader: DistributedLoader | None = None
         self._micro_steps = 1  # > 1 only inside accumulate() on an accumulating loader
         self._sync = True
@@ -63,8 +61,6 @@ class StepControl:
             self._micro_steps, self._sync = 1, True
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        if self.probe is not None:
-            self.probe.record_loss(loss)
         loader = self.active_loader
         if self._micro_steps == 1 and loader is not None and loader.accumulation_steps > 1:
             warn_once(

@@ -12,6 +12,7 @@ import torch
 from multigpu.bench_record import BenchProbe
 from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
+from multigpu.instrument import verify_or_bench
 from multigpu.launch.cpu_split import (
     cache_path,
     cpu_auto_split,
@@ -118,11 +119,11 @@ def test_cpu_auto_with_strategy_dp_or_a_contradicting_nproc_is_refused(cache: Pa
         choose_devices(both, gpu_count=0, cores=2)
 
 
-def test_probe_from_environ_gives_the_bench_recorder_only_under_bench(tmp_path: Path) -> None:
-    assert VerifyProbe.from_environ({}, 0, 1) is None
-    bench = VerifyProbe.from_environ({"MULTIGPU_BENCH_DIR": str(tmp_path)}, 0, 1)
+def test_the_bench_recorder_is_chosen_only_under_bench(tmp_path: Path) -> None:
+    assert verify_or_bench({}, 0, 1) is None
+    bench = verify_or_bench({"MULTIGPU_BENCH_DIR": str(tmp_path)}, 0, 1)
     assert isinstance(bench, BenchProbe)
-    verify = VerifyProbe.from_environ({"MULTIGPU_VERIFY_DIR": str(tmp_path)}, 0, 1)
+    verify = verify_or_bench({"MULTIGPU_VERIFY_DIR": str(tmp_path)}, 0, 1)
     assert type(verify) is VerifyProbe
 
 

@@ -81,12 +81,12 @@ def test_the_readers_in_the_library_refuse_what_they_silently_took_before(
         configure()
     assert logging.getLogger("multigpu").level == level
     # the probes' step counts (set by verify and bench for their children): int()'s ValueError
-    from multigpu.probe import VerifyProbe
+    from multigpu.instrument import verify_or_bench
 
     for name, directory in (("MULTIGPU_VERIFY_STEPS", "MULTIGPU_VERIFY_DIR"),
                             ("MULTIGPU_BENCH_STEPS", "MULTIGPU_BENCH_DIR")):  # fmt: skip
         with pytest.raises(UsageError, match=f"{name}='-3'"):
-            VerifyProbe.from_environ({directory: "/nowhere", name: "-3"}, 0, 1)
+            verify_or_bench({directory: "/nowhere", name: "-3"}, 0, 1)
 
 
 @pytest.mark.parametrize(

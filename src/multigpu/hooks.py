@@ -1,0 +1,36 @@
+"""The instrumentation hook: how ``multigpu verify``, ``bench scaling`` and the hang tools attach.
+
+A ``Context`` calls its hooks at the points below and knows nothing else of them; ``init()``
+chooses them from the variables the launcher set (``multigpu.instrument``). ``ctx`` is the
+Context (typed ``Any``: this module sits below it). A hook inherits a no-op for what it ignores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Hook:
+    """One instrument of a Context: override the points it needs."""
+
+    def on_setup(
+        self, ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> None:
+        """``ctx.setup`` wrapped ``model``; ``optimizers`` are the ones given with it."""
+
+    def on_loader(self, ctx: Any, loader: Any) -> None:
+        """``ctx.loader`` made ``loader`` (a ``DistributedLoader``)."""
+
+    def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
+        """What ``ctx.backward(loss, **kwargs)`` runs instead of ``backward`` (made once)."""
+        return backward
+
+    def on_exit(self, ctx: Any, error: BaseException | None) -> None:
+        """The ``with`` block ends, by ``error`` or normally (None); the group still exists."""
+
+    def on_teardown(self, ctx: Any) -> None:
+        """The Context is torn down (once: after ``on_exit``, by ``ctx.teardown()`` or at exit)."""

@@ -1,0 +1,60 @@
+"""Which hooks (``multigpu.hooks``) a Context gets: chosen by the variables the launcher sets.
+
+- ``MULTIGPU_VERIFY_DIR`` (``multigpu verify``): the verify probe (``multigpu.probe``);
+- else ``MULTIGPU_BENCH_DIR`` (``multigpu bench scaling``): the step timer (``bench_record``);
+- above one process: the lost-peer report, and unless ``MULTIGPU_WATCHDOG=0`` the hang watchdog
+  and the straggler report (``multigpu.hang.hooks``).
+
+Environment variables read: those above, ``MULTIGPU_VERIFY_STEPS``, ``MULTIGPU_BENCH_STEPS`` and
+the watchdog's (``multigpu.hang.watchdog``), all from the mapping ``init()`` was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+
+from multigpu import dist, variables
+from multigpu.bench_record import BenchProbe
+from multigpu.env.types import ClusterEnv
+from multigpu.hang import peers, start_watchdog
+from multigpu.hang.hooks import LostPeersHook, StragglerReport, WatchdogHook
+from multigpu.hooks import Hook
+from multigpu.probe import VerifyProbe
+
+
+def choose_hooks(
+    environ: Mapping[str, str],
+    env: ClusterEnv,
+    *,
+    timeout: timedelta,
+    info: dict[str, object],
+) -> list[Hook]:
+    """This worker's hooks, started (``info``: what the verify probe records of the run)."""
+    recorder = verify_or_bench(environ, env.rank, env.world_size)  # a bad step count: now
+    hooks: list[Hook] = []
+    if env.world_size > 1:  # a liveness port per rank: after a failure, who is lost
+        peers.start(env.rank, dist.gather_objects_small, env.master_addr)
+        watchdog = start_watchdog(
+            rank=env.rank, world_size=env.world_size, timeout=timeout, environ=environ
+        )
+        if watchdog is not None:
+            hooks += [WatchdogHook(watchdog), StragglerReport(watchdog, timeout)]
+        hooks.append(LostPeersHook())
+    if recorder is not None:
+        recorder.info.update(info)
+        hooks.append(recorder)
+    return hooks
+
+
+def verify_or_bench(environ: Mapping[str, str], rank: int, world_size: int) -> VerifyProbe | None:
+    """The probe of ``multigpu verify``, else the step timer of ``bench scaling``, else None."""
+    for directory, steps, kind in (
+        ("MULTIGPU_VERIFY_DIR", "MULTIGPU_VERIFY_STEPS", VerifyProbe),
+        ("MULTIGPU_BENCH_DIR", "MULTIGPU_BENCH_STEPS", BenchProbe),
+    ):
+        if environ.get(directory):
+            count = variables.read_count(environ, steps)
+            return kind(Path(environ[directory]), count, rank, world_size)
+    return None
