@@ -12,13 +12,13 @@ import torch
 from rich.console import Console
 
 from multigpu.cli.main import main
+from multigpu.cli.verify import parse_verify_args
 from multigpu.diagnostics import (
     RunOutcome,
     RunRecord,
     Tolerance,
     VerifyResult,
     compare_runs,
-    parse_verify_args,
     to_json,
 )
 from multigpu.diagnostics.report import render

@@ -54,6 +54,25 @@ def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int
     return parse
 
 
+def whole_arg(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number (digits only) >= ``low``.
+
+    Example:
+        >>> whole_arg(1)("5")
+        5
+    """
+
+    def parse(text: str) -> int:
+        value = int(text) if text.strip().isdigit() else -1
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not valid; expected a whole number >= {low}"
+            )
+        return value
+
+    return parse
+
+
 def processes_arg(text: str) -> int:
     """An argparse ``type``: a whole number of processes (or nodes) >= 1.
 

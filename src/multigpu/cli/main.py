@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         if args and args[0] == "train":
             return _train(args[1:])
         if args and args[0] == "verify":
-            from multigpu.diagnostics.verify import verify_main
+            from multigpu.cli.verify import verify_main
 
             return verify_main(args[1:])
         if args and args[0] == "doctor":
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return slurm_main(args[1:])
         if args and args[0] == "bench":
-            from multigpu.diagnostics.bench.cli import bench_main
+            from multigpu.cli.bench import bench_main
 
             return bench_main(args[1:])
         if args and args[0] == "estimate":

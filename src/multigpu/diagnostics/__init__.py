@@ -4,8 +4,8 @@ here), ``multigpu doctor`` (``diagnostics.doctor``) and ``multigpu bench`` (``di
 Nothing in the library imports this package: it starts workers as subprocesses
 (``python -m multigpu run``) and reads what they recorded, so it never imports the training side.
 
-- ``verify_main(argv)`` / ``verify(options, root)``: run a script at several world sizes and
-  compare; ``parse_verify_args`` for the command line.
+- ``verify_command(options)`` / ``verify(options, root)``: run a script at several world sizes
+  and compare (the command line is ``multigpu.cli.verify``).
 - ``compare_runs``, ``compare_params``, ``compare_losses``, ``Tolerance``, ``default_rtol``:
   the pure comparison; ``find_reasons``, ``find_notes``, ``nondeterminism_reason``: the diagnosis.
 
@@ -25,10 +25,10 @@ from multigpu.diagnostics.compare import (
     default_rtol,
 )
 from multigpu.diagnostics.diagnose import find_notes, find_reasons, nondeterminism_reason
-from multigpu.diagnostics.options import VerifyOptions, parse_verify_args
+from multigpu.diagnostics.options import VerifyOptions
 from multigpu.diagnostics.records import RunRecord, load_run
 from multigpu.diagnostics.report import RunOutcome, VerifyResult, to_json
-from multigpu.diagnostics.verify import verify, verify_main
+from multigpu.diagnostics.verify import verify, verify_command
 
 __all__ = [
     "LossDiff",
@@ -47,8 +47,7 @@ __all__ = [
     "find_reasons",
     "load_run",
     "nondeterminism_reason",
-    "parse_verify_args",
     "to_json",
     "verify",
-    "verify_main",
+    "verify_command",
 ]

@@ -48,7 +48,7 @@ from multigpu.diagnostics.diagnose import (
     nondeterminism_reason,
     unexplained,
 )
-from multigpu.diagnostics.options import VerifyOptions, choose_device, parse_verify_args
+from multigpu.diagnostics.options import VerifyOptions, choose_device
 from multigpu.diagnostics.records import RunRecord, load_run
 from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
 
@@ -211,16 +211,13 @@ def _with(result: VerifyResult, reasons: Sequence[str]) -> VerifyResult:
     return dataclasses.replace(result, reasons=tuple(reasons))
 
 
-def verify_main(argv: Sequence[str]) -> int:
-    """``multigpu verify ARGV``: 0 PASS, 1 FAIL; a UsageError (exit 2) is the caller's to print.
+def verify_command(options: VerifyOptions) -> int:
+    """``multigpu verify``'s run (parsed by ``multigpu.cli.verify``): 0 PASS, 1 FAIL.
 
     Example:
-        >>> verify_main(["--nproc", "1,2", "--steps", "20", "--json"])  # doctest: +SKIP
+        >>> verify_command(VerifyOptions(target="train.py", is_module=False))  # doctest: +SKIP
         0
     """
-    options = parse_verify_args(argv)
-    if options is None:
-        return 0
     with ExitStack() as stack:
         if options.keep is not None:
             root = options.keep.resolve()

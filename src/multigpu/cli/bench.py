@@ -1,0 +1,208 @@
+"""``multigpu bench comm|scaling``: the command line of the benchmarks.
+
+``multigpu bench scaling [script.py | -m module] [script args] [--nproc 1,2] [--steps K] ...``:
+as with ``multigpu verify``, bench's own options are recognised by name anywhere on the line;
+everything else is the script and its arguments; after ``--`` everything goes to the script.
+Without a script: the built-in digits job (``multigpu train``'s).
+
+Environment variables read: none here (see ``diagnostics.bench``'s ``comm`` and ``scaling``,
+and ``launch.cpu_split``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from multigpu.cli.args import Parser, split_own_args, whole_arg
+from multigpu.diagnostics.bench.scaling_options import ScalingOptions
+from multigpu.diagnostics.options import BUILTIN_JOB
+from multigpu.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+PROG = "multigpu bench scaling"
+USAGE = """usage: multigpu bench {comm,scaling} [options]
+
+  comm      time all-reduce, all-gather, broadcast, reduce-scatter over a sweep of sizes:
+            time, algbw and busbw as nccl-tests defines them ('multigpu bench comm --help')
+  scaling   samples/s, speed-up and scaling efficiency of a script (default: the built-in
+            digits job) at several world sizes; on CPUs also every processes x threads split,
+            the fastest saved for `multigpu run --cpu auto` ('multigpu bench scaling --help')
+"""
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    """``multigpu bench ARGV``: 0 on success, 1 when a benchmark failed; UsageError → exit 2.
+
+    Example:
+        >>> bench_main(["comm", "--sizes", "1K,64K", "--json"])  # doctest: +SKIP
+        0
+    """
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if args[0] == "comm":
+        from multigpu.diagnostics.bench.comm import comm_main
+
+        return comm_main(args[1:])
+    if args[0] == "scaling":
+        return scaling_main(args[1:])
+    raise UsageError(
+        f"'multigpu bench {args[0]}' is not a benchmark; expected 'multigpu bench comm' or "
+        "'multigpu bench scaling'; see 'multigpu bench --help'"
+    )
+
+
+def scaling_main(argv: Sequence[str]) -> int:
+    """``multigpu bench scaling ARGV``: 0 when every run gave a figure, else 1.
+
+    Example:
+        >>> scaling_main(["--nproc", "1,2", "--steps", "20", "--json"])  # doctest: +SKIP
+        0
+    """
+    from multigpu.diagnostics.bench.plot import NO_MATPLOTLIB, write_plot
+    from multigpu.diagnostics.bench.scaling_report import print_report, write_files
+    from multigpu.diagnostics.bench.scaling_result import bench_scaling
+
+    options = parse_scaling_args(argv)
+    if options is None:
+        return 0
+    with tempfile.TemporaryDirectory(prefix="multigpu-bench-scaling-") as tmp:
+        document = bench_scaling(options, Path(tmp))
+    if options.out is not None:
+        files = write_files(document, options.out)
+        png = options.out / "scaling.png"
+        if write_plot(document, png):
+            files["png"] = str(png)
+        else:
+            log.info("%s", NO_MATPLOTLIB)
+        document["files"] = files
+        Path(files["json"]).write_text(json.dumps(document, indent=2) + "\n")  # with its files
+    if options.as_json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        print_report(document)
+    sys.stdout.flush()
+    rows = [*document["scaling"], *document["splits"]]
+    failed = [r for r in rows if r["error"] or r["failed_runs"]]
+    return 1 if failed else 0
+
+
+def _scaling_nproc(text: str) -> tuple[int, ...]:
+    sizes: set[int] = set()
+    for part in text.split(","):
+        size = int(part) if part.strip().isdigit() else 0
+        if size < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a list of process counts; expected numbers >= 1 separated "
+                "by commas, e.g. --nproc 1,2,4"
+            )
+        sizes.add(size)
+    return tuple(sorted(sizes))
+
+
+def build_scaling_parser() -> argparse.ArgumentParser:
+    """The parser of bench scaling's own options (the script and its arguments are split off)."""
+    p = Parser(
+        prog=PROG,
+        usage=f"{PROG} [script.py | -m module] [script args] [options]",
+        allow_abbrev=False,
+        description="Run a training script (default: the built-in digits job) for --steps "
+        "optimizer steps at each world size of --nproc and report samples/s, speed-up and "
+        "scaling efficiency (speed-up / world size). Strong scaling: the global batch (the "
+        "script's ctx.loader batch_size) stays fixed, N processes share it. On CPUs each "
+        "process gets 1 thread here, and every split of the cores into processes x threads is "
+        "measured too; the fastest is saved for `multigpu run --cpu auto`. The script must "
+        "call multigpu.init(), pass its optimizer to ctx.setup and use ctx.loader.",
+    )
+    p.add_argument("-m", dest="module", metavar="MODULE", help="benchmark a module (python -m)")
+    p.add_argument(
+        "--nproc",
+        type=_scaling_nproc,
+        default=(1, 2),
+        metavar="N,M,...",
+        help="world sizes (default 1,2); the smallest is the speed-up's baseline",
+    )
+    p.add_argument("--steps", type=whole_arg(1), default=50, help="timed optimizer steps (50)")
+    p.add_argument("--warmup", type=whole_arg(1), default=5, help="untimed steps before them (5)")
+    p.add_argument(
+        "--repeats",
+        type=whole_arg(1),
+        default=1,
+        help="runs per configuration, interleaved; medians reported (1)",
+    )
+    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON document")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write scaling.json, scaling.csv and scaling.png (matplotlib) here",
+    )
+    p.add_argument("--cpu", action="store_true", help="CPU processes (gloo) even with GPUs")
+    p.add_argument(
+        "--no-splits",
+        dest="splits",
+        action="store_false",
+        help="on CPUs, skip the processes x threads splits (and the saved choice)",
+    )
+    p.add_argument(
+        "--timeout", type=whole_arg(1), default=600, help="seconds one run may take (600)"
+    )
+    return p
+
+
+def parse_scaling_args(argv: Sequence[str]) -> ScalingOptions | None:
+    """Parse ``multigpu bench scaling``'s command line; None after printing ``--help``.
+
+    Raises:
+        UsageError: a bad option, a missing script or module (exit code 2).
+
+    Example:
+        >>> parse_scaling_args(["--nproc", "2,1", "--steps", "5"]).nproc
+        (1, 2)
+    """
+    parser = build_scaling_parser()
+    own, rest = split_own_args(argv, parser._actions)
+    if "-h" in own or "--help" in own:
+        parser.print_help()
+        return None
+    ns = parser.parse_args(own)
+    if ns.module is not None:
+        target, is_module, args = ns.module, True, tuple(rest)
+        if importlib.util.find_spec(target.split(".", 1)[0]) is None:
+            raise UsageError(
+                f"module {target!r} was not found; expected an importable module for -m; "
+                "check the name or install the package"
+            )
+    elif rest:
+        target, is_module, args = rest[0], False, tuple(rest[1:])
+        if target.startswith("-") or not os.path.isfile(target):
+            raise UsageError(
+                f"script {target!r} does not exist (relative to {os.getcwd()}); expected "
+                f"'{PROG} [script.py | -m module] [args] [options]'; see '{PROG} --help'"
+            )
+    else:
+        target, is_module, args = BUILTIN_JOB[0], True, BUILTIN_JOB[1]
+    return ScalingOptions(
+        target=target,
+        is_module=is_module,
+        script_args=args,
+        nproc=ns.nproc,
+        steps=ns.steps,
+        warmup=ns.warmup,
+        repeats=ns.repeats,
+        as_json=ns.as_json,
+        out=ns.out,
+        cpu=ns.cpu,
+        splits=ns.splits,
+        timeout=float(ns.timeout),
+    )

@@ -1,0 +1,196 @@
+"""The command line of ``multigpu verify``: its options, taken out of the script's arguments.
+
+``multigpu verify [script.py | -m module] [script args] [--nproc 1,2] [--steps K] ...``: verify's
+own options are recognised by name anywhere on the line (like ``multigpu train``'s launch
+options); everything else is the script and its arguments, in order. ``--`` ends verify's
+options: what follows goes to the script even if it has the same name (``-- --steps 5``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from multigpu.cli.args import Parser, number_arg, split_own_args
+from multigpu.diagnostics.options import BUILTIN_JOB, VERIFY_STRATEGIES, VerifyOptions
+from multigpu.errors import UsageError
+
+PROG = "multigpu verify"
+
+DESCRIPTION = (
+    "Check that a training script gives the same results at every world size: run it for "
+    "--steps optimizer steps at each world size of --nproc and compare the final parameters "
+    "(per tensor: max|a-b| and max|a-b| / max|b|), the number of steps and the per-step global "
+    "loss against the first world size; on failure, say what breaks the invariance. The script "
+    "must call multigpu.init() (records are taken there), use the same seed at every world "
+    "size and pass the GLOBAL batch to ctx.loader (multigpu's loader then makes the data order "
+    "and the global batch independent of the world size). Without a script: the built-in "
+    "digits job. Exit code 0 PASS, 1 FAIL, 2 bad input."
+)
+EPILOG = (
+    "Default tolerance (relative to each tensor's largest value, and to each loss): float32 "
+    "1e-4, float64 1e-10, bf16/fp16 weights or mixed precision 1e-2. Options are recognised "
+    "anywhere; after '--' everything goes to the script."
+)
+
+
+def _nproc(text: str) -> tuple[int, ...]:
+    sizes: list[int] = []
+    for part in text.split(","):
+        try:
+            size = int(part)
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a list of process counts; expected numbers >= 1 "
+                "separated by commas, e.g. --nproc 1,2"
+            )
+        if size not in sizes:
+            sizes.append(size)
+    if len(sizes) < 2:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names one world size; expected at least two different ones to "
+            "compare, e.g. --nproc 1,2"
+        )
+    return tuple(sizes)
+
+
+def build_verify_parser() -> argparse.ArgumentParser:
+    """The parser of verify's own options (the script and its arguments are split off first)."""
+    p = Parser(
+        prog=PROG,
+        usage=f"{PROG} [script.py | -m module] [script args] [options]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        allow_abbrev=False,
+    )
+    p.add_argument("-m", dest="module", metavar="MODULE", help="verify a module (python -m)")
+    p.add_argument(
+        "--nproc",
+        type=_nproc,
+        default=(1, 2),
+        metavar="N,M,...",
+        help="world sizes to compare, the first is the reference (default 1,2)",
+    )
+    p.add_argument(
+        "--steps",
+        type=number_arg(int, 1),
+        default=50,
+        help="optimizer steps to record at each world size (default 50)",
+    )
+    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic algorithms in the workers (MULTIGPU_DETERMINISTIC=1, "
+        "CUBLAS_WORKSPACE_CONFIG=:4096:8)",
+    )
+    p.add_argument(
+        "--rtol",
+        type=number_arg(float, 0),
+        help="relative tolerance (default by dtype: see below)",
+    )
+    p.add_argument("--atol", type=number_arg(float, 0), default=0.0, help="absolute tolerance (0)")
+    p.add_argument("--keep", metavar="DIR", type=Path, help="keep the run directories in DIR")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run CPU processes (gloo) even on a machine with GPUs (default: GPUs when present)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=number_arg(float, 1),
+        default=900.0,
+        help="seconds one run may take before it is stopped (900)",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=VERIFY_STRATEGIES,
+        help="run every world size under this strategy (MULTIGPU_STRATEGY; the built-in job "
+        "and scripts that call multigpu.init() without one follow it), e.g. --strategy fsdp",
+    )
+    return p
+
+
+def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
+    """Parse ``multigpu verify``'s command line; None when it asked for ``--help`` (printed).
+
+    Raises:
+        UsageError: a bad option, a missing script or module (exit code 2).
+
+    Example:
+        >>> parse_verify_args(["--nproc", "1,2", "--steps", "20"]).target
+        'multigpu.examples.digits'
+    """
+    parser = build_verify_parser()
+    own, rest = split_own_args(argv, parser._actions)
+    if "-h" in own or "--help" in own:
+        parser.print_help()
+        return None
+    ns = parser.parse_args(own)
+    if ns.module is not None:
+        target, is_module, args = ns.module, True, tuple(rest)
+        _check_module(target)
+    elif rest:
+        if rest[0].startswith("-"):
+            raise UsageError(
+                f"unknown option {rest[0]!r} before the script; expected "
+                f"'{PROG} [script.py | -m module] [args] [options]'; see '{PROG} --help'"
+            )
+        target, is_module, args = rest[0], False, tuple(rest[1:])
+        _check_script(target)
+    else:
+        target, is_module, args = BUILTIN_JOB[0], True, BUILTIN_JOB[1]
+    return VerifyOptions(
+        target=target,
+        is_module=is_module,
+        script_args=args,
+        nproc=ns.nproc,
+        steps=ns.steps,
+        as_json=ns.as_json,
+        deterministic=ns.deterministic,
+        rtol=ns.rtol,
+        atol=ns.atol,
+        keep=ns.keep,
+        cpu=ns.cpu,
+        timeout=ns.timeout,
+        strategy=ns.strategy,
+    )
+
+
+def _check_script(script: str) -> None:
+    if not os.path.isfile(script):
+        where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()})"
+        raise UsageError(
+            f"script {script!r} does not exist{where}; expected a Python file; check the path, "
+            "or use -m for a module"
+        )
+
+
+def _check_module(module: str) -> None:
+    top = module.split(".", 1)[0]
+    # Only the top-level package is looked up: finding a submodule would import its parents.
+    if not module or importlib.util.find_spec(top) is None:
+        raise UsageError(
+            f"module {module!r} was not found (no package {top!r} on sys.path); expected an "
+            "importable module for -m; check the name or install the package"
+        )
+
+
+def verify_main(argv: Sequence[str]) -> int:
+    """``multigpu verify ARGV``: 0 PASS, 1 FAIL; a UsageError (exit 2) is the caller's to print.
+
+    Example:
+        >>> verify_main(["--nproc", "1,2", "--steps", "20", "--json"])  # doctest: +SKIP
+        0
+    """
+    options = parse_verify_args(argv)
+    if options is None:
+        return 0
+    from multigpu.diagnostics.verify import verify_command
+
+    return verify_command(options)
