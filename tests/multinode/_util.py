@@ -65,6 +65,7 @@ _TIMED = (
     "import sys, time\n"
     "import torch.distributed.run\n"
     "from multigpu.cli.main import main\n"
+    "import multigpu.launch.run\n"  # what main imports on its way: before the clock, like torch
     f"print({START_MARK!r}, time.time(), flush=True)\n"
     "code = main(sys.argv[1:])\n"
     f"print({END_MARK!r}, time.time(), flush=True)\n"

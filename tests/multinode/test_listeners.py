@@ -32,16 +32,18 @@ from tests.launch._util import child_env
 from tests.multinode._util import SCRIPTS, c10d_args, start
 
 
-def _wait_ready(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path], ranks: int) -> str:
+def _wait_ready(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path], ranks: int) -> None:
+    """Until ``ranks`` ``ready-RANK`` files are there (hold.py touches one beside its stop
+    file; each job has its own folder)."""
     deadline = time.monotonic() + 120
-    text = ""
+    folder = logs[0].parent
     while time.monotonic() < deadline:
-        text = "".join(log.read_text() for log in logs)
-        if text.count("ready ") >= ranks:
-            return text
-        assert all(p.poll() is None for p in procs), text[-3000:]
+        if len(list(folder.glob("*/ready-*"))) >= ranks:
+            return
+        text = "".join(log.read_text()[-3000:] for log in logs)
+        assert all(p.poll() is None for p in procs), text
         time.sleep(0.2)
-    raise AssertionError(f"not every rank got ready within 120 s:\n{text[-3000:]}")
+    raise AssertionError(f"not every rank got ready within 120 s: {sorted(folder.rglob('*'))}")
 
 
 def _beyond(found: dict[int, list[str]], allowed: set[str]) -> dict[int, list[str]]:
@@ -53,7 +55,8 @@ def _beyond(found: dict[int, list[str]], allowed: set[str]) -> dict[int, list[st
 
 
 def test_nothing_listens_beyond_loopback_on_one_node(tmp_path: Path) -> None:
-    stop = tmp_path / "stop"
+    (tmp_path / "job").mkdir()
+    stop = tmp_path / "job" / "stop"
     log = tmp_path / "run.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
@@ -78,25 +81,28 @@ def test_on_hosts_stores_and_gloo_listen_on_loopback_or_the_cluster_address(
     reason = hosts_available()
     if reason is not None:
         pytest.skip(reason)
-    stop = tmp_path / "stop"
-    hold = [str(SCRIPTS / "hold.py"), str(stop)]
+    stops = [tmp_path / job / "stop" for job in ("pair", "alone")]  # one folder per job
+    for stop in stops:
+        stop.parent.mkdir()
+    pair, lone = ([str(SCRIPTS / "hold.py"), str(stop)] for stop in stops)
     with virtual_hosts(3) as hosts:
         node0, node1, alone = hosts
         runs: list[tuple[Host, subprocess.Popen[bytes], set[str]]] = []
         logs = [tmp_path / f"{h.name}.log" for h in hosts]
         two = [*c10d_args(node0), "--max-restarts", "1", "--timeout", "30"]
-        runs.append((node0, start(node0, ["run", "--cpu", "1", *two, "--iface", "eth0", *hold],
+        runs.append((node0, start(node0, ["run", "--cpu", "1", *two, "--iface", "eth0", *pair],
                                   logs[0]), {node0.address}))  # fmt: skip
-        runs.append((node1, start(node1, ["run", "--cpu", "1", *two, *hold], logs[1]),
+        runs.append((node1, start(node1, ["run", "--cpu", "1", *two, *pair], logs[1]),
                      {node1.address}))  # fmt: skip
-        one = ["run", "--cpu", "2", "--max-restarts", "1", "--timeout", "30", *hold]
+        one = ["run", "--cpu", "2", "--max-restarts", "1", "--timeout", "30", *lone]
         runs.append((alone, start(alone, one, logs[2]), set()))  # one node: loopback only
         procs = [proc for _, proc, _ in runs]
         try:
             _wait_ready(procs, logs, 4)
             found = {host.name: (listeners_of(proc.pid), allowed) for host, proc, allowed in runs}
         finally:
-            stop.touch()
+            for stop in stops:
+                stop.touch()
             for proc in procs:
                 proc.wait(timeout=60)
     text = "".join(log.read_text()[-2000:] for log in logs)
