@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.fast_subset"]  # --fast and --record-durations
+
 
 def _condition(name: str) -> tuple[bool, str]:
     if name == "root":
