@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,12 @@ class BenchProbe(VerifyProbe):
         self.step_ends: list[float] = []
         self._cuda = False
 
-    def watch_model(
-        self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None
+    def on_setup(
+        self, ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]
     ) -> None:
-        super().watch_model(model, full_state)
         self._cuda = self._cuda or any(p.is_cuda for p in model.parameters())
+        for optimizer in optimizers:
+            optimizer.register_step_post_hook(lambda *_: self._on_step())
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
         return backward  # reading the loss would synchronise a GPU at every micro-step

@@ -2,8 +2,7 @@
 
 - ``MULTIGPU_VERIFY_DIR`` (``multigpu verify``): the verify probe (``multigpu.probe``);
 - else ``MULTIGPU_BENCH_DIR`` (``multigpu bench scaling``): the step timer (``bench_record``);
-- above one process: the lost-peer report, and unless ``MULTIGPU_WATCHDOG=0`` the hang watchdog
-  and the straggler report (``multigpu.hang.hooks``).
+- above one process: the hang tools (``multigpu.hang.hooks``).
 
 Environment variables read: those above, ``MULTIGPU_VERIFY_STEPS``, ``MULTIGPU_BENCH_STEPS`` and
 the watchdog's (``multigpu.hang.watchdog``), all from the mapping ``init()`` was given.
@@ -19,7 +18,7 @@ from multigpu import dist, variables
 from multigpu.bench_record import BenchProbe
 from multigpu.env.types import ClusterEnv
 from multigpu.hang import peers, start_watchdog
-from multigpu.hang.hooks import LostPeersHook, StragglerReport, WatchdogHook
+from multigpu.hang.hooks import HangHook
 from multigpu.hooks import Hook
 from multigpu.probe import VerifyProbe
 
@@ -39,9 +38,7 @@ def choose_hooks(
         watchdog = start_watchdog(
             rank=env.rank, world_size=env.world_size, timeout=timeout, environ=environ
         )
-        if watchdog is not None:
-            hooks += [WatchdogHook(watchdog), StragglerReport(watchdog, timeout)]
-        hooks.append(LostPeersHook())
+        hooks.append(HangHook(watchdog, timeout))
     if recorder is not None:
         recorder.info.update(info)
         hooks.append(recorder)

@@ -66,42 +66,26 @@ class VerifyProbe(Hook):
     def on_setup(
         self, ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]
     ) -> None:
-        self.watch_model(model, ctx.strategy.full_model_state)
+        self.models.append(unwrap_module(model))
+        # its whole state on rank 0 (the strategy's: a collective when the model is sharded)
+        self.full_states.append(ctx.strategy.full_model_state)
         for optimizer in optimizers:
-            self.watch_optimizer(optimizer)
+            self.optimizers.append(type(optimizer).__name__)
+            optimizer.register_step_post_hook(lambda *_: self._on_step())
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
-        sampler = loader.sampler
         names = ("global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed")
-        self.watch_loader({name: getattr(sampler, name) for name in names})
+        self.loaders.append({name: getattr(loader.sampler, name) for name in names})
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
         def recorded(loss: torch.Tensor, **kwargs: Any) -> None:
-            self.record_loss(loss)
+            self._pending.append(float(loss.detach().float().mean()))
             backward(loss, **kwargs)
 
         return recorded
 
     def on_teardown(self, ctx: Any) -> None:
         self.write()
-
-    def watch_model(
-        self, model: nn.Module, full_state: Callable[[nn.Module], dict[str, Any]] | None = None
-    ) -> None:
-        """Record ``model``; ``full_state`` gives its whole state on rank 0 (the strategy's,
-        a collective when the model is sharded)."""
-        self.models.append(unwrap_module(model))
-        self.full_states.append(full_state or (lambda m: unwrap_module(m).state_dict()))
-
-    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizers.append(type(optimizer).__name__)
-        optimizer.register_step_post_hook(lambda *_: self._on_step())
-
-    def watch_loader(self, info: dict[str, Any]) -> None:
-        self.loaders.append(info)
-
-    def record_loss(self, loss: torch.Tensor) -> None:
-        self._pending.append(float(loss.detach().float().mean()))
 
     def _on_step(self) -> None:
         self.steps += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -131,10 +132,12 @@ def test_bench_probe_times_steps_and_stops_after_the_last(tmp_path: Path) -> Non
     probe = BenchProbe(tmp_path, steps=3, rank=0, world_size=1)
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probe.watch_model(model)
-    probe.watch_optimizer(optimizer)
-    probe.watch_loader({"global_batch_size": 8, "shuffle": False})  # an evaluation loader
-    probe.watch_loader({"global_batch_size": 32, "shuffle": True})  # the training one counts
+    probe.on_setup(None, model, [optimizer])
+    for batch, shuffle in ((8, False), (32, True)):  # an evaluation loader; the training one counts
+        sampler = SimpleNamespace(
+            global_batch_size=batch, num_samples=64, shuffle=shuffle, accumulation_steps=1, seed=0
+        )
+        probe.on_loader(None, SimpleNamespace(sampler=sampler))
     for _ in range(2):
         model(torch.ones(4, 2)).sum().backward()
         optimizer.step()

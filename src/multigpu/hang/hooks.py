@@ -1,5 +1,5 @@
-"""The hang tools as Context hooks (``multigpu.hooks``): the watchdog, the straggler report and
-the lost-peer report, attached by ``init()`` above one process (``multigpu.instrument``)."""
+"""The hang tools as one Context hook (``multigpu.hooks``), attached by ``init()`` above one
+process (``multigpu.instrument``)."""
 
 from __future__ import annotations
 
@@ -29,44 +29,46 @@ _REPORTS = itertools.count()
 """This process's straggler reports so far: the n-th of every rank meets under one key."""
 
 
-class WatchdogHook(Hook):
-    """Records each ``ctx.backward`` as one call (DDP's all-reduce runs in C++ inside it, where
-    no wrapper sees it); stops the watchdog thread before the process group goes."""
+class HangHook(Hook):
+    """The hang tools of one Context: the watchdog (None: ``MULTIGPU_WATCHDOG=0``), the straggler
+    report and, after a collective failed, which ranks still answer (``multigpu.hang.peers``).
 
-    def __init__(self, watchdog: Watchdog) -> None:
-        self.watchdog = watchdog
+    The straggler report is a store exchange, not a collective: at the end of the ``with`` block
+    every other rank leaves its (busy seconds, steps) in the process group's store — null when
+    its block ended by an error — and goes on at once; rank 0 polls for them at most
+    ``timeout`` (the context's) and says nothing when one is missing. A peer that never comes can
+    neither hold a finished rank longer nor fail it.
+    """
+
+    def __init__(self, watchdog: Watchdog | None, timeout: timedelta) -> None:
+        self.watchdog, self.timeout = watchdog, timeout
+        self.key = f"{PREFIX}busy-{next(_REPORTS)}-"
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
+        if self.watchdog is None:
+            return backward
         call = self.watchdog.collectives.call
 
         def recorded(loss: Any, **kwargs: Any) -> None:
-            # a call with no shapes: the loss's are not those of the all-reduce
+            # One call (DDP's all-reduce runs in C++ inside it, where no wrapper sees it), with
+            # no shapes: the loss's are not those of the all-reduce.
             call(_BACKWARD_OPS.get(ctx.strategy.name, "backward"), backward, loss, **kwargs)
 
         return recorded
 
-    def on_teardown(self, ctx: Any) -> None:
-        self.watchdog.stop()
-
-
-class StragglerReport(Hook):
-    """At the end of a ``with`` block, rank 0 names a rank that computes slower (``stragglers``).
-
-    A store exchange, not a collective: every other rank leaves its (busy seconds, steps) in the
-    process group's store — or null, when its block ended by an error — and goes on at once;
-    rank 0 polls for them at most ``timeout`` (the context's) and says nothing when one is
-    missing. A peer that never comes can neither hold a finished rank longer nor fail it.
-    """
-
-    def __init__(self, watchdog: Watchdog, timeout: timedelta) -> None:
-        self.watchdog, self.timeout = watchdog, timeout
-        self.key = f"{PREFIX}busy-{next(_REPORTS)}-"
-
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
-        store, rank = self.watchdog.store, self.watchdog.rank
-        calls = self.watchdog.collectives
+        if self.watchdog is not None:
+            self._report_stragglers(self.watchdog, error)
+        report_lost_peers(error)
+
+    def on_teardown(self, ctx: Any) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+    def _report_stragglers(self, watchdog: Watchdog, error: BaseException | None) -> None:
+        store, rank, calls = watchdog.store, watchdog.rank, watchdog.collectives
         mine = None if error is not None else (calls.busy_s, calls.steps)
-        keys = [f"{self.key}{r}" for r in range(1, self.watchdog.world_size)]
+        keys = [f"{self.key}{r}" for r in range(1, watchdog.world_size)]
         deadline = time.monotonic() + self.timeout.total_seconds()
         try:
             if rank != 0:
@@ -85,10 +87,3 @@ class StragglerReport(Hook):
         if None not in busy:
             for line in straggler_lines(busy):
                 print(line, file=sys.stderr, flush=True)
-
-
-class LostPeersHook(Hook):
-    """After a collective failed, says which ranks still answer (``multigpu.hang.peers``)."""
-
-    def on_exit(self, ctx: Any, error: BaseException | None) -> None:
-        report_lost_peers(error)
