@@ -17,8 +17,9 @@ from pathlib import Path
 from multigpu import dist, variables
 from multigpu.bench_record import BenchProbe
 from multigpu.env.types import ClusterEnv
-from multigpu.hang import peers, start_watchdog
+from multigpu.hang import peers
 from multigpu.hang.hooks import HangHook
+from multigpu.hang.watchdog import start_watchdog
 from multigpu.hooks import Hook
 from multigpu.probe import VerifyProbe
 

@@ -28,7 +28,7 @@ from multigpu.context import Context
 from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
 from multigpu.examples.job_cli import run_job
 from multigpu.examples.run_state import RunState, parameter_sha256
-from multigpu.hang import active_log
+from multigpu.hang.recorder import active_log
 from multigpu.hang.stragglers import SLOW, slowest
 from multigpu.strategies import DDPStrategy
 

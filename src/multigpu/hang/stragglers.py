@@ -22,12 +22,7 @@ def straggler_lines(busy: Sequence[tuple[float, int]]) -> list[str]:
         >>> straggler_lines([(1.0, 100), (1.0, 100), (1.6, 100)])[1]
         '  rank 2: 16.0 ms per step, 1.60x the median (10.0 ms): a straggler'
     """
-    per_step = [b / s for b, s in busy if s > 0]
-    if len(per_step) != len(busy) or len(busy) < 2:
-        return []
-    median = statistics.median(per_step)
-    if median <= 0:
-        return []
+    per_step, median = _per_step(busy)
     slow = [(r, t) for r, t in enumerate(per_step) if t >= SLOW * median]
     if not slow:
         return []
@@ -51,11 +46,15 @@ def slowest(busy: Sequence[tuple[float, int]]) -> tuple[int, float] | None:
         >>> slowest([(1.0, 100), (1.5, 100)])
         (1, 1.2)
     """
-    per_step = [b / s for b, s in busy if s > 0]
-    if len(per_step) != len(busy) or len(busy) < 2:
-        return None
-    median = statistics.median(per_step)
-    if median <= 0:
+    per_step, median = _per_step(busy)
+    if not per_step:
         return None
     rank = max(range(len(per_step)), key=per_step.__getitem__)
     return rank, round(per_step[rank] / median, 2)
+
+
+def _per_step(busy: Sequence[tuple[float, int]]) -> tuple[list[float], float]:
+    """Each rank's busy seconds per step and their median; ``[]`` when not comparable."""
+    per_step = [b / s for b, s in busy if s > 0]
+    median = statistics.median(per_step) if len(per_step) == len(busy) > 1 else 0.0
+    return (per_step, median) if median > 0 else ([], 0.0)
