@@ -71,6 +71,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not session.config.getoption("--record-durations") or not _seen:
         return
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
+        return
     out = _recorded()  # a partial run updates the tests it ran
     modules: dict[str, float] = defaultdict(float)
     for nodeid, seconds in _seen.items():

@@ -1,5 +1,4 @@
-"""What a checkpoint holds, for ``multigpu ckpt inspect``: tensors, step, world size, health.
-"""
+"""What a checkpoint holds, for ``multigpu ckpt inspect``: tensors, step, world size, health."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Data sharding: a world-size-invariant, resumable sample order and the loader built on it.
-"""
+"""Data sharding: a world-size-invariant, resumable sample order and the loader built on it."""
 
 from __future__ import annotations
 
