@@ -1,4 +1,4 @@
-"""``format_gpu_table``: the GPUs as a plain-text table (``multigpu gpus``, ``--dry-run``, doctor)."""
+"""``format_gpu_table``: the GPUs as a plain-text table (``multigpu gpus``, ``--dry-run``)."""
 
 from __future__ import annotations
 
