@@ -13,6 +13,7 @@ last stage's output on every process.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,13 +158,17 @@ class PipelinedModel(nn.Module):
             check_batch(batch, chunks)
         example = tuple(x[: batch // chunks] if isinstance(x, torch.Tensor) else x for x in inputs)
         full = self._full[0]
-        if not self._traced:  # marks the split points in the model's forwards, once
-            pipe = pipeline(
-                full, example, split_spec={p: SplitPoint.BEGINNING for p in self.split_points}
-            )
-            self._traced = True
-        else:
-            pipe = Pipe.from_tracing(full, example)
+        with warnings.catch_warnings():
+            # torch 2.13's export warns of its own deprecated LeafSpec on every trace: nothing
+            # the user can act on, printed once per process and shape.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            if not self._traced:  # marks the split points in the model's forwards, once
+                pipe = pipeline(
+                    full, example, split_spec={p: SplitPoint.BEGINNING for p in self.split_points}
+                )
+                self._traced = True
+            else:
+                pipe = Pipe.from_tracing(full, example)
         if pipe.num_stages != self.num_stages:
             raise UsageError(
                 f"the split points {self.split_points} cut {type(full).__name__} into "
