@@ -182,3 +182,21 @@ def test_fsdp_state_and_mesh_still_keep_their_process_groups_where_teardown_drop
         assert torch_compat.drop_mesh_process_groups(mesh) == 1  # the mesh's one axis
     finally:
         dist.destroy_process_group()
+
+
+def test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_names_we_replace() -> (
+    None
+):
+    """launch/agent.py replaces ``launcher.api.LocalElasticAgent`` and
+    ``rendezvous.registry.get_rendezvous_handler`` for the time of a launch: torch's
+    ``launch_agent`` must still look both up by those module names when it runs."""
+    import inspect
+
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    import torch.distributed.launcher.api as launcher_api
+
+    source = inspect.getsource(launcher_api.launch_agent)
+    assert "rdzv_registry.get_rendezvous_handler(" in source
+    assert "LocalElasticAgent(" in source
+    assert launcher_api.rdzv_registry is rdzv_registry
+    assert callable(rdzv_registry.get_rendezvous_handler)
