@@ -45,15 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.testing import netns
+from multigpu.testing.netns import HostsError
 
 INTERFACE = "eth0"
 """The name of each host's network interface (inside its namespace)."""
 
 _COUNTER = itertools.count()
-
-
-class HostsError(RuntimeError):
-    """The test hosts could not be created (an ``ip`` command failed)."""
 
 
 @functools.lru_cache(maxsize=1)

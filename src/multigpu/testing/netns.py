@@ -13,6 +13,11 @@ import re
 import subprocess
 from pathlib import Path
 
+
+class HostsError(RuntimeError):
+    """The test hosts could not be created (an ``ip`` command failed)."""
+
+
 SUBNET_BASE = "10.231"
 """Test subnets are ``10.231.X.0/24``: private, and rarely used by real networks."""
 
@@ -21,8 +26,6 @@ _STALE = re.compile(r"^mg([0-9a-f]+)x\d+[bnv]\d*$")
 
 def ip(*args: str) -> str:
     """Run ``ip ARGS``; raise ``HostsError`` with its message when it fails."""
-    from multigpu.testing.hosts import HostsError
-
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise HostsError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
@@ -52,8 +55,6 @@ def start_anchor(netns: str, hostname: str, hosts_file: Path) -> subprocess.Pope
     the host: the machine's ``/etc/hosts`` is never changed. The anchor then waits on its stdin,
     so it also ends by itself when the test process dies.
     """
-    from multigpu.testing.hosts import HostsError
-
     script = (
         f"hostname {hostname} && mount --bind {hosts_file} /etc/hosts && echo ready && exec cat"
     )
@@ -104,8 +105,6 @@ def free_subnet() -> ipaddress.IPv4Network:
     The hosts' bridge has no address, so their traffic cannot reach the real network anyway;
     avoiding used subnets keeps addresses in test output unambiguous.
     """
-    from multigpu.testing.hosts import HostsError
-
     used = []
     for text in (ip("-4", "-o", "addr", "show"), ip("-4", "route", "show", "table", "all")):
         for word in text.split():
