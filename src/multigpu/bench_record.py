@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.atomic import atomic_write
+from multigpu.atomic_file import atomic_write
 from multigpu.probe import VerifyProbe, VerifyStop
 
 BENCH_FILE = "bench-rank{rank}.json"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.atomic import atomic_write
+from multigpu.atomic_file import atomic_write
 from multigpu.hooks import Hook
 from multigpu.strategies.base import unwrap_module
 from multigpu.strategies.sync_batchnorm import CPUSyncBatchNorm

@@ -63,6 +63,18 @@ def test_dp_on_cpu_says_it_is_a_pass_through(caplog):
     assert "pass-through" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("device", "advice"),
+    [("cpu", "multigpu run --cpu 1"), ("cuda", "one process sees every GPU")],
+)
+def test_dp_at_several_processes_names_the_flag_for_the_device(device: str, advice: str) -> None:
+    from multigpu.strategies.dp import DataParallelStrategy
+
+    # bind() validates before touching the device, so cuda is only a name here.
+    with pytest.raises(multigpu.UsageError, match=f"world_size=2.*{advice}"):
+        DataParallelStrategy().bind(torch.device(device), 2)
+
+
 def test_unknown_strategy_and_backend_errors():
     with pytest.raises(multigpu.UsageError, match="strategy='fsdp9' is not known"):
         multigpu.init("fsdp9", environ=PLAIN)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from typing import Any
 
 import torch
@@ -111,11 +112,14 @@ def sync_batchnorm_train(steps: int) -> dict[str, Any]:
         net = bn_model()
         model = ctx.setup(net)
         half = [x[ctx.rank * 8 : (ctx.rank + 1) * 8] for x in bn_batches(steps)]
-        train_bn(model, half, ctx.backward)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train_bn(model, half, ctx.backward)
         plain = ctx.unwrap(model)
         plain.eval()
         return {
             "bn_type": type(plain[1]).__name__,
+            "future_warnings": [str(w.message) for w in caught if w.category is FutureWarning],
             "state": {k: v.clone() for k, v in plain.state_dict().items()},
             "eval_out": plain(bn_batches(1)[0]).detach(),
         }

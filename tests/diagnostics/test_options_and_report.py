@@ -80,6 +80,7 @@ def test_verify_options_are_taken_out_anywhere_and_the_rest_goes_to_the_script()
         (["--rtol", "-1"], "expected a number >= 0"),
         (["--rtol", "nan"], "expected a number >= 0"),
         (["missing_script.py"], "script 'missing_script.py' does not exist"),
+        (["/"], "script '/' is a directory; expected a Python file"),
         (["-m", "no_such_package_xyz.train"], "module 'no_such_package_xyz.train' was not found"),
         (["--epochs", "3"], "unknown option '--epochs' before the script"),
     ],

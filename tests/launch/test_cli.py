@@ -40,7 +40,7 @@ def test_default_on_cpu_machine_says_why(capsys: pytest.CaptureFixture[str]) -> 
     lines = plan_lines(capsys, "run", "--dry-run", SCRIPT)
     assert lines["processes"].startswith("1 per node")
     assert "no GPU found" in lines["note"] and "--cpu N" in lines["note"]
-    assert "0.55x" in lines["note"]
+    assert len(lines["note"]) <= 100 and "--help" in lines["note"]  # one short line
 
 
 def test_train_dry_run_forwards_training_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
 """Checkpoints: atomic writes, the checkpoint manager, its on-disk layout and verification."""
 
-from multigpu.checkpoint.atomic import atomic_write
+from multigpu.atomic_file import atomic_write
 from multigpu.checkpoint.layout import (
     CheckpointStatus,
     find_latest,

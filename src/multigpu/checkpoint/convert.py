@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.atomic import atomic_write
+from multigpu.atomic_file import atomic_write
 from multigpu.checkpoint.layout import MANIFEST_FILE, TMP_PREFIX
 from multigpu.checkpoint.portable import read_weights
 from multigpu.checkpoint.saving import SaveJob, save

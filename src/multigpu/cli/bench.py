@@ -12,10 +12,8 @@ and ``launch.cpu_split``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -25,6 +23,7 @@ from multigpu.cli.args import Parser, split_own_args, whole_arg
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.options import BUILTIN_JOB
 from multigpu.errors import UsageError
+from multigpu.run_target import check_module, check_script
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +177,15 @@ def parse_scaling_args(argv: Sequence[str]) -> ScalingOptions | None:
     ns = parser.parse_args(own)
     if ns.module is not None:
         target, is_module, args = ns.module, True, tuple(rest)
-        if importlib.util.find_spec(target.split(".", 1)[0]) is None:
-            raise UsageError(
-                f"module {target!r} was not found; expected an importable module for -m; "
-                "check the name or install the package"
-            )
+        check_module(target)
     elif rest:
         target, is_module, args = rest[0], False, tuple(rest[1:])
-        if target.startswith("-") or not os.path.isfile(target):
+        if target.startswith("-"):
             raise UsageError(
-                f"script {target!r} does not exist (relative to {os.getcwd()}); expected "
+                f"unknown option {target!r} before the script; expected "
                 f"'{PROG} [script.py | -m module] [args] [options]'; see '{PROG} --help'"
             )
+        check_script(target)
     else:
         target, is_module, args = BUILTIN_JOB[0], True, BUILTIN_JOB[1]
     return ScalingOptions(

@@ -9,14 +9,13 @@ options: what follows goes to the script even if it has the same name (``-- --st
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from multigpu.cli.args import Parser, number_arg, split_own_args
 from multigpu.diagnostics.options import BUILTIN_JOB, VERIFY_STRATEGIES, VerifyOptions
 from multigpu.errors import UsageError
+from multigpu.run_target import check_module, check_script
 
 PROG = "multigpu verify"
 
@@ -134,7 +133,7 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
     ns = parser.parse_args(own)
     if ns.module is not None:
         target, is_module, args = ns.module, True, tuple(rest)
-        _check_module(target)
+        check_module(target)
     elif rest:
         if rest[0].startswith("-"):
             raise UsageError(
@@ -142,7 +141,7 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
                 f"'{PROG} [script.py | -m module] [args] [options]'; see '{PROG} --help'"
             )
         target, is_module, args = rest[0], False, tuple(rest[1:])
-        _check_script(target)
+        check_script(target)
     else:
         target, is_module, args = BUILTIN_JOB[0], True, BUILTIN_JOB[1]
     return VerifyOptions(
@@ -160,25 +159,6 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
         timeout=ns.timeout,
         strategy=ns.strategy,
     )
-
-
-def _check_script(script: str) -> None:
-    if not os.path.isfile(script):
-        where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()})"
-        raise UsageError(
-            f"script {script!r} does not exist{where}; expected a Python file; check the path, "
-            "or use -m for a module"
-        )
-
-
-def _check_module(module: str) -> None:
-    top = module.split(".", 1)[0]
-    # Only the top-level package is looked up: finding a submodule would import its parents.
-    if not module or importlib.util.find_spec(top) is None:
-        raise UsageError(
-            f"module {module!r} was not found (no package {top!r} on sys.path); expected an "
-            "importable module for -m; check the name or install the package"
-        )
 
 
 def verify_main(argv: Sequence[str]) -> int:

@@ -22,12 +22,13 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from multigpu.atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +130,7 @@ def save_record(record: SplitRecord, environ: Mapping[str, str] | None = None) -
     key = (record.host, record.cores, record.torch, record.script)
     kept = [r for r in load_records(path) if (r.host, r.cores, r.torch, r.script) != key]
     document = {"format": FORMAT, "entries": [asdict(r) for r in [*kept, record]]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{CACHE_FILE}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(document, fh, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda fh: fh.write(json.dumps(document, indent=2).encode()))
 
 
 def new_record(

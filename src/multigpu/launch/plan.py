@@ -210,8 +210,9 @@ def choose_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> Dev
         kind="cpu",
         processes=1,
         note=(
-            f"no GPU found: starting 1 process using all {cores} core(s) (the default, because "
-            f"{CPU_DEFAULT_WHY}); use --cpu N for N processes"
+            # One short line: the measurement behind the default is in `multigpu run --help`.
+            f"no GPU found: 1 process on {cores} core(s), usually faster than splitting them "
+            "(see --help); --cpu N for N"
         ),
     )
 

@@ -43,6 +43,7 @@ from multigpu.launch.plan import (
 )
 from multigpu.launch.ports import check_port_free, check_store_answers
 from multigpu.launch.slurm import with_slurm_topology
+from multigpu.run_target import check_script as check_script_path
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,7 @@ def check_script(options: LaunchOptions) -> None:
                 "or a command on PATH; check the spelling"
             )
         return
-    if not os.path.isfile(script):
-        where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()})"
-        raise UsageError(
-            f"script {script!r} does not exist{where}; expected a Python file; check the path, "
-            "or use -m for a module"
-        )
+    check_script_path(script)
 
 
 @contextmanager

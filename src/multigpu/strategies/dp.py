@@ -32,10 +32,16 @@ class DataParallelStrategy(Strategy):
 
     def validate(self) -> None:
         if self.world_size > 1:
+            # The advice differs by device: on GPUs one process must see every GPU (plain
+            # python; `--nproc-per-node 1` would hide all but one), on CPUs the flag is --cpu.
+            one = (
+                "multigpu run --cpu 1"
+                if self.device.type == "cpu"
+                else "python script.py, so one process sees every GPU"
+            )
             raise UsageError(
                 f"strategy='dp' was asked for with world_size={self.world_size}; DataParallel is "
-                "one process over several GPUs; launch one process "
-                "(multigpu run --nproc-per-node 1) "
+                f"one process over several GPUs; launch one process ({one}) "
                 "or use strategy='ddp'"
             )
 

@@ -2,17 +2,46 @@
 
 torch's ``nn.SyncBatchNorm`` refuses CPU tensors, and DDP refuses to wrap it on CPU ("only work
 with GPU modules"), so on CPU processes the same statistics are computed with a differentiable
-all-reduce (``torch.distributed.nn.functional.all_reduce``): the batch mean over every rank first,
-then the variance around it (two passes, as exact as BatchNorm on the whole batch). In eval mode
-nothing is synchronised: the running statistics are used, as in BatchNorm.
+all-reduce: the batch mean over every rank first, then the variance around it (two passes, as
+exact as BatchNorm on the whole batch). In eval mode nothing is synchronised: the running
+statistics are used, as in BatchNorm.
+
+The differentiable all-reduce is ours (``SumAcrossRanks``, on the public ``dist.all_reduce``):
+``torch.distributed.nn.functional.all_reduce`` warns (FutureWarning) on every call since torch
+2.6 and points to a private module.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
+from torch.autograd import Function
+
+
+class SumAcrossRanks(Function):
+    """Sum a tensor over every rank of the default group, differentiably.
+
+    The gradient of a sum every rank computes is the sum of every rank's gradient: the backward
+    is the same all-reduce.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        summed = tensor.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(summed)
+        return summed
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return SumAcrossRanks.apply(grad)
+
+
+def differentiable_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of ``tensor`` over every rank, with a gradient (see ``SumAcrossRanks``)."""
+    return SumAcrossRanks.apply(tensor)
 
 
 class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):

@@ -1,4 +1,8 @@
-"""Atomic file writes: a file exists under its name only when it is complete."""
+"""Atomic file writes: a file exists under its name only when it is complete.
+
+Below every other module (it imports none of ours): checkpoints, the built-in jobs' outputs, the
+probes' records and the launcher's ``--cpu auto`` cache all write through it.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp creates 0600; the file gets the mode open() would give it (0666 less the
+        # umask), as torch.save and a shell redirect do, so others can read it where they may.
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
@@ -40,3 +47,25 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     finally:
         os.close(dir_fd)
     return target
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux says it (``/proc``).
+
+    Example:
+        >>> old = os.umask(0o027)
+        >>> oct(current_umask())
+        '0o27'
+        >>> _ = os.umask(old)
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    # Elsewhere the only way is to set it and put it back (not atomic across threads).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
