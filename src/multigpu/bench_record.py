@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from multigpu.atomic_file import atomic_write
-from multigpu.probe import VerifyProbe, VerifyStop
+from multigpu.verify_record import VerifyRecorder, VerifyStop
 
 BENCH_FILE = "bench-rank{rank}.json"
 """One rank's record (the reader, ``multigpu.diagnostics.bench.scaling``, repeats the name)."""
 
 
-class BenchProbe(VerifyProbe):
+class BenchRecorder(VerifyRecorder):
     """Times the optimizer steps for ``multigpu bench scaling`` (see the module doc)."""
 
     def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:

@@ -8,7 +8,6 @@ else is a UsageError).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -17,7 +16,7 @@ import torch
 from multigpu.choices import BACKENDS
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import DeviceError
-from multigpu.variables import device as device_variable
+from multigpu.settings import Settings
 
 T = TypeVar("T")
 
@@ -27,23 +26,26 @@ def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_device(env: ClusterEnv, accelerator: str = "auto") -> torch.device:
+def rank_device(
+    env: ClusterEnv, accelerator: str = "auto", settings: Settings | None = None
+) -> torch.device:
     """Return ``cuda:local_rank`` when CUDA is there (and wanted), else ``cpu``.
 
     Args:
         env: where this process sits in the job.
         accelerator: ``"auto"`` (CUDA if available), ``"cuda"`` (error without it) or ``"cpu"``.
+        settings: the environment's values (``MULTIGPU_DEVICE``); default: read from none.
 
     Raises:
         DeviceError: CUDA was asked for but is missing, or there are fewer visible GPUs than
             processes on this node.
-        UsageError: ``MULTIGPU_DEVICE`` is neither ``cpu`` nor ``auto``.
     """
     if accelerator not in ("auto", "cuda", "gpu", "cpu"):
         raise DeviceError(
             f"accelerator={accelerator!r} is not known; expected 'auto', 'cuda' or 'cpu'"
         )
-    forced_cpu = device_variable(os.environ) == "cpu"
+    settings = settings or Settings.read({})
+    forced_cpu = settings.device == "cpu"
     if forced_cpu and accelerator in ("cuda", "gpu"):
         raise DeviceError(
             f"accelerator={accelerator!r} was asked for in code, but MULTIGPU_DEVICE=cpu (set by "
@@ -63,7 +65,7 @@ def choose_device(env: ClusterEnv, accelerator: str = "auto") -> torch.device:
     if env.local_rank >= count:
         raise DeviceError(
             f"local rank {env.local_rank} needs GPU {env.local_rank} but only {count} are visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
+            f"(CUDA_VISIBLE_DEVICES={settings.cuda_visible_devices or '<unset>'}); "
             f"start at most {count} processes per node, or use --cpu for CPU processes"
         )
     return torch.device("cuda", env.local_rank)

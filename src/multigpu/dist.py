@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import os
 import re
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
@@ -32,8 +31,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ReduceOp = Literal["sum", "mean", "max", "min", "prod"]
 
-DEFAULT_TIMEOUT_S = 300.0
-
 _OPS = {
     "sum": dist.ReduceOp.SUM,
     "mean": dist.ReduceOp.SUM,  # divided afterwards: gloo has no AVG
@@ -43,21 +40,17 @@ _OPS = {
 }
 
 
-def resolve_timeout(timeout: float | timedelta | None) -> timedelta:
-    """Return the collective timeout: the argument, else ``MULTIGPU_TIMEOUT``, else 300 s."""
+def collective_timeout(timeout: float | timedelta | None, default_s: float) -> timedelta:
+    """Return the collective timeout: the argument, else ``default_s`` (the settings' value).
+
+    Example:
+        >>> collective_timeout(None, 300.0), collective_timeout(60, 300.0)
+        (datetime.timedelta(seconds=300), datetime.timedelta(seconds=60))
+    """
     if isinstance(timeout, timedelta):
         seconds = timeout.total_seconds()
-    elif timeout is not None:
-        seconds = float(timeout)
     else:
-        raw = os.environ.get("MULTIGPU_TIMEOUT", "")
-        try:
-            seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
-        except ValueError as e:
-            raise UsageError(
-                f"MULTIGPU_TIMEOUT={raw!r} is not a number of seconds; "
-                "set e.g. MULTIGPU_TIMEOUT=300"
-            ) from e
+        seconds = default_s if timeout is None else float(timeout)
     if seconds <= 0:
         raise UsageError(f"timeout={seconds} s must be positive; give e.g. timeout=300")
     return timedelta(seconds=seconds)
@@ -124,7 +117,7 @@ def init_process_group(
 
 def _agent_hosts_store(env: ClusterEnv) -> bool:
     # torchrun's agent shares its own store with its workers: then every rank is its client.
-    return env.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return env.source == "torchrun" and env.agent_store
 
 
 def wait_for_store(env: ClusterEnv, timeout: timedelta) -> None:

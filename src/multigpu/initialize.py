@@ -1,6 +1,8 @@
 """``multigpu.init()``: detect the job, pick the device, start the group, seed, give a Context.
 
-Environment variables read: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
+Environment variables read, all from the ``environ`` given (default ``os.environ``) and nowhere
+else — the ``MULTIGPU_*`` values resolved once into ``multigpu.settings.Settings`` and passed
+down: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
 ``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_COMPRESSION`` (through
 ``resolve_strategy``), ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``,
 ``MULTIGPU_DETERMINISTIC``, ``MULTIGPU_WATCHDOG``, ``MULTIGPU_HANG_AFTER``,
@@ -19,16 +21,17 @@ from datetime import timedelta
 
 import torch
 
-from multigpu import dist, variables, worker_error
+from multigpu import dist, worker_error
 from multigpu.context import Context
 from multigpu.context_comm import refuse
-from multigpu.device import backend_for, choose_device
+from multigpu.device import backend_for, rank_device
 from multigpu.env import ClusterEnv, detect
 from multigpu.errors import EnvError, UsageError
 from multigpu.instrument import choose_hooks
 from multigpu.log import warn_once
 from multigpu.precision import Precision
 from multigpu.seed import seed_everything
+from multigpu.settings import Settings
 from multigpu.strategies import Strategy, resolve_strategy
 from multigpu.versions import local_versions, mismatch_message
 
@@ -86,20 +89,15 @@ def init(
     env_vars = os.environ if environ is None else environ
     env = detect(env_vars)
     try:  # every choice read and checked before anything starts (a device, a process group)
-        device = choose_device(env, accelerator)
-        chosen_backend = backend_for(device, backend or variables.backend(env_vars))
-        resolved = resolve_strategy(
-            strategy or variables.strategy(env_vars), env.world_size, env_vars
-        )
+        settings = Settings.read(env_vars)  # every MULTIGPU_* value, once; nothing else reads
+        device = rank_device(env, accelerator, settings)
+        chosen_backend = backend_for(device, backend or settings.backend)
+        resolved = resolve_strategy(strategy or settings.strategy, env.world_size, env_vars)
         mixed = Precision(precision, device)
         resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm, precision=mixed)
-        if timeout is None:
-            variables.timeout(env_vars, dist.DEFAULT_TIMEOUT_S)  # "nan", "-1": refused here
-        wait = dist.resolve_timeout(timeout)
+        wait = dist.collective_timeout(timeout, settings.timeout_s)
         if deterministic is None:
-            deterministic = variables.deterministic(env_vars)
-        variables.watchdog(env_vars)  # read again once the process group exists: check now
-        variables.hang_after(env_vars)
+            deterministic = settings.deterministic
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:

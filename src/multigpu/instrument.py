@@ -1,6 +1,6 @@
 """Which hooks (``multigpu.hooks``) a Context gets: chosen by the variables the launcher sets.
 
-- ``MULTIGPU_VERIFY_DIR`` (``multigpu verify``): the verify probe (``multigpu.probe``);
+- ``MULTIGPU_VERIFY_DIR`` (``multigpu verify``): the verify probe (``multigpu.verify_record``);
 - else ``MULTIGPU_BENCH_DIR`` (``multigpu bench scaling``): the step timer (``bench_record``);
 - above one process: the hang tools (``multigpu.hang.hooks``).
 
@@ -15,13 +15,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from multigpu import dist, variables
-from multigpu.bench_record import BenchProbe
+from multigpu.bench_record import BenchRecorder
 from multigpu.env.types import ClusterEnv
 from multigpu.hang import peers
 from multigpu.hang.hooks import HangHook
 from multigpu.hang.watchdog import start_watchdog
 from multigpu.hooks import Hook
-from multigpu.probe import VerifyProbe
+from multigpu.verify_record import VerifyRecorder
 
 
 def choose_hooks(
@@ -46,11 +46,13 @@ def choose_hooks(
     return hooks
 
 
-def verify_or_bench(environ: Mapping[str, str], rank: int, world_size: int) -> VerifyProbe | None:
+def verify_or_bench(
+    environ: Mapping[str, str], rank: int, world_size: int
+) -> VerifyRecorder | None:
     """The probe of ``multigpu verify``, else the step timer of ``bench scaling``, else None."""
     for directory, steps, kind in (
-        ("MULTIGPU_VERIFY_DIR", "MULTIGPU_VERIFY_STEPS", VerifyProbe),
-        ("MULTIGPU_BENCH_DIR", "MULTIGPU_BENCH_STEPS", BenchProbe),
+        ("MULTIGPU_VERIFY_DIR", "MULTIGPU_VERIFY_STEPS", VerifyRecorder),
+        ("MULTIGPU_BENCH_DIR", "MULTIGPU_BENCH_STEPS", BenchRecorder),
     ):
         if environ.get(directory):
             count = variables.read_count(environ, steps)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from multigpu.bench_record import BenchProbe
+from multigpu.bench_record import BenchRecorder
 from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
 from multigpu.instrument import verify_or_bench
@@ -24,8 +24,8 @@ from multigpu.launch.cpu_split import (
     torch_version,
 )
 from multigpu.launch.options import LaunchOptions, cpu_count_arg
-from multigpu.launch.plan import build_plan, choose_devices
-from multigpu.probe import VerifyProbe, VerifyStop
+from multigpu.launch.plan import build_plan, request_devices
+from multigpu.verify_record import VerifyRecorder, VerifyStop
 
 
 def _record(script: str, best: tuple[int, int], cores: int = 2) -> None:
@@ -98,11 +98,12 @@ def test_cpu_auto_on_the_command_line_reaches_the_plan(cache: Path, tmp_path: Pa
     ns = build_run_parser().parse_args(["--cpu", "auto", str(script)])
     options = options_from_namespace(ns, script=ns.training_script, script_args=[])
     assert options.cpu == "auto"
-    before = build_plan(options, choose_devices(options, gpu_count=0, cores=4), environ={}, cores=4)
+    request = request_devices(options, gpu_count=0, cores=4)
+    before = build_plan(options, request, environ={}, cores=4)
     assert (before.nproc_per_node, before.threads_per_process) == (1, 4)
     assert "run `multigpu bench scaling`" in before.notes[0]
     _record(script_key(str(script), is_module=False), (2, 1), cores=4)
-    after = build_plan(options, choose_devices(options, gpu_count=0, cores=4), environ={}, cores=4)
+    after = build_plan(options, request_devices(options, gpu_count=0, cores=4), environ={}, cores=4)
     assert (after.nproc_per_node, after.threads_per_process) == (2, 2)
     assert after.env["OMP_NUM_THREADS"] == "2"
     assert "measured for this script" in after.notes[0]
@@ -114,22 +115,22 @@ def test_cpu_auto_with_strategy_dp_or_a_contradicting_nproc_is_refused(cache: Pa
         script="multigpu.examples.digits", cpu="auto", one_process=True, torchrun={"module": True}
     )
     with pytest.raises(UsageError, match="dp runs ONE process"):
-        choose_devices(dp, gpu_count=0, cores=2)
+        request_devices(dp, gpu_count=0, cores=2)
     both = LaunchOptions(script="t.py", cpu="auto", torchrun={"nproc_per_node": "2"})
     with pytest.raises(UsageError, match="contradicts --cpu auto"):
-        choose_devices(both, gpu_count=0, cores=2)
+        request_devices(both, gpu_count=0, cores=2)
 
 
 def test_the_bench_recorder_is_chosen_only_under_bench(tmp_path: Path) -> None:
     assert verify_or_bench({}, 0, 1) is None
     bench = verify_or_bench({"MULTIGPU_BENCH_DIR": str(tmp_path)}, 0, 1)
-    assert isinstance(bench, BenchProbe)
+    assert isinstance(bench, BenchRecorder)
     verify = verify_or_bench({"MULTIGPU_VERIFY_DIR": str(tmp_path)}, 0, 1)
-    assert type(verify) is VerifyProbe
+    assert type(verify) is VerifyRecorder
 
 
 def test_bench_probe_times_steps_and_stops_after_the_last(tmp_path: Path) -> None:
-    probe = BenchProbe(tmp_path, steps=3, rank=0, world_size=1)
+    probe = BenchRecorder(tmp_path, steps=3, rank=0, world_size=1)
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe.on_setup(None, model, [optimizer])

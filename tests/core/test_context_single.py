@@ -16,7 +16,7 @@ import multigpu
 from multigpu.device import backend_for, move_to_device
 from multigpu.strategies import unwrap_module
 
-PLAIN: dict[str, str] = {}  # an empty environment: a plain single process
+PLAIN = {"MULTIGPU_DEVICE": "cpu"}  # a plain single process, on the CPU on any machine
 
 
 def test_single_process_has_no_group_and_noop_collectives():
@@ -87,12 +87,11 @@ def test_unknown_strategy_and_backend_errors():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
-def test_cuda_requested_without_cuda_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_requested_without_cuda_is_an_error() -> None:
     with pytest.raises(multigpu.DeviceError, match="MULTIGPU_DEVICE=cpu"):
-        multigpu.init(accelerator="cuda", environ=PLAIN)  # the tests' CPU-only setting
-    monkeypatch.delenv("MULTIGPU_DEVICE")
+        multigpu.init(accelerator="cuda", environ=PLAIN)  # what `multigpu run --cpu` sets
     with pytest.raises(multigpu.DeviceError, match="no CUDA device"):
-        multigpu.init(accelerator="cuda", environ=PLAIN)
+        multigpu.init(accelerator="cuda", environ={})
 
 
 def test_seed_sets_every_rng_identically():

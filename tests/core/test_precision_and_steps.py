@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.precision import parse_precision
 
-PLAIN: dict[str, str] = {}
+PLAIN = {"MULTIGPU_DEVICE": "cpu"}  # a plain single process, on the CPU on any machine
 
 
 def data(n: int = 256) -> TensorDataset:

@@ -10,11 +10,12 @@ import pytest
 
 import multigpu
 from multigpu import variables
-from multigpu.device import choose_device
+from multigpu.device import rank_device
 from multigpu.env import detect
 from multigpu.errors import UsageError
 from multigpu.hang.watchdog import report_after
 from multigpu.log import configure
+from multigpu.settings import Settings
 
 BAD = {
     "MULTIGPU_STRATEGY": ("bogus", "one of auto, single, dp, ddp, fsdp"),
@@ -70,9 +71,8 @@ def test_the_readers_in_the_library_refuse_what_they_silently_took_before(
 ) -> None:
     # MULTIGPU_DEVICE=tpu meant "auto"; MULTIGPU_HANG_AFTER=x a warning and the default;
     # MULTIGPU_LOG_LEVEL=loud logging's ValueError.
-    monkeypatch.setenv("MULTIGPU_DEVICE", "tpu")
     with pytest.raises(UsageError, match="MULTIGPU_DEVICE='tpu'"):
-        choose_device(detect({}))
+        rank_device(detect({}), settings=Settings.read({"MULTIGPU_DEVICE": "tpu"}))
     with pytest.raises(UsageError, match="MULTIGPU_HANG_AFTER='x'"):
         report_after(300, {"MULTIGPU_HANG_AFTER": "x"})
     monkeypatch.setenv("MULTIGPU_LOG_LEVEL", "loud")
@@ -144,3 +144,20 @@ def test_a_usage_error_in_init_ends_a_launched_worker_in_one_line_and_exit_2(
     assert info.value.code == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("multigpu: error: ") and said in err[0], err
+
+
+def test_init_reads_only_the_environ_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, the device choice and the timeout read os.environ behind init(environ=...).
+    for name, bad in [
+        ("MULTIGPU_DEVICE", "tpu"),
+        ("MULTIGPU_TIMEOUT", "bogus"),
+        ("MULTIGPU_STRATEGY", "bogus"),
+        ("MULTIGPU_DETERMINISTIC", "maybe"),
+    ]:
+        monkeypatch.setenv(name, bad)
+    with multigpu.init(environ={}) as ctx:
+        assert ctx.timeout.total_seconds() == 300 and ctx.strategy.name == "single"
+    with multigpu.init(environ={"MULTIGPU_TIMEOUT": "60"}) as ctx:
+        assert ctx.timeout.total_seconds() == 60
+    with pytest.raises(UsageError, match="MULTIGPU_TIMEOUT='x'"):
+        multigpu.init(environ={"MULTIGPU_TIMEOUT": "x"})

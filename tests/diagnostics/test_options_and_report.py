@@ -22,7 +22,7 @@ from multigpu.diagnostics import (
     to_json,
 )
 from multigpu.diagnostics.report import render
-from multigpu.diagnostics.verify import child_env, run_command
+from multigpu.diagnostics.verify import child_env, verify_argv
 from multigpu.errors import UsageError
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "mlp.py")
@@ -114,7 +114,7 @@ def test_children_get_one_thread_and_the_probe() -> None:
     assert "GLOO_SOCKET_IFNAME" not in env  # only for CPU runs
     opts = parse_verify_args(["-m", "json.tool", "--x"])
     assert opts is not None
-    assert run_command(opts, 4, "cuda")[3:] == ["run", "--gpus", "4", "-m", "json.tool", "--x"]
+    assert verify_argv(opts, 4, "cuda")[3:] == ["run", "--gpus", "4", "-m", "json.tool", "--x"]
 
 
 def _result(moved: float) -> VerifyResult:

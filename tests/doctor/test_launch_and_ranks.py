@@ -11,7 +11,7 @@ import pytest
 
 from multigpu.cli.doctor import doctor_main
 from multigpu.diagnostics.doctor.checks import ok, warn
-from multigpu.diagnostics.doctor.probe import failure_check, result_check
+from multigpu.diagnostics.doctor.collective import failure_check, result_check
 from multigpu.diagnostics.doctor.ranks import compare_ranks, merge_rows
 from multigpu.diagnostics.doctor.rendezvous import (
     env_check,

@@ -24,6 +24,7 @@ def test_recorded_standalone_torchrun(rank: int) -> None:
         master_addr="localhost",
         master_port=37645,
         restart_count=0,
+        agent_store=True,  # recorded from torch's agent, which shares its store
     )
 
 

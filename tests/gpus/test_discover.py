@@ -1,10 +1,10 @@
-"""The probe chain on this machine, the torch probe's parser and the table."""
+"""The discover_gpus chain on this machine, the torch discover_gpus's parser and the table."""
 
 from __future__ import annotations
 
 import time
 
-from multigpu.gpus import all_gpus, format_gpu_table, list_gpus, probe
+from multigpu.gpus import all_gpus, discover_gpus, format_gpu_table, list_gpus
 from multigpu.gpus.torch_probe import has_gpu_device_node, parse_torch_probe, read_torch
 from multigpu.gpus.visible import physical_devices, visible_devices
 
@@ -19,7 +19,7 @@ def test_no_gpu_machine_answers_empty_and_fast() -> None:
     assert list_gpus() == []
     assert list_gpus({"CUDA_VISIBLE_DEVICES": "0"}) == []
     assert all_gpus() == []
-    assert probe().source == "none"
+    assert discover_gpus().source == "none"
     assert read_torch() is None
     assert time.perf_counter() - t < 1.0
 

@@ -8,7 +8,7 @@ from multigpu.gpus.smi import (
     parse_mig_list,
     parse_query_gpu,
     read_smi,
-    run_command,
+    run_smi,
 )
 
 from .recorded import Recorded, inventory, recorded
@@ -81,6 +81,6 @@ def test_command_missing_or_failing() -> None:
     runner = Recorded(None)
     assert read_smi(runner) is None
     assert runner.calls == [QUERY_GPU]  # gave up after the first command
-    assert run_command(["multigpu-no-such-command-xyz", "-L"]) is None
-    assert run_command(["false"]) is None
-    assert run_command(["echo", "hi"]) == "hi\n"
+    assert run_smi(["multigpu-no-such-command-xyz", "-L"]) is None
+    assert run_smi(["false"]) is None
+    assert run_smi(["echo", "hi"]) == "hi\n"

@@ -23,7 +23,7 @@ def directory() -> Iterator[None]:
         closed_port = gone.getsockname()[1]
     table = [("me", "127.0.0.1", 1), ("n1", "127.0.0.1", alive.getsockname()[1]),
              ("n2", "127.0.0.1", closed_port)]  # fmt: skip
-    peers.start(0, lambda mine: [mine if r == 0 else row for r, row in enumerate(table)])
+    peers.start(0, lambda mine: [mine if r == 0 else row for r, row in enumerate(table)], "")
     try:
         yield
     finally:
@@ -35,7 +35,7 @@ def directory() -> Iterator[None]:
 
 def test_probe_tells_alive_from_ended(directory: None) -> None:
     assert peers._peers[0].host == socket.gethostname() and peers._peers[0].port > 0
-    found = peers.probe(timeout_s=1.0)
+    found = peers.ask_peers(timeout_s=1.0)
     assert found[1] == "answers"
     assert found[2].startswith("its process has ended")
     assert 0 not in found  # never itself

@@ -11,13 +11,13 @@ import pytest
 from multigpu.errors import UsageError
 from multigpu.launch.env_checks import check_worker_environment
 from multigpu.launch.options import LaunchOptions
-from multigpu.launch.plan import LaunchPlan, build_plan, choose_devices
+from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from tests.launch._util import run_multigpu
 
 
 def _cpu_plan() -> LaunchPlan:
     options = LaunchOptions(script="train.py", cpu=2)
-    return build_plan(options, choose_devices(options, gpu_count=0, cores=2), environ={}, cores=2)
+    return build_plan(options, request_devices(options, gpu_count=0, cores=2), environ={}, cores=2)
 
 
 def test_the_users_values_are_checked_even_where_the_plan_sets_the_variable():

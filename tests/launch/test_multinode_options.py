@@ -29,8 +29,8 @@ from multigpu.launch.agent_errors import describe_agent_error, root_cause
 from multigpu.launch.network import check_interface
 from multigpu.launch.timeouts import (
     StoreCallBound,
+    job_timeout_s,
     rendezvous_conf,
-    resolve_timeout,
 )
 from tests.launch._util import child_env
 from tests.launch.test_plan import plan_for
@@ -84,7 +84,7 @@ def test_timeout_sets_the_workers_and_every_launcher_wait() -> None:
 
 
 def test_timeout_helpers() -> None:
-    assert resolve_timeout(3.0, {"MULTIGPU_TIMEOUT": "9"}) == 3.0
+    assert job_timeout_s(3.0, {"MULTIGPU_TIMEOUT": "9"}) == 3.0
     assert rendezvous_conf("", 600, static=False) == (
         "join_timeout=600,read_timeout=600,last_call_timeout=30,close_timeout=30,"
         "keep_alive_interval=5,keep_alive_max_attempt=3"
@@ -101,11 +101,11 @@ def test_timeout_helpers() -> None:
 def test_iface_sets_gloo_nccl_and_the_advertised_address() -> None:
     options = ["--cpu", "1", *C10D, "--iface", "lo", "t.py"]
     from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
-    from multigpu.launch.plan import build_plan, choose_devices
+    from multigpu.launch.plan import build_plan, request_devices
 
     ns = build_run_parser().parse_args(options)
     opts = options_from_namespace(ns, script="t.py", script_args=[])
-    request = choose_devices(opts, gpu_count=0, cores=2)
+    request = request_devices(opts, gpu_count=0, cores=2)
     plan = build_plan(opts, request, environ={}, cores=2, iface_address="10.1.2.3")
     assert plan.env["GLOO_SOCKET_IFNAME"] == plan.env["NCCL_SOCKET_IFNAME"] == "lo"
     assert torchrun_parse_args(list(plan.torchrun_args)).local_addr == "10.1.2.3"

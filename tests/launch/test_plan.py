@@ -13,7 +13,7 @@ from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
 from multigpu.launch.endpoints import store_port
 from multigpu.launch.options import LaunchOptions, parse_nnodes
-from multigpu.launch.plan import build_plan, choose_devices
+from multigpu.launch.plan import build_plan, request_devices
 from multigpu.launch.ports import check_port_free, is_local_address
 from multigpu.launch.train import wants_one_process
 
@@ -27,7 +27,7 @@ def parse(*argv: str) -> LaunchOptions:
 
 def plan_for(*argv: str, gpus: int = 0, cores: int = 4, environ: dict[str, str] | None = None):
     options = parse(*argv)
-    request = choose_devices(options, gpu_count=gpus, cores=cores)
+    request = request_devices(options, gpu_count=gpus, cores=cores)
     fake = [SimpleNamespace(index=i, name=f"GPU{i}") for i in range(gpus)]
     return build_plan(
         options,
@@ -97,7 +97,7 @@ def test_cpu_only_default_is_one_process_with_all_cores_and_says_why() -> None:
     plan = plan_for("t.py", cores=8)
     assert (plan.nproc_per_node, plan.threads_per_process) == (1, 8)
     (note,) = plan.notes
-    assert "0.55" in note and "--cpu N" in note and "\n" not in note
+    assert "see --help" in note and "--cpu N" in note and "\n" not in note and len(note) <= 100
     assert "0.55" in build_run_parser().format_help()
 
 
@@ -114,17 +114,17 @@ def test_gpus_one_process_per_gpu_in_pci_order() -> None:
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert plan.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "MULTIGPU_DEVICE" not in plan.env
-    assert choose_devices(parse("--nproc-per-node", "1", "t.py"), gpu_count=2, cores=2).gpus == "1"
+    assert request_devices(parse("--nproc-per-node", "1", "t.py"), gpu_count=2, cores=2).gpus == "1"
 
 
 def test_dp_is_one_process_seeing_every_gpu() -> None:
     options = LaunchOptions(script="m", one_process=True)
-    request = choose_devices(options, gpu_count=2, cores=2)
+    request = request_devices(options, gpu_count=2, cores=2)
     fake = [SimpleNamespace(index=i, name="g") for i in range(2)]
     plan = build_plan(options, request, environ={}, cores=2, gpus=fake)  # type: ignore[arg-type]
     assert plan.nproc_per_node == 1 and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     with pytest.raises(UsageError, match="--strategy dp"):
-        choose_devices(LaunchOptions(script="m", cpu=2, one_process=True), gpu_count=0, cores=2)
+        request_devices(LaunchOptions(script="m", cpu=2, one_process=True), gpu_count=0, cores=2)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import multigpu
 from multigpu.errors import UsageError
 from multigpu.launch.env_checks import check_worker_environment
 from multigpu.launch.options import LaunchOptions
-from multigpu.launch.plan import build_plan, choose_devices
+from multigpu.launch.plan import build_plan, request_devices
 from multigpu.strategies import resolve_strategy
 from tests.launch._util import run_multigpu
 
@@ -84,7 +84,7 @@ def test_the_launcher_refuses_a_mesh_its_world_cannot_hold_before_any_worker(
     tmp_path: Path,
 ) -> None:
     options = LaunchOptions(script="train.py", cpu=4)
-    plan = build_plan(options, choose_devices(options, gpu_count=0, cores=2), environ={}, cores=2)
+    plan = build_plan(options, request_devices(options, gpu_count=0, cores=2), environ={}, cores=2)
     check_worker_environment(plan, {"MULTIGPU_MESH": "dp=2,tp=2"})
     with pytest.raises(UsageError, match="MULTIGPU_MESH=tp=3 .* does not divide the world size 4"):
         check_worker_environment(plan, {"MULTIGPU_MESH": "tp=3"})

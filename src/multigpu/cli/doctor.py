@@ -236,7 +236,7 @@ def _choose_backend(options: DoctorOptions, facts: Mapping[str, Any]) -> str:
 
 
 def _probe_row(options: DoctorOptions, facts: Mapping[str, Any], *, one_rank: bool) -> Check:
-    from multigpu.diagnostics.doctor.probe import probe_here, skipped
+    from multigpu.diagnostics.doctor.collective import check_collective_here, skipped
 
     if not options.probe:
         return skipped("--no-probe was given")
@@ -244,7 +244,7 @@ def _probe_row(options: DoctorOptions, facts: Mapping[str, Any], *, one_rank: bo
         return skipped("launched with one process: launch 2 or more (e.g. --cpu 2) to probe")
     backend = _choose_backend(options, facts)
     default = min(2, facts["gpus"]) if backend == "nccl" and facts["gpus"] else 2
-    return probe_here(
+    return check_collective_here(
         backend=backend, nproc=options.nproc or default, timeout=options.timeout, gpus=facts["gpus"]
     )
 

@@ -62,7 +62,7 @@ def _train(argv: Sequence[str]) -> int:
     with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
     # Imported only now: a refused flag above costs no more than torchrun's parser.
     from multigpu.launch.env_checks import check_worker_environment
-    from multigpu.launch.run import run_command
+    from multigpu.launch.run import multigpu_run
 
     def check(plan: LaunchPlan) -> None:
         check_worker_environment(plan)
@@ -73,7 +73,7 @@ def _train(argv: Sequence[str]) -> int:
             check_batch_size(job_argv, plan.nproc_per_node * low, model)
             check_pipeline_options(job_argv, plan.nproc_per_node * low, model)
 
-    return run_command(dataclasses.replace(options, torchrun=with_module), check=check)
+    return multigpu_run(dataclasses.replace(options, torchrun=with_module), check=check)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -143,12 +143,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return show_gpus(as_json=ns.json)
         from multigpu.launch.env_checks import check_worker_environment
-        from multigpu.launch.run import run_command
+        from multigpu.launch.run import multigpu_run
 
         options = options_from_namespace(
             ns, script=ns.training_script, script_args=ns.training_script_args
         )
-        return run_command(options, check=check_worker_environment)
+        return multigpu_run(options, check=check_worker_environment)
     except UsageError as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2

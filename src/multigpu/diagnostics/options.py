@@ -48,7 +48,7 @@ class VerifyOptions:
     """The strategy of every run (``MULTIGPU_STRATEGY``), for scripts that leave it to init()."""
 
 
-def choose_device(nproc: Sequence[int], *, cpu: bool) -> str:
+def device_for_runs(nproc: Sequence[int], *, cpu: bool) -> str:
     """``"cuda"`` when the machine has GPUs (and not ``cpu``), else ``"cpu"``: the device on
     which a diagnostic (verify, bench scaling) runs its world sizes ``nproc``.
 

@@ -3,8 +3,8 @@
 For each world size N of ``--nproc`` it runs ``python -m multigpu run --cpu N script ...`` (on a
 machine with CUDA GPUs ``--gpus N``) in a child process, with ``MULTIGPU_VERIFY_DIR`` and
 ``MULTIGPU_VERIFY_STEPS`` set so that ``multigpu.init()`` records every optimizer step, the losses
-given to ``ctx.backward``, the loaders and the final parameters (``multigpu.probe``) and stops
-the script after ``--steps`` steps. Every run after the first is compared with the first
+given to ``ctx.backward``, the loaders and the final parameters (``multigpu.verify_record``) and
+stops the script after ``--steps`` steps. Every run after the first is compared with the first
 (``compare``); a FAIL is explained from the records (``diagnose``) and, to tell rounding and
 world-size effects from plain nondeterminism, the first world size is run once more.
 
@@ -48,7 +48,7 @@ from multigpu.diagnostics.diagnose import (
     nondeterminism_reason,
     unexplained,
 )
-from multigpu.diagnostics.options import VerifyOptions, choose_device
+from multigpu.diagnostics.options import VerifyOptions, device_for_runs
 from multigpu.diagnostics.records import RunRecord, load_run
 from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
 
@@ -80,12 +80,12 @@ def child_env(
     return env
 
 
-def run_command(options: VerifyOptions, world_size: int, device: str) -> list[str]:
+def verify_argv(options: VerifyOptions, world_size: int, device: str) -> list[str]:
     """The ``multigpu run`` command line of one run.
 
     Example:
         >>> opts = VerifyOptions(target="train.py", is_module=False, script_args=("--lr", "1"))
-        >>> run_command(opts, 2, "cpu")[1:]
+        >>> verify_argv(opts, 2, "cpu")[1:]
         ['-m', 'multigpu', 'run', '--cpu', '2', 'train.py', '--lr', '1']
     """
     devices = ["--gpus" if device == "cuda" else "--cpu", str(world_size)]
@@ -100,7 +100,7 @@ def run_once(
     if directory.exists():
         shutil.rmtree(directory)  # a kept directory of an earlier verify must not be read
     directory.mkdir(parents=True)
-    command = run_command(options, world_size, device)
+    command = verify_argv(options, world_size, device)
     env = child_env(
         os.environ, directory, options.steps, device=device, deterministic=options.deterministic
     )
@@ -139,7 +139,7 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
         >>> verify(opts, Path("/tmp/verify")).verdict  # doctest: +SKIP
         'PASS'
     """
-    device = choose_device(options.nproc, cpu=options.cpu)
+    device = device_for_runs(options.nproc, cpu=options.cpu)
     outcomes: list[RunOutcome] = []
     records: list[RunRecord] = []
     reasons: list[str] = []

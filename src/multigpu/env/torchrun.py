@@ -121,6 +121,7 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
         master_addr=value(environ, "MASTER_ADDR") or "",
         master_port=master_port(environ, 0, fix=FIX),
         restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0, default=0),
+        agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
     names = Names(
         rank="RANK",

@@ -32,6 +32,8 @@ class ClusterEnv:
     """Port of the rendezvous store."""
     restart_count: int = 0
     """How many times the elastic agent restarted the workers (``TORCHELASTIC_RESTART_COUNT``)."""
+    agent_store: bool = False
+    """torchrun's agent hosts the process group's store (``TORCHELASTIC_USE_AGENT_STORE``)."""
 
     @property
     def is_distributed(self) -> bool:

@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from multigpu.gpus.discover import all_gpus, list_gpus, probe
+from multigpu.gpus.discover import all_gpus, discover_gpus, list_gpus
 from multigpu.gpus.facts import GPUFacts, read_facts
 from multigpu.gpus.lock import GPUClaim, claim_gpus
 from multigpu.gpus.select import busy_reason, parse_gpu_request, select_gpus
@@ -41,10 +41,10 @@ __all__ = [
     "all_gpus",
     "busy_reason",
     "claim_gpus",
+    "discover_gpus",
     "format_gpu_table",
     "list_gpus",
     "parse_gpu_request",
-    "probe",
     "read_facts",
     "select_gpus",
 ]

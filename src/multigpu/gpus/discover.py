@@ -24,11 +24,11 @@ from multigpu.gpus.visible import physical_devices, visible_devices
 logger = logging.getLogger(__name__)
 
 
-def probe(environ: Mapping[str, str] | None = None) -> Inventory:
+def discover_gpus(environ: Mapping[str, str] | None = None) -> Inventory:
     """Every GPU of the machine, from the first probe that answers (``source`` says which).
 
     Example:
-        >>> probe().source  # on a machine without GPUs  # doctest: +SKIP
+        >>> discover_gpus().source  # on a machine without GPUs  # doctest: +SKIP
         'none'
     """
     found = read_facts(environ, driver=False, links=False).inventory
@@ -53,7 +53,7 @@ def list_gpus(environ: Mapping[str, str] | None = None) -> list[GPUInfo]:
         []
     """
     env = os.environ if environ is None else environ
-    return visible_devices(probe(env), env)
+    return visible_devices(discover_gpus(env), env)
 
 
 def all_gpus() -> list[GPUInfo]:
@@ -66,4 +66,4 @@ def all_gpus() -> list[GPUInfo]:
         >>> all_gpus()  # on a machine without GPUs  # doctest: +SKIP
         []
     """
-    return physical_devices(probe(os.environ), os.environ)
+    return physical_devices(discover_gpus(os.environ), os.environ)

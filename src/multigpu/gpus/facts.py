@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multigpu.gpus.nvml import close_nvml, nvml_driver, nvml_inventory, open_nvml
-from multigpu.gpus.smi import Runner, read_smi, read_smi_driver, run_command
+from multigpu.gpus.smi import Runner, read_smi, read_smi_driver, run_smi
 from multigpu.gpus.topology import TOPO, Links, nvml_links, parse_topo_matrix
 from multigpu.gpus.torch_probe import read_torch
 from multigpu.gpus.types import DriverFacts, Inventory
@@ -49,7 +49,7 @@ def read_facts(
     environ: Mapping[str, str] | None = None,
     *,
     nvml: Any | None = None,
-    runner: Runner = run_command,
+    runner: Runner = run_smi,
     driver: bool = True,
     links: bool = True,
 ) -> GPUFacts:

@@ -53,11 +53,11 @@ _MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+\d+:\s*\(UUID:\s*(MIG-[^)\s]
 _GB = re.compile(r"(\d+)gb$", re.IGNORECASE)
 
 
-def run_command(argv: Sequence[str]) -> str | None:
+def run_smi(argv: Sequence[str]) -> str | None:
     """The default runner: stdout of ``argv``, or None if missing, failing or slower than 10 s.
 
     Example:
-        >>> run_command(["nvidia-smi", "-L"])  # doctest: +SKIP
+        >>> run_smi(["nvidia-smi", "-L"])  # doctest: +SKIP
         'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-...)\\n'
     """
     exe = shutil.which(argv[0])
@@ -191,7 +191,7 @@ def parse_mig_list(text: str, gpus: Sequence[GPUInfo] = ()) -> list[MigDevice]:
     return migs
 
 
-def read_smi(runner: Runner = run_command) -> Inventory | None:
+def read_smi(runner: Runner = run_smi) -> Inventory | None:
     """Every GPU nvidia-smi reports, with its compute processes and MIG instances.
 
     Args:
@@ -249,7 +249,7 @@ def parse_cuda_xml(text: str) -> str | None:
     return cuda if cuda and not cuda.startswith("N/A") else None
 
 
-def read_smi_driver(runner: Runner = run_command) -> DriverFacts | None:
+def read_smi_driver(runner: Runner = run_smi) -> DriverFacts | None:
     """The driver's version (CSV query) and its newest CUDA (XML); None without a driver.
 
     Example:

@@ -20,7 +20,6 @@ Environment variables read: ``MASTER_ADDR`` (the address facing it is the one ad
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 import threading
@@ -63,14 +62,13 @@ def _facing_address(master_addr: str | None) -> str:
         return ""
 
 
-def start(rank: int, gather: Callable[[Any], list[Any]], master_addr: str | None = None) -> None:
+def start(rank: int, gather: Callable[[Any], list[Any]], master_addr: str) -> None:
     """Open this rank's liveness port and learn every rank's (``gather``: one all-gather).
 
     Example:
-        >>> start(0, lambda mine: [mine])  # doctest: +SKIP
+        >>> start(0, lambda mine: [mine], "127.0.0.1")  # doctest: +SKIP
     """
     global _listener, _peers, _rank
-    master_addr = master_addr or os.environ.get("MASTER_ADDR")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     address = _facing_address(master_addr)
     try:
@@ -123,7 +121,7 @@ def _probe_one(peer: Peer, timeout_s: float) -> str:
         )
 
 
-def probe(timeout_s: float = PROBE_S) -> dict[int, str]:
+def ask_peers(timeout_s: float = PROBE_S) -> dict[int, str]:
     """What each other rank's liveness port says, probed in parallel: rank → finding."""
     found: dict[int, str] = {}
 
@@ -170,7 +168,7 @@ def report_lost_peers(error: object, stream: TextIO | None = None) -> None:
     if not _peers or not isinstance(error, BaseException) or not is_collective_failure(error):
         return
     try:
-        line = lost_peers_line(error, probe(), _peers, _rank)
+        line = lost_peers_line(error, ask_peers(), _peers, _rank)
     except Exception as e:  # a diagnosis must never hide the error it explains
         log.debug("peer probe failed: %s", e)
         return

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from multigpu.launch.options import LaunchOptions
-    from multigpu.launch.plan import DeviceRequest, LaunchPlan, build_plan, choose_devices
-    from multigpu.launch.run import launch, prepare, run_command
+    from multigpu.launch.plan import DeviceRequest, LaunchPlan, build_plan, request_devices
+    from multigpu.launch.run import launch, multigpu_run, prepare
 
 # Imported on first use: the command line validates its input before anything heavy loads.
 _WHERE = {
@@ -28,10 +28,10 @@ _WHERE = {
     "DeviceRequest": "multigpu.launch.plan",
     "LaunchPlan": "multigpu.launch.plan",
     "build_plan": "multigpu.launch.plan",
-    "choose_devices": "multigpu.launch.plan",
+    "request_devices": "multigpu.launch.plan",
     "launch": "multigpu.launch.run",
     "prepare": "multigpu.launch.run",
-    "run_command": "multigpu.launch.run",
+    "multigpu_run": "multigpu.launch.run",
 }
 
 __all__ = [
@@ -39,10 +39,10 @@ __all__ = [
     "LaunchOptions",
     "LaunchPlan",
     "build_plan",
-    "choose_devices",
     "launch",
+    "multigpu_run",
     "prepare",
-    "run_command",
+    "request_devices",
 ]
 
 

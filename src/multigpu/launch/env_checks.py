@@ -33,9 +33,10 @@ def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None
 
     Example:
         >>> from multigpu.launch.options import LaunchOptions
-        >>> from multigpu.launch.plan import build_plan, choose_devices
+        >>> from multigpu.launch.plan import build_plan, request_devices
         >>> opts = LaunchOptions(script="train.py", cpu=2)
-        >>> plan = build_plan(opts, choose_devices(opts, gpu_count=0, cores=2), environ={}, cores=2)
+        >>> request = request_devices(opts, gpu_count=0, cores=2)
+        >>> plan = build_plan(opts, request, environ={}, cores=2)
         >>> check_worker_environment(plan, {"MULTIGPU_STRATEGY": "fsdp"})
     """
     env = os.environ if environ is None else environ

@@ -26,8 +26,8 @@ from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
 from multigpu.launch.timeouts import (
     DEFAULT_TIMEOUT_S,
     describe_timeout,
+    job_timeout_s,
     rendezvous_conf,
-    resolve_timeout,
 )
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def _int_or_none(text: str | None) -> int | None:
         return None
 
 
-def choose_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> DeviceRequest:
+def request_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> DeviceRequest:
     """Decide CPU or GPUs and how many, from the options and what the machine has.
 
     Default: every free GPU when there are GPUs; on a CPU-only machine ONE process using all
@@ -150,7 +150,7 @@ def choose_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> Dev
         UsageError: contradicting options, GPUs or nccl asked for on a machine without GPUs.
 
     Example:
-        >>> choose_devices(LaunchOptions(script="t.py", cpu=2), gpu_count=0, cores=2).processes
+        >>> request_devices(LaunchOptions(script="t.py", cpu=2), gpu_count=0, cores=2).processes
         2
     """
     nproc_text = _nproc_given(options)
@@ -240,7 +240,7 @@ def build_plan(
 
     Args:
         options: the parsed command line.
-        request: what ``choose_devices`` returned.
+        request: what ``request_devices`` returned.
         environ: the user's environment (read only).
         cores: CPU cores this process may use.
         gpus: the GPUs claimed for the run (``GPUClaim.gpus``), for ``cuda``.
@@ -254,7 +254,7 @@ def build_plan(
 
     Example:
         >>> opts = LaunchOptions(script="train.py", cpu=2)
-        >>> req = choose_devices(opts, gpu_count=0, cores=2)
+        >>> req = request_devices(opts, gpu_count=0, cores=2)
         >>> build_plan(opts, req, environ={}, cores=2).env["OMP_NUM_THREADS"]
         '1'
     """
@@ -301,7 +301,7 @@ def build_plan(
         loopback = loopback_interface()
         if loopback is not None:
             env["GLOO_SOCKET_IFNAME"] = loopback
-    timeout_s = resolve_timeout(options.timeout, environ)
+    timeout_s = job_timeout_s(options.timeout, environ)
     if options.timeout is not None:
         env["MULTIGPU_TIMEOUT"] = f"{options.timeout:g}"
 

@@ -39,7 +39,7 @@ from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import (
     LaunchPlan,
     build_plan,
-    choose_devices,
+    request_devices,
 )
 from multigpu.launch.ports import check_port_free, check_store_answers
 from multigpu.launch.slurm import with_slurm_topology
@@ -96,7 +96,7 @@ def prepare(
     if options.gpus is not None:
         parse_gpu_request(options.gpus)  # bad syntax ("0,0", "x") before looking at hardware
     gpus = list_gpus(env)
-    request = choose_devices(options, gpu_count=len(gpus), cores=cores)
+    request = request_devices(options, gpu_count=len(gpus), cores=cores)
     check_script(options)
     address = check_interface(options.iface) if options.iface else None
     with ExitStack() as stack:
@@ -196,7 +196,7 @@ def _run_agent(
     return 0
 
 
-def run_command(
+def multigpu_run(
     options: LaunchOptions,
     *,
     out: TextIO | None = None,
@@ -205,7 +205,7 @@ def run_command(
     """What ``multigpu run`` does: prepare, log the defaults applied, dry-run or launch.
 
     Example:
-        >>> run_command(LaunchOptions(script="train.py", cpu=2, dry_run=True))  # doctest: +SKIP
+        >>> multigpu_run(LaunchOptions(script="train.py", cpu=2, dry_run=True))  # doctest: +SKIP
         0
     """
     stream = sys.stdout if out is None else out

@@ -53,13 +53,13 @@ import socket
 import threading
 from collections.abc import Mapping
 
-from multigpu.errors import UsageError
+from multigpu import variables
+from multigpu.settings import DEFAULT_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 300.0
-"""The default bound: the workers' default collective timeout (``multigpu.dist``), 10x below
-torch's 30 minutes yet above any collective of a healthy job (a checkpoint gather included)."""
+# The default bound (300 s) is the workers' default collective timeout (multigpu.settings),
+# 10x below torch's 30 minutes yet above any collective of a healthy job (a checkpoint gather).
 
 SHORT_WAIT_S = 30
 """torch's default for the waits that only add to a rendezvous (last call, close)."""
@@ -87,25 +87,14 @@ def seconds_arg(text: str) -> float:
     return value
 
 
-def resolve_timeout(given: float | None, environ: Mapping[str, str]) -> float:
+def job_timeout_s(given: float | None, environ: Mapping[str, str]) -> float:
     """The job's bound: ``--timeout``, else ``MULTIGPU_TIMEOUT``, else 300 s.
 
     Example:
-        >>> resolve_timeout(None, {"MULTIGPU_TIMEOUT": "60"}), resolve_timeout(None, {})
+        >>> job_timeout_s(None, {"MULTIGPU_TIMEOUT": "60"}), job_timeout_s(None, {})
         (60.0, 300.0)
     """
-    if given is not None:
-        return given
-    raw = environ.get("MULTIGPU_TIMEOUT", "")
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        return seconds_arg(raw)
-    except argparse.ArgumentTypeError as e:
-        raise UsageError(
-            f"MULTIGPU_TIMEOUT={raw!r} is not a number of seconds; expected a positive number; "
-            "unset it or use --timeout SECONDS"
-        ) from e
+    return given if given is not None else variables.timeout(environ, DEFAULT_TIMEOUT_S)
 
 
 def _parse_conf(text: str) -> dict[str, str]:

@@ -147,7 +147,7 @@ def parse_comm_args(argv: Sequence[str]) -> CommOptions:
     )
 
 
-def choose_devices(options: CommOptions) -> tuple[str, int]:
+def comm_devices(options: CommOptions) -> tuple[str, int]:
     """(``"cpu"`` or ``"cuda"``, number of processes) for this machine and the options.
 
     Raises:
@@ -199,7 +199,7 @@ def bench_comm(options: CommOptions, directory: Path) -> dict[str, Any]:
     """
     from multigpu.errors import LaunchError
 
-    device, nproc = choose_devices(options)
+    device, nproc = comm_devices(options)
     out = directory / "comm.json"
     command = worker_command(options, device, nproc, out)
     env = dict(os.environ)

@@ -155,12 +155,12 @@ def child_env(
     return env
 
 
-def run_command(options: ScalingOptions, config: Config) -> list[str]:
+def scaling_argv(options: ScalingOptions, config: Config) -> list[str]:
     """The ``multigpu run`` command line of one configuration.
 
     Example:
         >>> opts = ScalingOptions(target="t.py", is_module=False)
-        >>> run_command(opts, Config(processes=2, threads=1))[3:]
+        >>> scaling_argv(opts, Config(processes=2, threads=1))[3:]
         ['run', '--cpu', '2', 't.py']
     """
     devices = ["--cpu" if config.threads is not None else "--gpus", str(config.processes)]
@@ -172,7 +172,7 @@ def measure(options: ScalingOptions, config: Config, directory: Path) -> Measure
     """Run one configuration once and read its records."""
     directory.mkdir(parents=True, exist_ok=True)
     env = child_env(os.environ, directory, options.warmup + options.steps, config.threads)
-    run = run_child(run_command(options, config), env, timeout=options.timeout, logs=directory)
+    run = run_child(scaling_argv(options, config), env, timeout=options.timeout, logs=directory)
     if run.returncode != 0:
         why = run.reason or "see the launcher's output (run the command with `multigpu run`)"
         return Measurement(wall_s=run.seconds, error=f"exit code {run.returncode}: {why}")

@@ -26,7 +26,7 @@ from multigpu.diagnostics.bench.scaling import (
 )
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.bench.splits import fastest, load_before, split_label
-from multigpu.diagnostics.options import choose_device
+from multigpu.diagnostics.options import device_for_runs
 from multigpu.host import usable_cores
 from multigpu.launch.cpu_split import new_record, save_record, script_key, torch_version
 
@@ -52,7 +52,7 @@ def bench_scaling(options: ScalingOptions, root: Path, *, save: bool = True) -> 
         >>> doc = bench_scaling(opts, Path("/tmp/s"))  # doctest: +SKIP
         >>> doc["scaling"][1]["efficiency"]  # doctest: +SKIP
     """
-    device = choose_device(options.nproc, cpu=options.cpu)
+    device = device_for_runs(options.nproc, cpu=options.cpu)
     cores = usable_cores()
     scaling_configs, split_configs = configurations(options, device, cores)
     if device == "cpu" and max(options.nproc) > cores:

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
-from multigpu.diagnostics.doctor.probe import failure_check, probe_ranks, skipped
+from multigpu.diagnostics.doctor.collective import check_collective_ranks, failure_check, skipped
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def run_ranks(
     checks = [*checks, met]
     try:
         probed = (
-            probe_ranks(backend=backend, device=device, timeout=timeout)
+            check_collective_ranks(backend=backend, device=device, timeout=timeout)
             if probe
             else skipped("--no-probe was given")
         )

@@ -1,13 +1,14 @@
-"""The process-group probe: a short all-reduce that proves the group works, and its bandwidth.
+"""The process-group check: a short all-reduce that proves the group works, and its bandwidth.
 
-On its own (``probe_here``) the doctor runs ``multigpu bench comm``'s machinery: ``N`` workers
-started through the launcher (``python -m multigpu run``), one all-reduce checked against the
-expected sum on every rank, then a few timed calls; the row gives the bus bandwidth as nccl-tests
-defines it (``busbw = S/t x 2(n-1)/n``). Inside a launched job (``probe_ranks``) the launched
-ranks themselves run the same sweep, over the real path between the nodes.
+On its own (``check_collective_here``) the doctor runs ``multigpu bench comm``'s machinery:
+``N`` workers started through the launcher (``python -m multigpu run``), one all-reduce checked
+against the expected sum on every rank, then a few timed calls; the row gives the bus bandwidth
+as nccl-tests defines it (``busbw = S/t x 2(n-1)/n``). Inside a launched job
+(``check_collective_ranks``) the launched ranks themselves run the same sweep, over the real
+path between the nodes.
 
 Environment variables read: none directly (``bench comm`` passes this environment on to its
-workers; ``LOCAL_RANK`` in ``probe_ranks``' caller).
+workers; ``LOCAL_RANK`` in ``check_collective_ranks``' caller).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def failure_check(reason: str, *, backend: str, timeout: float) -> Check:
     return fail("process group", NAME, f"{backend}: {one_line(reason)[:400]}", fix)
 
 
-def probe_here(*, backend: str, nproc: int, timeout: float, gpus: int) -> Check:
+def check_collective_here(*, backend: str, nproc: int, timeout: float, gpus: int) -> Check:
     """Start ``nproc`` workers on this machine through the launcher and all-reduce across them.
 
     Args:
@@ -104,7 +105,8 @@ def probe_here(*, backend: str, nproc: int, timeout: float, gpus: int) -> Check:
         gpus: GPUs this process sees.
 
     Example:
-        >>> probe_here(backend="gloo", nproc=2, timeout=60, gpus=0).status  # doctest: +SKIP
+        >>> kw = dict(backend="gloo", nproc=2, timeout=60, gpus=0)
+        >>> check_collective_here(**kw).status  # doctest: +SKIP
         'OK'
     """
     from multigpu.diagnostics.bench.comm import CommOptions, bench_comm
@@ -145,11 +147,12 @@ def probe_here(*, backend: str, nproc: int, timeout: float, gpus: int) -> Check:
     )
 
 
-def probe_ranks(*, backend: str, device: Any, timeout: float) -> Check:
+def check_collective_ranks(*, backend: str, device: Any, timeout: float) -> Check:
     """All-reduce across the ranks of the initialised default group (every rank calls this).
 
     Example:
-        >>> probe_ranks(backend="gloo", device=torch.device("cpu"), timeout=60)  # doctest: +SKIP
+        >>> cpu = torch.device("cpu")
+        >>> check_collective_ranks(backend="gloo", device=cpu, timeout=60)  # doctest: +SKIP
     """
     import torch.distributed as dist
 

@@ -45,7 +45,7 @@ class VerifyStop(SystemExit):
         super().__init__(0)
 
 
-class VerifyProbe(Hook):
+class VerifyRecorder(Hook):
     """Collects what ``multigpu verify`` compares across world sizes (see the module doc)."""
 
     def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:
