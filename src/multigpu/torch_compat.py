@@ -24,11 +24,20 @@ when a torch release changes it, so upgrading torch is this file and that test.
   rendezvous backends and of ``torch.distributed.rendezvous`` (``env://``, ``tcp://``), and
   ``DynamicRendezvousHandler._create_tcp_store_server``: for the time of a block they make their
   servers through multigpu (``store_listen``: bound to one address, not every interface).
+- **The elastic agent's protected methods** (``AGENT_OVERRIDES``): ``launch/agent.py``,
+  ``restart_reports`` and ``exit_agreement`` override ``LocalElasticAgent``'s rendezvous,
+  monitor, restart, run loop and exit barrier (torch offers no hooks for them), and torch's
+  ``launch_agent`` is made to build that agent and a handler that waits for the store through
+  the module names ``launcher.api.LocalElasticAgent`` and ``registry.get_rendezvous_handler``
+  (``launch_agent_made_by``). ``elastic_agent_class`` refuses a torch whose agent lacks them.
+- **The default group's store** (``distributed_c10d._get_default_store``): where the hang
+  watchdog's ranks leave their reports outside any collective (``default_store``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -224,3 +233,63 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
             setattr(module, "TCPStore", original)  # noqa: B010
         for owner, name, value in restore:
             setattr(owner, name, value)
+
+
+AGENT_OVERRIDES = (
+    "_rendezvous",
+    "_monitor_workers",
+    "_restart_workers",
+    "_invoke_run",
+    "_exit_barrier",
+)
+"""``LocalElasticAgent``'s protected methods that multigpu's agent overrides (launch/)."""
+
+AGENT_ATTRIBUTES = ("_remaining_restarts", "_store", "_exit_barrier_timeout")
+"""Its protected attributes those overrides read."""
+
+
+def elastic_agent_class() -> type:
+    """torchrun's ``LocalElasticAgent``, to subclass: refused when it lacks ``AGENT_OVERRIDES``.
+
+    Raises:
+        RuntimeError: this torch's agent no longer has a method multigpu overrides.
+    """
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    missing = [
+        name for name in AGENT_OVERRIDES if not callable(getattr(LocalElasticAgent, name, None))
+    ]
+    if missing:
+        raise RuntimeError(
+            f"torch {torch.__version__}'s LocalElasticAgent has no {', '.join(missing)}, which "
+            "multigpu's launcher overrides; install a torch release multigpu supports"
+        )
+    return LocalElasticAgent
+
+
+@contextlib.contextmanager
+def launch_agent_made_by(
+    agent: Callable[..., Any], handler: Callable[[Callable[..., Any], Any], Any]
+) -> Iterator[None]:
+    """Inside the block torchrun's ``launch_agent`` builds its agent with ``agent(...)`` (the
+    arguments of ``LocalElasticAgent``) and its rendezvous handler with
+    ``handler(get_rendezvous_handler, params)`` (torch's maker, to call when ready)."""
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    import torch.distributed.launcher.api as launcher_api
+
+    original_agent = launcher_api.LocalElasticAgent
+    make_handler = rdzv_registry.get_rendezvous_handler
+    setattr(launcher_api, "LocalElasticAgent", agent)  # noqa: B010 (a module attribute)
+    setattr(rdzv_registry, "get_rendezvous_handler", functools.partial(handler, make_handler))  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(launcher_api, "LocalElasticAgent", original_agent)  # noqa: B010
+        setattr(rdzv_registry, "get_rendezvous_handler", make_handler)  # noqa: B010
+
+
+def default_store() -> Any:
+    """The default process group's store (raises when the group has none, or none exists)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()

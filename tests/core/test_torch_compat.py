@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,54 @@ def test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_name
     assert "LocalElasticAgent(" in source
     assert launcher_api.rdzv_registry is rdzv_registry
     assert callable(rdzv_registry.get_rendezvous_handler)
+
+
+def test_the_agent_class_has_every_protected_member_multigpu_uses() -> None:
+    """torch_compat.elastic_agent_class: the overridden methods exist (a torch without them is
+    refused there) and SimpleElasticAgent still sets the attributes the overrides read."""
+    import inspect
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    agent = torch_compat.elastic_agent_class()
+    assert all(callable(getattr(agent, name)) for name in torch_compat.AGENT_OVERRIDES)
+    init = inspect.getsource(SimpleElasticAgent.__init__)
+    for name in torch_compat.AGENT_ATTRIBUTES:
+        assert f"self.{name} =" in init, f"SimpleElasticAgent no longer sets {name}"
+
+
+def test_launch_agent_made_by_replaces_both_names_for_the_block_only() -> None:
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    import torch.distributed.launcher.api as launcher_api
+
+    before = (launcher_api.LocalElasticAgent, rdzv_registry.get_rendezvous_handler)
+    seen: list[object] = []
+
+    def handler(make: object, params: object) -> str:
+        seen.append((make, params))
+        return "handler"
+
+    with torch_compat.launch_agent_made_by(dict, handler):
+        assert launcher_api.LocalElasticAgent is dict
+        assert rdzv_registry.get_rendezvous_handler("params") == "handler"
+    assert seen == [(before[1], "params")]
+    assert (launcher_api.LocalElasticAgent, rdzv_registry.get_rendezvous_handler) == before
+
+
+def test_the_default_store_is_the_groups_store() -> None:
+    """hang/watchdog.py meets the other ranks in it (``_get_default_store``, private)."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))  # a key that never comes fails, not hangs
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch_compat.default_store().set("multigpu-canary", "1")
+        # torch wraps the group's store in a prefix: the key lands below the one given.
+        assert [k for k in _keys(store) if k.endswith("multigpu-canary")], _keys(store)
+    finally:
+        dist.destroy_process_group()
+
+
+def _keys(store: object) -> list[str]:
+    return [k.decode() if isinstance(k, bytes) else k for k in store.list_keys()]  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -28,11 +29,15 @@ def test_plain_torchrun_script_runs_unchanged_on_cpu_processes(tmp_path: Path) -
 def test_a_failing_worker_exits_1_with_one_line_naming_it(tmp_path: Path) -> None:
     done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "fail.py")], tmp_path)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines() == [
-        "rank 1 fails on purpose",
-        f"multigpu: error: rank 1 on {socket.gethostname()} exited with code 1; "
-        "its output is above",
-    ]  # torch's 20-line report and its E/W lines are gone
+    said, last = done.stderr.splitlines()  # torch's 20-line report and its E/W lines are gone
+    assert said == "rank 1 fails on purpose"
+    # Rank 0 exits at once; on a loaded machine the agent may stop it first (SIGTERM): then
+    # the line also counts it, as a consequence.
+    assert re.fullmatch(
+        f"multigpu: error: rank 1 on {re.escape(socket.gethostname())} exited with code 1"
+        r"( \(1 other rank stopped too\))?; its output is above",
+        last,
+    ), last
 
 
 def test_workers_refusing_their_input_give_exit_2_without_a_crash_report(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from multigpu import variables
 from multigpu.hang.explain import explain
 from multigpu.hang.recorder import CollectiveLog, user_site
+from multigpu.torch_compat import default_store
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +172,7 @@ def start_watchdog(
     if world_size < 2 or not variables.watchdog(environ):
         return None
     try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = _get_default_store()
+        store = default_store()
     except Exception as e:  # no store to meet in (an unusual init method): no explanations
         log.info("hang watchdog off: the process group has no store (%s)", e)
         return None

@@ -16,10 +16,9 @@
 - The stores it hosts listen on the one address their clients dial (loopback on one node, the
   cluster interface on several), not on every interface as torch's do (``store_listen``).
 
-``torch.distributed.launcher.api.launch_agent`` builds its agent through the module name
-``LocalElasticAgent``, so for the time of the block that name makes ours; it makes the
-rendezvous handler through the module ``rendezvous.registry``, whose public
-``get_rendezvous_handler`` waits for the store first for the time of the block.
+For the time of the block torch's ``launch_agent`` builds ours and a rendezvous handler that
+waits for the store first (``torch_compat.launch_agent_made_by``: the module names it looks
+them up by, and the protected methods overridden, are torch internals kept there).
 """
 
 from __future__ import annotations
@@ -37,7 +36,11 @@ from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
 from multigpu.store_listen import listening_store
 from multigpu.store_reach import wait_until_listening
-from multigpu.torch_compat import store_servers_made_by
+from multigpu.torch_compat import (
+    elastic_agent_class,
+    launch_agent_made_by,
+    store_servers_made_by,
+)
 
 
 @contextlib.contextmanager
@@ -53,14 +56,11 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
         >>> with multigpu_agent(60, "2"):  # doctest: +SKIP
         ...     torch.distributed.run.run(args)
     """
-    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
-    import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.agent.server.api import WorkerGroup
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     facts = node_facts(nnodes)
 
-    class MultigpuAgent(ExitAgreement, RestartReports, LocalElasticAgent):
+    class MultigpuAgent(ExitAgreement, RestartReports, elastic_agent_class()):  # type: ignore[misc]
         """torchrun's agent; every rendezvous round ends with the nodes' agreement check,
         restarts are said as they happen (``restart_reports``) and the nodes end with one
         outcome (``exit_agreement``)."""
@@ -75,25 +75,17 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
                 timeout_s,
             )
 
-    make_handler = rdzv_registry.get_rendezvous_handler
-
-    def handler_once_the_store_answers(params: Any) -> Any:
+    def handler_once_the_store_answers(make_handler: Any, params: Any) -> Any:
         store = dialled_store(params)
         if store is not None:  # raises StoreUnreachable (agent_errors words it)
             wait_until_listening(*store, timeout_s)
         return make_handler(params)
 
-    original = launcher_api.LocalElasticAgent
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
-    setattr(launcher_api, "LocalElasticAgent", ours)  # noqa: B010 (a module attribute)
-    setattr(rdzv_registry, "get_rendezvous_handler", handler_once_the_store_answers)  # noqa: B010
     many_nodes = parse_nnodes(nnodes)[1] > 1
-    try:
-        with (
-            StoreCallBound(timeout_s + STORE_GRACE_S),
-            store_servers_made_by(functools.partial(listening_store, many_nodes=many_nodes)),
-        ):
-            yield
-    finally:
-        setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010
-        setattr(rdzv_registry, "get_rendezvous_handler", make_handler)  # noqa: B010
+    with (
+        launch_agent_made_by(ours, handler_once_the_store_answers),
+        StoreCallBound(timeout_s + STORE_GRACE_S),
+        store_servers_made_by(functools.partial(listening_store, many_nodes=many_nodes)),
+    ):
+        yield
