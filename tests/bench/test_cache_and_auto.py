@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from multigpu.arguments import cpu_count_arg
 from multigpu.bench_record import BenchRecorder
 from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
@@ -23,7 +24,7 @@ from multigpu.launch.cpu_split import (
     script_key,
     torch_version,
 )
-from multigpu.launch.options import LaunchOptions, cpu_count_arg
+from multigpu.launch.options import LaunchOptions
 from multigpu.launch.plan import build_plan, request_devices
 from multigpu.verify_record import VerifyRecorder, VerifyStop
 

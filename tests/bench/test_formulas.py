@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from multigpu.cli.bench_comm import parse_comm_args
 from multigpu.diagnostics.bench.bandwidth import (
     Shape,
     algbw_gbps,
@@ -13,7 +14,6 @@ from multigpu.diagnostics.bench.bandwidth import (
     busbw_gbps,
     shape_for,
 )
-from multigpu.diagnostics.bench.comm import parse_comm_args
 from multigpu.diagnostics.bench.comm_worker import expected_output
 from multigpu.diagnostics.bench.scaling import Row, step_stats, with_speedups
 from multigpu.diagnostics.bench.sizes import (

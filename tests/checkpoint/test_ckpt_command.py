@@ -122,7 +122,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None
 def test_a_format1_checkpoint_is_inspected_and_converted_as_before(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from multigpu.checkpoint.commands import ckpt_main
+    from multigpu.cli.ckpt import ckpt_main
     from tests.checkpoint.test_portable import FORMAT1
 
     saved = torch.load(FORMAT1 / "step-00000002" / STATE_FILE, weights_only=True)

@@ -67,7 +67,7 @@ def _inspected_as_two_shards(
 def test_bad_conversions_are_one_line_exit_2_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from multigpu.checkpoint.commands import ckpt_main
+    from multigpu.cli.ckpt import ckpt_main
 
     torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
     (tmp_path / "taken").mkdir()
@@ -115,7 +115,7 @@ def test_a_checkpoint_of_another_shape_is_a_one_line_usage_error(tmp_path: Path)
 
 def test_safetensors_both_ways(tmp_path: Path) -> None:
     pytest.importorskip("safetensors")
-    from multigpu.checkpoint.commands import ckpt_main
+    from multigpu.cli.ckpt import ckpt_main
 
     state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
     torch.save(state, tmp_path / "plain.pt")

@@ -19,7 +19,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.cli.args import Parser, split_own_args, whole_arg
+from multigpu.arguments import Parser, whole_arg
+from multigpu.cli.args import split_own_args
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.options import BUILTIN_JOB
 from multigpu.errors import UsageError
@@ -50,7 +51,7 @@ def bench_main(argv: Sequence[str]) -> int:
         sys.stdout.write(USAGE)
         return 0
     if args[0] == "comm":
-        from multigpu.diagnostics.bench.comm import comm_main
+        from multigpu.cli.bench_comm import comm_main
 
         return comm_main(args[1:])
     if args[0] == "scaling":

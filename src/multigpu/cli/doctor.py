@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from multigpu.cli.args import Parser, number_arg
+from multigpu.arguments import Parser, number_arg
 from multigpu.errors import UsageError
 from multigpu.host import read_interfaces
 

@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from multigpu.cli.args import Parser
-from multigpu.launch.options import BACKENDS, LaunchOptions, cpu_count_arg
+from multigpu.arguments import Parser, cpu_count_arg, seconds_arg
+from multigpu.launch.options import BACKENDS, LaunchOptions
 from multigpu.launch.plan import CPU_DEFAULT_WHY
-from multigpu.launch.timeouts import seconds_arg
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return doctor_main(args[1:])
         if args and args[0] == "slurm":
-            from multigpu.launch.slurm import slurm_main
+            from multigpu.cli.slurm import slurm_main
 
             return slurm_main(args[1:])
         if args and args[0] == "bench":
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return estimate_main(args[1:])
         if args and args[0] == "ckpt":
-            from multigpu.checkpoint.commands import ckpt_main
+            from multigpu.cli.ckpt import ckpt_main
 
             return ckpt_main(args[1:])
         ns = build_parser().parse_args(args)

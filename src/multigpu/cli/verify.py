@@ -12,7 +12,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.cli.args import Parser, number_arg, split_own_args
+from multigpu.arguments import Parser, number_arg
+from multigpu.cli.args import split_own_args
 from multigpu.diagnostics.options import BUILTIN_JOB, VERIFY_STRATEGIES, VerifyOptions
 from multigpu.errors import UsageError
 from multigpu.run_target import check_module, check_script

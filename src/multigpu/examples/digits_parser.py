@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 
 from multigpu import variables
+from multigpu.arguments import Parser, positive
 from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import JobParser, positive
 
 NO_DDP = ("single", "dp", "fsdp")
 """Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["--epochs", "2"]).batch_size
         64
     """
-    p = JobParser(
+    p = Parser(
         prog="multigpu train",
         description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
     )

@@ -12,46 +12,14 @@ Environment variables read: ``RANK`` (only rank 0 prints a usage error).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from multigpu.errors import UsageError
-
-
-class JobParser(argparse.ArgumentParser):
-    """A job's parser: whole option names only (``--epoch`` is not ``--epochs``), and a bad
-    argument is a one-line UsageError, not the usage block and ``SystemExit(2)``."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{self.prog} --help'")
-
-
-def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse ``type``: ``kind(text)`` when it is a finite number above 0.
-
-    Example:
-        >>> positive(float)("3e-3")
-        0.003
-    """
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{text} must be a positive finite number")
-        return value
-
-    return parse
 
 
 def directory_problem(path: Path) -> str | None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
+from multigpu.arguments import Parser, positive
 from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import JobParser, positive
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["--strategy", "fsdp"]).n_layer
         4
     """
-    p = JobParser(
+    p = Parser(
         prog="multigpu train --model lm",
         description="Train a small GPT on the bytes of Python's standard library (no download) "
         "on all local devices; prints train and validation loss (nats per byte) beside the "

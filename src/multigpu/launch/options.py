@@ -105,27 +105,6 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
-def cpu_count_arg(text: str) -> int | Literal["auto"]:
-    """argparse ``type`` of ``--cpu``: a whole number of processes >= 1, or ``auto``.
-
-    Example:
-        >>> cpu_count_arg("2"), cpu_count_arg("auto")
-        (2, 'auto')
-    """
-    if text.strip().lower() == "auto":
-        return "auto"  # resolved by the plan from the measured split (launch.cpu_split)
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1 or str(value) != text.strip():
-        raise argparse.ArgumentTypeError(
-            f"--cpu {text} is not a number of processes; expected a whole number >= 1 or auto; "
-            "use e.g. --cpu 2 for two CPU processes"
-        )
-    return value
-
-
 def torchrun_argv(
     given: Mapping[str, Any], actions: Iterable[argparse.Action], skip: Iterable[str] = ()
 ) -> list[str]:

@@ -45,7 +45,6 @@ Environment variables read: ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -66,25 +65,6 @@ SHORT_WAIT_S = 30
 
 STORE_GRACE_S = 5.0
 """How much later than the workers' timeout a launcher's store call to a vanished host fails."""
-
-
-def seconds_arg(text: str) -> float:
-    """argparse ``type`` of ``--timeout``: a positive number of seconds.
-
-    Example:
-        >>> seconds_arg("30")
-        30.0
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(
-            f"--timeout {text} is not a number of seconds; expected a positive number, "
-            "e.g. --timeout 120"
-        )
-    return value
 
 
 def job_timeout_s(given: float | None, environ: Mapping[str, str]) -> float:

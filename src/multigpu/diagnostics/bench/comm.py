@@ -11,19 +11,15 @@ Environment variables read: none directly; the child gets the caller's environme
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
-import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from multigpu.diagnostics.bench.comm_report import print_report
-from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS, parse_ops, parse_sizes
+from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS
 from multigpu.diagnostics.bench.splits import load_before
 from multigpu.diagnostics.child_run import run_child
 from multigpu.errors import UsageError
@@ -54,97 +50,6 @@ class CommOptions:
     """Print the JSON document instead of tables."""
     timeout: float = 900.0
     """Seconds the whole sweep may take."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{PROG} --help'")
-
-
-def _whole(low: int) -> Any:
-    def parse(text: str) -> int:
-        value = int(text) if text.strip().lstrip("-").isdigit() else low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {low}")
-        return value
-
-    return parse
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return parse_sizes(text)
-    except UsageError as e:  # argparse shows a type error as "argument --sizes: <message>"
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--sizes: ")) from e
-
-
-def _ops(text: str) -> tuple[str, ...]:
-    try:
-        return parse_ops(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--ops: ")) from e
-
-
-def build_comm_parser() -> argparse.ArgumentParser:
-    """The parser of ``multigpu bench comm``."""
-    p = _Parser(
-        prog=PROG,
-        allow_abbrev=False,
-        description="Time all-reduce, all-gather, broadcast and reduce-scatter over a sweep of "
-        "sizes with real worker processes, and report the time (slowest rank's mean), the "
-        "algorithm bandwidth S/t and the bus bandwidth as nccl-tests defines them: algbw x "
-        "2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (S = the total "
-        "over ranks), x 1 for broadcast. GB = 10^9 bytes.",
-    )
-    p.add_argument(
-        "--sizes",
-        type=_sizes,
-        default=DEFAULT_SIZES,
-        metavar="LIST|MIN:MAX[:F]",
-        help="sizes in bytes, K/M/G binary: a list (1K,64K) or a range times F (default "
-        "16:64M, every power of 4)",
-    )
-    p.add_argument(
-        "--ops",
-        type=_ops,
-        default=OPS,
-        metavar="OP,...",
-        help=f"collectives (default all: {','.join(OPS)})",
-    )
-    p.add_argument("--iters", type=_whole(1), default=20, help="timed calls per size (20)")
-    p.add_argument("--warmup", type=_whole(0), default=5, help="untimed calls before them (5)")
-    p.add_argument(
-        "--nproc",
-        type=_whole(2),
-        metavar="N",
-        help="processes: default 2 on CPU, every GPU on a machine with GPUs",
-    )
-    p.add_argument("--cpu", action="store_true", help="CPU processes (gloo) even with GPUs")
-    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON document")
-    p.add_argument(
-        "--timeout", type=_whole(1), default=900, help="seconds the sweep may take (900)"
-    )
-    return p
-
-
-def parse_comm_args(argv: Sequence[str]) -> CommOptions:
-    """Parse ``multigpu bench comm``'s options (``--help`` raises SystemExit(0) after printing).
-
-    Example:
-        >>> parse_comm_args(["--sizes", "1K,64K", "--nproc", "2"]).sizes
-        (1024, 65536)
-    """
-    ns = build_comm_parser().parse_args(list(argv))
-    return CommOptions(
-        sizes=ns.sizes,
-        ops=ns.ops,
-        iters=ns.iters,
-        warmup=ns.warmup,
-        nproc=ns.nproc,
-        cpu=ns.cpu,
-        as_json=ns.as_json,
-        timeout=float(ns.timeout),
-    )
 
 
 def comm_devices(options: CommOptions) -> tuple[str, int]:
@@ -223,21 +128,3 @@ def bench_comm(options: CommOptions, directory: Path) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(out.read_text())
     document.update(command=command, seconds=round(run.seconds, 2), load_before=load)
     return document
-
-
-def comm_main(argv: Sequence[str]) -> int:
-    """``multigpu bench comm ARGV``: 0 on success, 1 when the workers failed.
-
-    Example:
-        >>> comm_main(["--nproc", "2", "--sizes", "1K,64K", "--json"])  # doctest: +SKIP
-        0
-    """
-    options = parse_comm_args(argv)
-    with tempfile.TemporaryDirectory(prefix="multigpu-bench-comm-") as tmp:
-        document = bench_comm(options, Path(tmp))
-    if options.as_json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    else:
-        print_report(document)
-    sys.stdout.flush()
-    return 0 if all(row["correct"] for row in document["rows"]) else 1

@@ -151,7 +151,7 @@ def check_collective_ranks(*, backend: str, device: Any, timeout: float) -> Chec
     """All-reduce across the ranks of the initialised default group (every rank calls this).
 
     Example:
-        >>> cpu = torch.device("cpu")
+        >>> cpu = torch.device("cpu")  # doctest: +SKIP
         >>> check_collective_ranks(backend="gloo", device=cpu, timeout=60)  # doctest: +SKIP
     """
     import torch.distributed as dist

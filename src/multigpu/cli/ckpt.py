@@ -12,18 +12,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from multigpu.arguments import Parser
 from multigpu.checkpoint.convert import to_dcp, to_file
 from multigpu.checkpoint.summary import summarize
 from multigpu.errors import CheckpointError, UsageError
 
 PROG = "multigpu ckpt"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["convert", "a.pt", "b.pt", "--key", "ema"]).key
         'ema'
     """
-    parser = _Parser(prog=PROG, description="Look into and convert checkpoints.")
+    parser = Parser(prog=PROG, description="Look into and convert checkpoints.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="{inspect,convert}")
     inspect = sub.add_parser(
         "inspect",

@@ -1,0 +1,156 @@
+"""The one argument-parser class and the typed converters of every command line multigpu has.
+
+``multigpu``'s subcommands (``multigpu.cli``) and the built-in jobs' own parsers
+(``multigpu.examples``, which the launcher runs before any worker starts) share them: a bad
+argument is one line, ``what was given; what was expected; see 'PROG --help'``, raised as a
+UsageError (exit code 2) instead of argparse's usage block, and no option is matched by a prefix.
+No torch, nothing of the library above ``errors``: the launcher imports it before torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any, Literal, NoReturn
+
+from multigpu.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises UsageError (one line) instead of printing usage and exiting.
+
+    Example:
+        >>> Parser(prog="multigpu x").parse_args(["--nope"])
+        Traceback (most recent call last):
+        multigpu.errors.UsageError: unrecognized arguments: --nope; see 'multigpu x --help'
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        # Whole option names only: "--epoch" is not "--epochs" (argparse's prefix matching).
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        if "training_script" in message:  # argparse would name torchrun's internal dest
+            raise UsageError(
+                f"'{self.prog}' was given no script; expected '{self.prog} [options] script.py "
+                f"[args]' or '{self.prog} [options] -m module [args]'; see '{self.prog} --help'"
+            )
+        raise UsageError(f"{message}; see '{self.prog} --help'")
+
+
+def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind(text)`` when it is >= ``low`` (and finite), else a clear error.
+
+    Example:
+        >>> number_arg(int, 1)("3")
+        3
+    """
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not value >= low or math.isinf(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not valid; expected {what} >= {low:g}")
+        return value
+
+    return parse
+
+
+def whole_arg(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number (digits only) >= ``low``.
+
+    Example:
+        >>> whole_arg(1)("5")
+        5
+    """
+
+    def parse(text: str) -> int:
+        value = int(text) if text.strip().isdigit() else -1
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not valid; expected a whole number >= {low}"
+            )
+        return value
+
+    return parse
+
+
+def processes_arg(text: str) -> int:
+    """An argparse ``type``: a whole number of processes (or nodes) >= 1.
+
+    Example:
+        >>> processes_arg("2")
+        2
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes >= 1")
+    return value
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind(text)`` when it is a finite number above 0.
+
+    Example:
+        >>> positive(float)("3e-3")
+        0.003
+    """
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text} must be a positive finite number")
+        return value
+
+    return parse
+
+
+def seconds_arg(text: str) -> float:
+    """argparse ``type`` of ``--timeout``: a positive number of seconds.
+
+    Example:
+        >>> seconds_arg("30")
+        30.0
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(
+            f"--timeout {text} is not a number of seconds; expected a positive number, "
+            "e.g. --timeout 120"
+        )
+    return value
+
+
+def cpu_count_arg(text: str) -> int | Literal["auto"]:
+    """argparse ``type`` of ``--cpu``: a whole number of processes >= 1, or ``auto``.
+
+    Example:
+        >>> cpu_count_arg("2"), cpu_count_arg("auto")
+        (2, 'auto')
+    """
+    if text.strip().lower() == "auto":
+        return "auto"  # resolved by the plan from the measured split (launch.cpu_split)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip():
+        raise argparse.ArgumentTypeError(
+            f"--cpu {text} is not a number of processes; expected a whole number >= 1 or auto; "
+            "use e.g. --cpu 2 for two CPU processes"
+        )
+    return value
