@@ -154,3 +154,23 @@ def cpu_count_arg(text: str) -> int | Literal["auto"]:
             "use e.g. --cpu 2 for two CPU processes"
         )
     return value
+
+
+def process_counts(text: str, example: str = "1,2") -> list[int]:
+    """Parse ``--nproc N,M,...``: whole numbers >= 1, each once, in the order given.
+
+    Example:
+        >>> process_counts("2,1,2")
+        [2, 1]
+    """
+    sizes: list[int] = []
+    for part in text.split(","):
+        size = int(part) if part.strip().isdigit() else 0
+        if size < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a list of process counts; expected numbers >= 1 separated "
+                f"by commas, e.g. --nproc {example}"
+            )
+        if size not in sizes:
+            sizes.append(size)
+    return sizes

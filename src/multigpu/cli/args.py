@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable, Sequence
 
+from multigpu.errors import UsageError
+from multigpu.run_target import check_module, check_script
+
 
 def split_own_args(
     argv: Sequence[str], actions: Iterable[argparse.Action]
@@ -44,3 +47,40 @@ def split_own_args(
             rest.append(token)
         i += 1
     return own, rest
+
+
+Target = tuple[argparse.Namespace, str, bool, tuple[str, ...]]
+"""(the command's own options, the script or module, whether it is a module, its arguments)."""
+
+
+def parse_with_target(
+    parser: argparse.ArgumentParser, argv: Sequence[str], default: tuple[str, tuple[str, ...]]
+) -> Target | None:
+    """Parse ``PROG [script.py | -m module] [script args] [options]``; None after ``--help``.
+
+    The command's own options may stand anywhere; the script (checked to exist) or ``-m``'s
+    module (checked importable) takes the other arguments; without either, ``default`` (a
+    module and its arguments) runs.
+
+    Raises:
+        UsageError: a bad option, an option before the script that is not the command's, a
+            missing script or module.
+    """
+    own, rest = split_own_args(argv, parser._actions)
+    if "-h" in own or "--help" in own:
+        parser.print_help()
+        return None
+    ns = parser.parse_args(own)
+    if ns.module is not None:
+        check_module(ns.module)
+        return ns, ns.module, True, tuple(rest)
+    if not rest:
+        return ns, default[0], True, default[1]
+    if rest[0].startswith("-"):
+        prog = parser.prog
+        raise UsageError(
+            f"unknown option {rest[0]!r} before the script; expected "
+            f"'{prog} [script.py | -m module] [args] [options]'; see '{prog} --help'"
+        )
+    check_script(rest[0])
+    return ns, rest[0], False, tuple(rest[1:])

@@ -19,12 +19,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, whole_arg
-from multigpu.cli.args import split_own_args
+from multigpu.arguments import Parser, process_counts, whole_arg
+from multigpu.cli.args import parse_with_target
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.options import BUILTIN_JOB
 from multigpu.errors import UsageError
-from multigpu.run_target import check_module, check_script
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +97,7 @@ def scaling_main(argv: Sequence[str]) -> int:
 
 
 def _scaling_nproc(text: str) -> tuple[int, ...]:
-    sizes: set[int] = set()
-    for part in text.split(","):
-        size = int(part) if part.strip().isdigit() else 0
-        if size < 1:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a list of process counts; expected numbers >= 1 separated "
-                "by commas, e.g. --nproc 1,2,4"
-            )
-        sizes.add(size)
-    return tuple(sorted(sizes))
+    return tuple(sorted(process_counts(text, example="1,2,4")))
 
 
 def build_scaling_parser() -> argparse.ArgumentParser:
@@ -170,25 +160,10 @@ def parse_scaling_args(argv: Sequence[str]) -> ScalingOptions | None:
         >>> parse_scaling_args(["--nproc", "2,1", "--steps", "5"]).nproc
         (1, 2)
     """
-    parser = build_scaling_parser()
-    own, rest = split_own_args(argv, parser._actions)
-    if "-h" in own or "--help" in own:
-        parser.print_help()
+    parsed = parse_with_target(build_scaling_parser(), argv, BUILTIN_JOB)
+    if parsed is None:
         return None
-    ns = parser.parse_args(own)
-    if ns.module is not None:
-        target, is_module, args = ns.module, True, tuple(rest)
-        check_module(target)
-    elif rest:
-        target, is_module, args = rest[0], False, tuple(rest[1:])
-        if target.startswith("-"):
-            raise UsageError(
-                f"unknown option {target!r} before the script; expected "
-                f"'{PROG} [script.py | -m module] [args] [options]'; see '{PROG} --help'"
-            )
-        check_script(target)
-    else:
-        target, is_module, args = BUILTIN_JOB[0], True, BUILTIN_JOB[1]
+    ns, target, is_module, args = parsed
     return ScalingOptions(
         target=target,
         is_module=is_module,

@@ -12,11 +12,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, number_arg
-from multigpu.cli.args import split_own_args
+from multigpu.arguments import Parser, number_arg, process_counts
+from multigpu.cli.args import parse_with_target
 from multigpu.diagnostics.options import BUILTIN_JOB, VERIFY_STRATEGIES, VerifyOptions
-from multigpu.errors import UsageError
-from multigpu.run_target import check_module, check_script
 
 PROG = "multigpu verify"
 
@@ -38,19 +36,7 @@ EPILOG = (
 
 
 def _nproc(text: str) -> tuple[int, ...]:
-    sizes: list[int] = []
-    for part in text.split(","):
-        try:
-            size = int(part)
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a list of process counts; expected numbers >= 1 "
-                "separated by commas, e.g. --nproc 1,2"
-            )
-        if size not in sizes:
-            sizes.append(size)
+    sizes = process_counts(text)
     if len(sizes) < 2:
         raise argparse.ArgumentTypeError(
             f"{text!r} names one world size; expected at least two different ones to "
@@ -126,25 +112,10 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
         >>> parse_verify_args(["--nproc", "1,2", "--steps", "20"]).target
         'multigpu.examples.digits'
     """
-    parser = build_verify_parser()
-    own, rest = split_own_args(argv, parser._actions)
-    if "-h" in own or "--help" in own:
-        parser.print_help()
+    parsed = parse_with_target(build_verify_parser(), argv, BUILTIN_JOB)
+    if parsed is None:
         return None
-    ns = parser.parse_args(own)
-    if ns.module is not None:
-        target, is_module, args = ns.module, True, tuple(rest)
-        check_module(target)
-    elif rest:
-        if rest[0].startswith("-"):
-            raise UsageError(
-                f"unknown option {rest[0]!r} before the script; expected "
-                f"'{PROG} [script.py | -m module] [args] [options]'; see '{PROG} --help'"
-            )
-        target, is_module, args = rest[0], False, tuple(rest[1:])
-        check_script(target)
-    else:
-        target, is_module, args = BUILTIN_JOB[0], True, BUILTIN_JOB[1]
+    ns, target, is_module, args = parsed
     return VerifyOptions(
         target=target,
         is_module=is_module,
