@@ -141,3 +141,31 @@ def loopback_interface() -> str | None:
         if interface.ipv4 is not None and interface.ipv4.startswith("127."):
             return interface.name
     return None
+
+
+def local_addresses(host: str) -> list[str]:
+    """The addresses ``host`` resolves to that belong to this machine, in resolver order.
+
+    The test is to bind a socket to each: only a local address can be bound, whatever the
+    interface (an empty host means ``localhost``).
+
+    Example:
+        >>> local_addresses("127.0.0.1")
+        ['127.0.0.1']
+    """
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or "localhost", None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    found: list[str] = []
+    for family, _, _, _, sockaddr in infos:
+        address = str(sockaddr[0])
+        if address in found:
+            continue
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((address, 0))
+        except OSError:
+            continue
+        found.append(address)
+    return found

@@ -26,27 +26,9 @@ import logging
 import socket
 from typing import Any
 
+from multigpu.host import local_addresses
+
 log = logging.getLogger(__name__)
-
-
-def _local_addresses(host: str) -> list[str]:
-    """The addresses ``host`` resolves to that belong to this machine (can be bound here)."""
-    try:
-        infos = socket.getaddrinfo(host.strip("[]") or "localhost", None, type=socket.SOCK_STREAM)
-    except OSError:
-        return []
-    found: list[str] = []
-    for family, _, _, _, sockaddr in infos:
-        address = str(sockaddr[0])
-        if address in found:
-            continue
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.bind((address, 0))
-        except OSError:
-            continue
-        found.append(address)
-    return found
 
 
 def listen_address(host: str, *, many_nodes: bool) -> str | None:
@@ -61,7 +43,7 @@ def listen_address(host: str, *, many_nodes: bool) -> str | None:
         >>> listen_address("localhost", many_nodes=True) is None
         True
     """
-    local = _local_addresses(host)
+    local = local_addresses(host)
     loopback = [a for a in local if ipaddress.ip_address(a.split("%")[0]).is_loopback]
     outside = [a for a in local if a not in loopback]
     if many_nodes:

@@ -13,6 +13,7 @@ import signal
 import socket
 
 from multigpu.errors import UsageError
+from multigpu.host import local_addresses
 
 
 def is_local_address(host: str) -> bool:
@@ -25,21 +26,7 @@ def is_local_address(host: str) -> bool:
         >>> is_local_address("127.0.0.1")
         True
     """
-    host = host.strip("[]")
-    if host in ("", "localhost"):
-        return True
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, _, _, _, sockaddr in infos:
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind((sockaddr[0], 0))
-            return True
-        except OSError:
-            continue
-    return False
+    return host.strip("[]") in ("", "localhost") or bool(local_addresses(host))
 
 
 def check_port_free(port: int, *, option: str) -> None:
