@@ -8,24 +8,13 @@ Environment variables read: ``RANK`` (the prefix, when no rank is passed), ``MUL
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
 
 from multigpu import variables
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
 _warned: set[str] = set()
-
-
-def get_logger(name: str) -> logging.Logger:
-    """Return the logger for a multigpu module (``logging.getLogger(name)``)."""
-    return logging.getLogger(name)
 
 
 def _env_rank() -> int:
@@ -33,18 +22,6 @@ def _env_rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
-
-
-def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
-    """Decorate ``fn`` so that it runs on global rank 0 only (read from ``RANK``)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
-        if _env_rank() == 0:
-            return fn(*args, **kwargs)
-        return None
-
-    return wrapper
 
 
 def warn_once(logger: logging.Logger, message: str, *args: object) -> None:

@@ -147,8 +147,3 @@ def resolve_sizes(shape: Mapping[str, int], world_size: int) -> dict[str, int]:
             "product equal the number of processes (or leave dp_shard=-1: the rest)"
         )
     return sizes
-
-
-def format_mesh(sizes: Mapping[str, int]) -> str:
-    """``sizes`` as ``MULTIGPU_MESH`` spells it (``"dp_shard=2,tp=2"``)."""
-    return ",".join(f"{axis}={sizes[axis]}" for axis in AXES if axis in sizes)

@@ -77,17 +77,6 @@ def optimizer_state_count(optimizer: str | torch.optim.Optimizer) -> OptimizerSt
     return OptimizerStates(name=name, states=STATES_PER_PARAM[name])
 
 
-def optimizer_states(optimizer: str | torch.optim.Optimizer) -> tuple[str, int]:
-    """(name, state tensors per parameter): ``optimizer_state_count`` as a pair.
-
-    Example:
-        >>> optimizer_states("AdamW"), optimizer_states("sgd")
-        (('adamw', 2), ('sgd', 0))
-    """
-    found = optimizer_state_count(optimizer)
-    return found.name, found.states
-
-
 def _of_object(optimizer: torch.optim.Optimizer) -> OptimizerStates:
     groups = optimizer.param_groups
     name = type(optimizer).__name__.lower()

@@ -20,7 +20,8 @@ class RunState:
 
     Example:
         >>> s = RunState(); s.add_step(0.5, stepped=True, seconds=0.1, samples=64)
-        >>> s.current["micro"], RunState.from_state(s.state_dict()).current["steps"]
+        >>> t = RunState(); t.load_state_dict(s.state_dict())
+        >>> s.current["micro"], t.current["steps"]
         (1, 1)
     """
 
@@ -65,13 +66,6 @@ class RunState:
         self.train_seconds = float(state["train_seconds"])
         self.train_samples = int(state["train_samples"])
         self.current = dict(state["current"])
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> RunState:
-        """A new RunState holding ``state``."""
-        run = cls()
-        run.load_state_dict(state)
-        return run
 
 
 def parameter_sha256(state: nn.Module | Mapping[str, torch.Tensor]) -> str:

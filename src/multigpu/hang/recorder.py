@@ -374,15 +374,6 @@ def install(trace_path: str | None = None) -> CollectiveLog:
     return log
 
 
-def uninstall() -> None:
-    """Put torch.distributed's own functions back."""
-    global _LOG
-    for name, original in _ORIGINALS.items():
-        setattr(tdist, name, original)
-    _ORIGINALS.clear()
-    _LOG = None
-
-
 def _wrap(log: CollectiveLog, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def recorded(*args: Any, **kwargs: Any) -> Any:
