@@ -66,6 +66,13 @@ def test_the_same_usage_error_on_every_rank_names_rank_0_and_exits_2(tmp_path: P
     assert code == 2, "a rank the agent stopped after the refusal is no failure of its own"
     line, code = _summary(tmp_path, (0, 2, UsageError("x")), (1, 1, ValueError("y")))
     assert code == 1, "a crash beside a refusal is a crash"
+    # Seen in CI: rank 1 waited in a broadcast from rank 0, which refused (a locked checkpoint
+    # directory) and left; rank 1's lost peer is the refusal's consequence, not a crash.
+    lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:395")
+    line, code = _summary(tmp_path, (0, 2, UsageError("in use")), (1, 1, lost))
+    assert line.startswith(f"rank 0 on {HOST}: UsageError: in use") and code == 2
+    line, code = _summary(tmp_path, (1, 1, lost))
+    assert code == 1, "a lost peer alone: the cause is elsewhere, not a refusal here"
 
 
 def test_only_a_lost_peer_on_this_node_says_the_cause_is_elsewhere(tmp_path: Path) -> None:

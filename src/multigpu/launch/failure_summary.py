@@ -82,8 +82,16 @@ def _same(a: WorkerError, b: WorkerError) -> bool:
 
 
 def exit_code(failures: list[Failure]) -> int:
-    """2 when every worker that failed of its own refused its input, else 1."""
-    own = [f for f in failures if not f.stopped_by_agent]
+    """2 when every worker that failed of its own refused its input, else 1.
+
+    Set aside: the ranks the agent stopped, and those whose collective lost the refusing rank
+    (a peer waiting in a broadcast when rank 0 refused fails with "Connection closed by peer").
+    """
+    own = [
+        f
+        for f in failures
+        if not f.stopped_by_agent and not (f.error is not None and f.error.consequence)
+    ]
     return USAGE_EXIT_CODE if own and all(f.usage for f in own) else 1
 
 
