@@ -79,3 +79,12 @@ def test_gpus_lists_none_here(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gpus", "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out) == [] and "--cpu N" in captured.err
+
+
+def test_run_takes_torchruns_options_shortened_as_torchrun_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # torchrun's parser allows prefixes; `multigpu run` keeps torchrun's options as they are
+    # (a regression once the shared parser class took whole names only).
+    lines = plan_lines(capsys, "run", "--nproc-per", "1", "--dry-run", SCRIPT)
+    assert lines["processes"].startswith("1 per node")

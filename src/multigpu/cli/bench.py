@@ -105,7 +105,6 @@ def build_scaling_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=PROG,
         usage=f"{PROG} [script.py | -m module] [script args] [options]",
-        allow_abbrev=False,
         description="Run a training script (default: the built-in digits job) for --steps "
         "optimizer steps at each world size of --nproc and report samples/s, speed-up and "
         "scaling efficiency (speed-up / world size). Strong scaling: the global batch (the "

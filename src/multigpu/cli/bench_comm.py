@@ -35,7 +35,6 @@ def build_comm_parser() -> argparse.ArgumentParser:
     """The parser of ``multigpu bench comm``."""
     p = Parser(
         prog=PROG,
-        allow_abbrev=False,
         description="Time all-reduce, all-gather, broadcast and reduce-scatter over a sweep of "
         "sizes with real worker processes, and report the time (slowest rank's mean), the "
         "algorithm bandwidth S/t and the bus bandwidth as nccl-tests defines them: algbw x "

@@ -54,7 +54,6 @@ def build_doctor_parser() -> argparse.ArgumentParser:
     """The parser of ``multigpu doctor``."""
     p = Parser(
         prog=PROG,
-        allow_abbrev=False,
         description="Check this machine for distributed training and say how to fix what is "
         "wrong: versions of Python, torch, CUDA, NCCL and the driver; GPUs (free memory, "
         "utilisation, processes, topology); cores and threads per process; /dev/shm; network "

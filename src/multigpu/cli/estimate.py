@@ -53,7 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     """
     p = Parser(
         prog=PROG,
-        allow_abbrev=False,
         description="Memory per rank of a model's training state (parameters, gradients, "
         "optimizer state, communication buffers) under ddp, fsdp and fsdp+offload, whether it "
         "fits the devices found, and what strategy='auto' would choose. The model is built on "

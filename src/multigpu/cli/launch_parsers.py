@@ -32,6 +32,11 @@ DEVICE_HELP = (
 )
 
 
+TORCHRUN_ABBREVIATIONS = True
+"""``multigpu run`` takes torchrun's options as torchrun does, shortened ones included
+(``--nproc-per 2``); every other parser takes whole names only (``arguments.Parser``)."""
+
+
 def _torchrun_parser() -> argparse.ArgumentParser:
     # Imported here: torch.distributed.run imports torch, which `multigpu gpus` does not need.
     from torch.distributed.run import get_args_parser
@@ -102,6 +107,7 @@ def build_run_parser(prog: str = f"{PROG} run") -> Parser:
         prog=prog,
         parents=[_torchrun_parser()],
         add_help=False,
+        allow_abbrev=TORCHRUN_ABBREVIATIONS,
         description="Run a training script (or -m module) on every GPU, on N CPU processes, or "
         "on many machines, through torchrun's elastic agent. All torchrun options work as in "
         "torchrun. On one node without rendezvous options, --standalone is added (free port).",
@@ -115,7 +121,6 @@ def build_train_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=f"{PROG} train",
         add_help=False,
-        allow_abbrev=False,
         usage=f"{PROG} train [launch options] [training options]",
         description=f"Train a built-in job through the launcher: --model digits (the default, "
         f"{TRAIN_MODULE}) or --model lm (a small GPT). "
@@ -144,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         parents=[run],
         add_help=False,
+        allow_abbrev=TORCHRUN_ABBREVIATIONS,
         help="run a script on all devices",
         description=run.description,
     )

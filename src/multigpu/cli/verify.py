@@ -52,7 +52,6 @@ def build_verify_parser() -> argparse.ArgumentParser:
         usage=f"{PROG} [script.py | -m module] [script args] [options]",
         description=DESCRIPTION,
         epilog=EPILOG,
-        allow_abbrev=False,
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="verify a module (python -m)")
     p.add_argument(
