@@ -26,15 +26,13 @@ def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def rank_device(
-    env: ClusterEnv, accelerator: str = "auto", settings: Settings | None = None
-) -> torch.device:
+def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.device:
     """Return ``cuda:local_rank`` when CUDA is there (and wanted), else ``cpu``.
 
     Args:
         env: where this process sits in the job.
         accelerator: ``"auto"`` (CUDA if available), ``"cuda"`` (error without it) or ``"cpu"``.
-        settings: the environment's values (``MULTIGPU_DEVICE``); default: read from none.
+        settings: the environment's values (``MULTIGPU_DEVICE``, ``CUDA_VISIBLE_DEVICES``).
 
     Raises:
         DeviceError: CUDA was asked for but is missing, or there are fewer visible GPUs than
@@ -44,7 +42,6 @@ def rank_device(
         raise DeviceError(
             f"accelerator={accelerator!r} is not known; expected 'auto', 'cuda' or 'cpu'"
         )
-    settings = settings or Settings.read({})
     forced_cpu = settings.device == "cpu"
     if forced_cpu and accelerator in ("cuda", "gpu"):
         raise DeviceError(

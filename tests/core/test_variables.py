@@ -72,7 +72,7 @@ def test_the_readers_in_the_library_refuse_what_they_silently_took_before(
     # MULTIGPU_DEVICE=tpu meant "auto"; MULTIGPU_HANG_AFTER=x a warning and the default;
     # MULTIGPU_LOG_LEVEL=loud logging's ValueError.
     with pytest.raises(UsageError, match="MULTIGPU_DEVICE='tpu'"):
-        rank_device(detect({}), settings=Settings.read({"MULTIGPU_DEVICE": "tpu"}))
+        rank_device(detect({}), "auto", Settings.read({"MULTIGPU_DEVICE": "tpu"}))
     with pytest.raises(UsageError, match="MULTIGPU_HANG_AFTER='x'"):
         report_after(300, {"MULTIGPU_HANG_AFTER": "x"})
     monkeypatch.setenv("MULTIGPU_LOG_LEVEL", "loud")

@@ -14,7 +14,8 @@ a few seconds, all at once, and prints one line that says, per rank, what it fou
 Each rank sees only its own side: after a link cut both sides call the other unreachable, and
 the launcher output of every node says which node it lost.
 
-Environment variables read: ``MASTER_ADDR`` (the address facing it is the one advertised).
+The address advertised is the one facing the job's master address (``ClusterEnv.master_addr``,
+given by the caller: nothing here reads the environment).
 """
 
 from __future__ import annotations
