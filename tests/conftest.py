@@ -24,6 +24,11 @@ def _condition(name: str) -> tuple[bool, str]:
         need = int(name.split(">=", 1)[1])
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return have >= need, f"needs {need} CUDA GPUs, found {have}"
+    if name == "no-gpus":  # what a CPU-only machine does by default (its GPU twin is tested too)
+        from multigpu.gpus import list_gpus
+
+        have = len(list_gpus())
+        return have == 0, f"a CPU-only machine's default; this one has {have} GPU(s)"
     if name.startswith("module:"):
         import importlib.util
 

@@ -32,12 +32,18 @@ when a torch release changes it, so upgrading torch is this file and that test.
   (``launch_agent_made_by``). ``elastic_agent_class`` refuses a torch whose agent lacks them.
 - **The default group's store** (``distributed_c10d._get_default_store``): where the hang
   watchdog's ranks leave their reports outside any collective (``default_store``).
+- **PowerSGD on CPU tensors where CUDA is present**: ``powerSGD_hook`` ends with
+  ``if torch.cuda.is_available(): torch.cuda.synchronize(device)`` on the gradients' device,
+  which raises for CPU processes on a GPU machine (seen on an H100 with torch 2.11; the same code
+  is in 2.13). ``powersgd_hook_for`` gives CPU models a copy of the hook whose module globals
+  see no CUDA.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -293,3 +299,40 @@ def default_store() -> Any:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+class _TorchWithoutCuda(types.ModuleType):
+    """``torch`` as a module global, except that ``cuda.is_available()`` is False."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.cuda = types.SimpleNamespace(is_available=lambda: False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+def powersgd_hook_for(device: torch.device) -> Callable[..., Any]:
+    """torch's ``powerSGD_hook`` for gradients on ``device``, usable on CPU where CUDA is present.
+
+    Example:
+        >>> powersgd_hook_for(torch.device("cpu")).__name__
+        'powerSGD_hook'
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as module
+
+    hook = module.powerSGD_hook
+    if device.type != "cpu" or not torch.cuda.is_available():
+        return hook
+    assert isinstance(hook, types.FunctionType)  # a plain Python function: its globals swap
+    return without_cuda(hook)
+
+
+def without_cuda(fn: types.FunctionType) -> types.FunctionType:
+    """A copy of ``fn`` (and of the functions it defines) for which ``torch.cuda`` is absent."""
+    scope = {**fn.__globals__, "torch": _TorchWithoutCuda()}
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__annotations__ = fn.__annotations__
+    copy.__doc__ = fn.__doc__
+    return copy

@@ -136,6 +136,12 @@ def test_comm_report_has_a_table_per_collective_and_the_gloo_note() -> None:
     assert "gloo: an all-reduce of the whole input" in text and "all_gather" not in text
     assert "WRONG" in text  # the broadcast row failed its check
     assert "peak busbw reduce_scatter: 0.524 GB/s at 1 MB" in text
+    alone = io.StringIO()  # one GPU: nothing crosses a link (seen: "peak busbw 0.000 GB/s")
+    comm_report.print_report(dict(doc, world_size=1), file=alone)
+    assert "peak busbw" not in alone.getvalue() and "one process: nothing crossed a link" in (
+        alone.getvalue()
+    )
+    assert "0.524" not in alone.getvalue()  # the busbw column shows "-"
 
 
 def test_a_busy_machine_is_named_before_the_figures() -> None:

@@ -24,7 +24,8 @@ def _model() -> torch.nn.Module:
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    # On the CPU: DataParallel moves the module it wraps to GPU 0 where there is one.
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
 
 
 @contextlib.contextmanager

@@ -18,8 +18,11 @@ def native_threads() -> list[str]:
     """The names of this process's threads that gloo started (its loops and workers)."""
     names = []
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/comm") as fh:
-            names.append(fh.read().strip())
+        try:
+            with open(f"/proc/self/task/{task}/comm") as fh:
+                names.append(fh.read().strip())
+        except FileNotFoundError:  # the thread ended after listdir (seen with CUDA's threads)
+            continue
     return sorted(n for n in names if n.startswith(GLOO_THREADS))
 
 

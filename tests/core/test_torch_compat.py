@@ -252,3 +252,43 @@ def test_the_default_store_is_the_groups_store() -> None:
 
 def _keys(store: object) -> list[str]:
     return [k.decode() if isinstance(k, bytes) else k for k in store.list_keys()]  # type: ignore[attr-defined]
+
+
+def _names_in(code: object) -> set[str]:
+    names = set(code.co_names)  # type: ignore[attr-defined]
+    for const in code.co_consts:  # type: ignore[attr-defined]
+        if hasattr(const, "co_names"):
+            names |= _names_in(const)
+    return names
+
+
+def test_powersgd_still_synchronizes_cuda_inside_its_own_code() -> None:
+    """The copy sees no CUDA only if the call is in the hook's own code (its nested functions
+    included); when torch stops calling it on a CPU device, ``powersgd_hook_for`` can go."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as module
+
+    assert {"cuda", "is_available", "synchronize"} <= _names_in(module.powerSGD_hook.__code__)
+    copy = torch_compat.without_cuda(module.powerSGD_hook)
+    assert copy.__globals__["torch"].cuda.is_available() is False
+    assert copy.__globals__["torch"].bmm is torch.bmm and copy.__name__ == "powerSGD_hook"
+
+
+def test_the_copy_without_cuda_trains_exactly_like_torchs_hook(group: None) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as module
+    from torch.nn.parallel import DistributedDataParallel
+
+    finals = []
+    for hook in (module.powerSGD_hook, torch_compat.without_cuda(module.powerSGD_hook)):
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 4)))
+        state = module.PowerSGDState(None, start_powerSGD_iter=2, random_seed=0)
+        model.register_comm_hook(state, hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(6):
+            torch.manual_seed(step)
+            model(torch.randn(8, 16)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert state.compression_stats()[0] > 1  # PowerSGD compressed
+        finals.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))

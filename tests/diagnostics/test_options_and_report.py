@@ -97,6 +97,26 @@ def test_cli_prints_one_line_and_exits_2_on_bad_input(capsys: pytest.CaptureFixt
     assert err.startswith("multigpu: error: argument --nproc: '3' names one world size")
 
 
+def test_gpu_world_sizes_are_checked_against_the_gpus_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One GPU leaves nothing to compare on GPUs: the fix is --cpu, not "world sizes up to 1"
+    (what a 1-GPU machine was told)."""
+    import multigpu.gpus
+    from multigpu.diagnostics.options import device_for_runs
+
+    for count, fix in ((1, "add --cpu to compare CPU processes"), (2, "use world sizes up to 2")):
+        monkeypatch.setattr(multigpu.gpus, "list_gpus", lambda count=count: [object()] * count)
+        with pytest.raises(
+            UsageError, match=f"asks for 3 GPUs but this machine shows {count}.*{fix}"
+        ):
+            device_for_runs([1, 3], cpu=False)
+        assert device_for_runs([1, 3], cpu=True) == "cpu"
+    assert device_for_runs([1, 2], cpu=False) == "cuda"
+    monkeypatch.setattr(multigpu.gpus, "list_gpus", lambda: [])
+    assert device_for_runs([1, 2], cpu=False) == "cpu"
+
+
 def test_help_is_exit_0_and_says_what_the_script_must_do(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -86,7 +86,9 @@ def test_a_real_rlimit_data_bounds_a_real_process() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     number, source = out.stdout.split(" ", 1)
     assert source.startswith("RLIMIT_DATA 3.0 GiB of this process"), out.stdout
-    assert 2 * GIB < int(number) < 3 * GIB  # the interpreter's own data is in use already
+    # Below the limit by the interpreter's own data: about 0.3 GiB with a CPU build of torch,
+    # 1.25 GiB with a CUDA build (its libraries' data, seen on an H100 machine).
+    assert GIB < int(number) < 3 * GIB
 
 
 def _gpu(index: int, free_mib: int) -> GPUInfo:

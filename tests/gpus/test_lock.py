@@ -42,6 +42,24 @@ def test_claim_locks_until_released(tmp_path: Path) -> None:
     again.release()  # idempotent
 
 
+def test_a_refusal_is_one_line_naming_the_lock_owners(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen on a 1-GPU machine: "GPU 0 is locked by pid N" was logged above a refusal of
+    ``--gpus 3`` that had nothing to do with locks (two lines where one was promised)."""
+    with claim_gpus(ONE, {}, lock_dir=tmp_path, gpus=GPUS), caplog.at_level("INFO"):
+        with pytest.raises(UsageError) as too_many:
+            claim_gpus(parse_gpu_request("3"), {}, lock_dir=tmp_path, gpus=GPUS)
+        assert "locked by pid" not in str(too_many.value)
+        with pytest.raises(UsageError) as taken:
+            claim_gpus(parse_gpu_request("0,"), {}, lock_dir=tmp_path, gpus=GPUS)
+        assert f"GPU 0 is locked by pid {os.getpid()}" in str(taken.value)
+        assert "\n" not in str(taken.value)
+        assert not [r for r in caplog.records if "locked by pid" in r.getMessage()]
+        with claim_gpus(ONE, {}, lock_dir=tmp_path, gpus=GPUS):  # the choice stands: said
+            assert [r for r in caplog.records if "GPU 0 is locked by pid" in r.getMessage()]
+
+
 def test_lock_dir_from_environment(tmp_path: Path) -> None:
     where = tmp_path / "nested" / "locks"
     with claim_gpus(ONE, {"MULTIGPU_LOCK_DIR": str(where)}, gpus=GPUS):

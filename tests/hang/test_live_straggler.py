@@ -81,6 +81,9 @@ def test_each_epoch_line_names_the_throttled_rank(tmp_path: Path) -> None:
             ["train", "--cpu", "2", "--epochs", "2", "--progress", "lines"],
             tmp_path,
             MULTIGPU_TEST_MARK=mark,
+            # One thread each, whatever the cores: 0.15 of a CPU shared by 8 threads (16 cores)
+            # made the throttled rank too slow to finish 2 epochs in 120 s.
+            OMP_NUM_THREADS="1",
         )
         try:
             assert proc.stdout is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +19,12 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.pop("PYTEST_CURRENT_TEST", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     env["GLOO_SOCKET_IFNAME"] = "lo"
+    # On a GPU machine each test worker locks the GPUs in its own directory: tests running side
+    # by side would otherwise find the GPUs "locked by another job" (each other).
+    env.setdefault(
+        "MULTIGPU_LOCK_DIR",
+        os.path.join(tempfile.gettempdir(), f"multigpu-test-locks-{os.getpid()}"),
+    )
     env.update(extra or {})
     return env
 

@@ -36,6 +36,7 @@ def test_dry_run_prints_the_plan(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
+@pytest.mark.requires("no-gpus")
 def test_default_on_cpu_machine_says_why(capsys: pytest.CaptureFixture[str]) -> None:
     lines = plan_lines(capsys, "run", "--dry-run", SCRIPT)
     assert lines["processes"].startswith("1 per node")

@@ -32,7 +32,7 @@ CASES: dict[str, list[str]] = {
     "missing-script": ["run", "--cpu", "2", "missing.py"],
     "script-is-a-directory": ["run", "--cpu", "2", "."],
     "no-script": ["run", "--cpu", "2"],
-    "nccl-without-gpus": ["run", "--backend", "nccl", "s.py"],
+    "nccl-on-cpu": ["run", "--cpu", "2", "--backend", "nccl", "s.py"],  # GPUs or not
     "nproc-contradicts-cpu": ["run", "--cpu", "2", "--nproc-per-node", "3", "s.py"],
     "master-port-in-use": ["run", "--cpu", "2", "--master-port", "{port}", "s.py"],
     "endpoint-in-use": ["run", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:{port}", "s.py"],
@@ -70,7 +70,7 @@ EXPECTED = {
     "missing-script": "missing.py",
     "script-is-a-directory": "'.' is a directory",
     "no-script": "was given no script",
-    "nccl-without-gpus": "nccl",
+    "nccl-on-cpu": "--backend nccl was asked for on --cpu 2",
     "nproc-contradicts-cpu": "contradicts",
     "master-port-in-use": "already in use",
     "endpoint-in-use": "already in use",

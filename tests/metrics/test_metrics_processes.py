@@ -47,8 +47,9 @@ def reference() -> dict[Any, Any]:
 
 @pytest.fixture(scope="module")
 def single() -> dict[Any, Any]:
-    """The same worker code in this process, world size 1, no process group."""
-    with multigpu.init(seed=0) as ctx:
+    """The same worker code in this process, world size 1, no process group (on the CPU: a
+    module fixture is set up before the autouse fixture that keeps tests off a GPU)."""
+    with multigpu.init(seed=0, accelerator="cpu") as ctx:
         dataset, model = workers.problem()
         return {b: workers.evaluate(ctx, dataset, model, b) for b in (48, 64)}
 

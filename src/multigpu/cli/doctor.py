@@ -143,7 +143,9 @@ def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
         )
     else:
         rows.append(
-            _probe_row(options, facts, one_rank=env is not None and env.source == "torchrun")
+            _probe_row(
+                options, facts, env_vars, one_rank=env is not None and env.source == "torchrun"
+            )
         )
     doc = document(
         rows,
@@ -228,20 +230,26 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
     return rows, env, rank_facts
 
 
-def _choose_backend(options: DoctorOptions, facts: Mapping[str, Any]) -> str:
+def _choose_backend(
+    options: DoctorOptions, facts: Mapping[str, Any], environ: Mapping[str, str]
+) -> str:
     if options.backend != "auto":
         return options.backend
+    if environ.get("MULTIGPU_DEVICE") == "cpu":  # `multigpu run --cpu`: the ranks stay on CPUs
+        return "gloo"
     return "nccl" if facts["gpus"] and facts["cuda"] else "gloo"
 
 
-def _probe_row(options: DoctorOptions, facts: Mapping[str, Any], *, one_rank: bool) -> Check:
+def _probe_row(
+    options: DoctorOptions, facts: Mapping[str, Any], environ: Mapping[str, str], *, one_rank: bool
+) -> Check:
     from multigpu.diagnostics.doctor.collective import check_collective_here, skipped
 
     if not options.probe:
         return skipped("--no-probe was given")
     if one_rank:
         return skipped("launched with one process: launch 2 or more (e.g. --cpu 2) to probe")
-    backend = _choose_backend(options, facts)
+    backend = _choose_backend(options, facts, environ)
     default = min(2, facts["gpus"]) if backend == "nccl" and facts["gpus"] else 2
     return check_collective_here(
         backend=backend, nproc=options.nproc or default, timeout=options.timeout, gpus=facts["gpus"]
@@ -253,8 +261,7 @@ def _rank_device(
 ) -> tuple[str, Any]:
     import torch
 
-    on_cpu = environ.get("MULTIGPU_DEVICE") == "cpu"  # `multigpu run --cpu`: GPUs hidden
-    backend = "gloo" if on_cpu and options.backend == "auto" else _choose_backend(options, facts)
+    backend = _choose_backend(options, facts, environ)
     if backend == "nccl":
         return backend, torch.device("cuda", local_rank)
     return backend, torch.device("cpu")

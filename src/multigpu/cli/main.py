@@ -53,6 +53,10 @@ def _train(argv: Sequence[str]) -> int:
         return 0
     # The job's own parser: a bad option refused here, once, before anything starts.
     parse_job_args(model, job_argv, single_node=str(getattr(ns, "nnodes", "1")) in ("1", "1:1"))
+    # Checks that need no device: before the GPUs are chosen, so that a busy GPU cannot hide
+    # a mistake in the options (seen on a GPU machine whose one GPU another job held).
+    check_checkpoint_options(job_argv)
+    check_strategy_options(job_argv)
     options = options_from_namespace(
         ns,
         script=TRAIN_MODULES[model],
@@ -66,8 +70,6 @@ def _train(argv: Sequence[str]) -> int:
 
     def check(plan: LaunchPlan) -> None:
         check_worker_environment(plan)
-        check_checkpoint_options(job_argv)
-        check_strategy_options(job_argv)
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
         if low == high:  # an elastic node count has no fixed world size to check against
             check_batch_size(job_argv, plan.nproc_per_node * low, model)

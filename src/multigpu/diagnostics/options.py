@@ -63,8 +63,15 @@ def device_for_runs(nproc: Sequence[int], *, cpu: bool) -> str:
     if count == 0:
         return "cpu"
     if max(nproc) > count:
+        given = ",".join(map(str, nproc))
+        # One GPU leaves nothing to compare on GPUs: only --cpu helps there.
+        fix = (
+            f"use world sizes up to {count}, or --cpu for CPU processes"
+            if count > 1
+            else "add --cpu to compare CPU processes (gloo) instead"
+        )
         raise UsageError(
-            f"--nproc {','.join(map(str, nproc))} asks for {max(nproc)} GPUs but this machine "
-            f"shows {count}; use world sizes up to {count}, or --cpu for CPU processes"
+            f"--nproc {given} asks for {max(nproc)} GPUs but this machine shows {count}; "
+            f"expected at most one process per GPU; {fix}"
         )
     return "cuda"

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from multigpu.errors import LaunchError
+from multigpu.errors import LaunchError, UsageError
 from multigpu.gpus.select import select_gpus
 from multigpu.gpus.types import GPUInfo, GPURequest
 
@@ -201,6 +201,7 @@ def claim_gpus(
     kept: list[int] = []
     try:
         locked: list[str] = []
+        owners: list[str] = []
         for gpu in gpus:
             path = gpu_lock_path(directory, gpu)
             fd = _open(path)
@@ -209,14 +210,22 @@ def claim_gpus(
             else:
                 os.close(fd)
                 locked.append(gpu.uuid)
-                logger.info("GPU %s is locked by pid %s (%s)", gpu.index, _owner(path), path)
-        chosen = select_gpus(
-            gpus,
-            request,
-            exclude=locked,
-            busy_utilization=busy_utilization,
-            min_free_fraction=min_free_fraction,
-        )
+                owners.append(f"GPU {gpu.index} is locked by pid {_owner(path)} ({path})")
+        try:
+            chosen = select_gpus(
+                gpus,
+                request,
+                exclude=locked,
+                busy_utilization=busy_utilization,
+                min_free_fraction=min_free_fraction,
+            )
+        except UsageError as refused:
+            # One line: the owners join the refusal only where the locks are part of it.
+            if owners and "locked" in str(refused):
+                raise UsageError(f"{refused} ({'; '.join(owners)})") from None
+            raise
+        for owner in owners:  # said once the choice stands, so a refusal stays one line
+            logger.info("%s", owner)
         for gpu in chosen:
             fd = probed.pop(gpu.uuid)
             _note_owner(fd)

@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.choices import COMPRESSIONS
 from multigpu.errors import UsageError
+from multigpu.torch_compat import powersgd_hook_for
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ def register_compression(
     state: Any = None
     if name == "powersgd":
         check_powersgd_options(powersgd_rank, powersgd_start_iter)
+        hook = powersgd_hook_for(next(ddp.module.parameters()).device)
         state = powerSGD_hook.PowerSGDState(
             process_group=group,
             matrix_approximation_rank=powersgd_rank,

@@ -41,6 +41,12 @@ def headline(document: Mapping[str, Any]) -> str:
     )
 
 
+ONE_PROCESS = (
+    "one process: nothing crossed a link, so there is no bus bandwidth to report (the times "
+    "show the backend works); use --nproc 2 or more, or --cpu for CPU processes"
+)
+
+
 def peak_lines(document: Mapping[str, Any]) -> list[str]:
     """One line per collective: its best bus bandwidth and the size it was reached at.
 
@@ -49,6 +55,8 @@ def peak_lines(document: Mapping[str, Any]) -> list[str]:
         ...                       "correct": True}]})
         ['peak busbw broadcast: 0.500 GB/s at 1 KB']
     """
+    if document.get("world_size") == 1:  # seen on a 1-GPU machine: "peak busbw 0.000 GB/s"
+        return [ONE_PROCESS]
     lines = []
     rows = document["rows"]
     for op in OPS:
@@ -90,7 +98,7 @@ def print_report(document: Mapping[str, Any], file: TextIO | None = None) -> Non
                 str(r["count"]),
                 f"{r['time_us']:.1f}",
                 f"{r['algbw_gbps']:.3f}",
-                f"{r['busbw_gbps']:.3f}",
+                f"{r['busbw_gbps']:.3f}" if n > 1 else "-",
                 "ok" if r["correct"] else "WRONG",
             )
         console.print(table)
