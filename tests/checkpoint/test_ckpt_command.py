@@ -116,6 +116,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None
         lines = err.strip().splitlines()
         assert code == 2, (argv, err)
         assert len(lines) == 1 and message in lines[0], (argv, err)
+        assert lines[0].startswith("multigpu: error: "), err  # as every subcommand says it
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

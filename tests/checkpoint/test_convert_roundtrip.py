@@ -67,7 +67,7 @@ def _inspected_as_two_shards(
 def test_bad_conversions_are_one_line_exit_2_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from multigpu.cli.ckpt import ckpt_main
+    from multigpu.cli.main import main
 
     torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
     (tmp_path / "taken").mkdir()
@@ -90,13 +90,14 @@ def test_bad_conversions_are_one_line_exit_2_and_write_nothing(
     monkeypatch.chdir(tmp_path)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     for argv, message in cases:
-        code = ckpt_main(["convert", *argv])
+        code = main(["ckpt", "convert", *argv])
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and message in lines[0], (argv, lines)
+        assert lines[0].startswith("multigpu: error: "), lines  # as every subcommand says it
     monkeypatch.setitem(sys.modules, "safetensors", None)  # as if it were not installed
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     for argv in (["ck", "new.safetensors"], ["m.safetensors", "new", "--to", "dcp"]):
-        assert ckpt_main(["convert", *argv]) == 2
+        assert main(["ckpt", "convert", *argv]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert "pip install 'multigpu[safetensors]'" in line, line
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before

@@ -119,4 +119,5 @@ def test_multigpu_slurm_writes_an_sbatch_script(tmp_path: Path) -> None:
 def test_bad_slurm_options_are_one_line_exit_2(tmp_path: Path, argv: list[str]) -> None:
     done = run_multigpu(argv, tmp_path)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("multigpu: error: "), done.stderr
     assert list(tmp_path.iterdir()) == []

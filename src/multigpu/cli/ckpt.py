@@ -188,7 +188,11 @@ def _convert(ns: argparse.Namespace) -> int:
 def ckpt_main(argv: Sequence[str]) -> int:
     """Entry point of ``multigpu ckpt``; returns the exit code.
 
-    0: done; 1: ``inspect`` found a checkpoint incomplete or corrupt; 2: bad input.
+    0: done; 1: ``inspect`` found a checkpoint incomplete or corrupt.
+
+    Raises:
+        UsageError: bad input, a checkpoint that cannot be read included (the CLI prints one
+            line and exits with 2).
 
     Example:
         >>> ckpt_main(["inspect", "runs/ckpt", "--json"])  # doctest: +SKIP
@@ -197,6 +201,5 @@ def ckpt_main(argv: Sequence[str]) -> int:
     try:
         ns = build_parser().parse_args(list(argv))
         return _inspect(ns) if ns.action == "inspect" else _convert(ns)
-    except (UsageError, CheckpointError) as e:
-        print(f"multigpu ckpt: error: {e}", file=sys.stderr)
-        return 2
+    except CheckpointError as e:  # what was given cannot be read: bad input, as a usage error
+        raise UsageError(str(e)) from e

@@ -11,6 +11,7 @@ workers read, checked before they start (``launch.env_checks``).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import sys
@@ -101,6 +102,10 @@ def _configure_logging() -> None:
     logger.setLevel(variables.log_level(os.environ))  # a bad level: one line, exit 2
 
 
+_SUBCOMMANDS = ("verify", "doctor", "slurm", "bench", "estimate", "ckpt")
+"""Subcommands whose module ``multigpu.cli.NAME`` has ``NAME_main(argv) -> exit code``."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``multigpu`` and ``python -m multigpu``; returns the exit code.
 
@@ -115,30 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         _configure_logging()
         if args and args[0] == "train":
             return _train(args[1:])
-        if args and args[0] == "verify":
-            from multigpu.cli.verify import verify_main
-
-            return verify_main(args[1:])
-        if args and args[0] == "doctor":
-            from multigpu.cli.doctor import doctor_main
-
-            return doctor_main(args[1:])
-        if args and args[0] == "slurm":
-            from multigpu.cli.slurm import slurm_main
-
-            return slurm_main(args[1:])
-        if args and args[0] == "bench":
-            from multigpu.cli.bench import bench_main
-
-            return bench_main(args[1:])
-        if args and args[0] == "estimate":
-            from multigpu.cli.estimate import estimate_main
-
-            return estimate_main(args[1:])
-        if args and args[0] == "ckpt":
-            from multigpu.cli.ckpt import ckpt_main
-
-            return ckpt_main(args[1:])
+        if args and args[0] in _SUBCOMMANDS:  # imported only when asked for: a fast --help
+            module = importlib.import_module(f"multigpu.cli.{args[0]}")
+            return int(getattr(module, f"{args[0]}_main")(args[1:]))
         ns = build_parser().parse_args(args)
         if ns.command == "gpus":
             from multigpu.launch.listing import show_gpus

@@ -74,25 +74,25 @@ def sbatch_script(ns: argparse.Namespace) -> str:
 
 
 def slurm_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu slurm``; returns the exit code."""
-    try:
-        ns = build_parser().parse_args(list(argv))
-        if ns.gpus_per_node and ns.cpu:
-            raise UsageError(
-                f"--cpu {ns.cpu} with --gpus-per-node {ns.gpus_per_node}: expected one of "
-                "them; use --gpus-per-node for GPU nodes, --cpu for CPU-only nodes"
-            )
-        text = sbatch_script(ns)
-        if ns.output is None:
-            sys.stdout.write(text)
-            return 0
-        out = Path(ns.output)
-        if out.exists() and not ns.force:
-            raise UsageError(f"{out} exists; expected a new path; pass --force to overwrite it")
-        atomic_write(out, lambda fh: fh.write(text.encode()))
-        out.chmod(out.stat().st_mode | stat.S_IXUSR)  # runnable as well as sbatch-able
-        print(f"wrote {out}; submit it with: sbatch {shlex.quote(str(out))}")
+    """Entry point of ``multigpu slurm``; returns the exit code.
+
+    Raises:
+        UsageError: bad options (the CLI prints one line and exits with 2).
+    """
+    ns = build_parser().parse_args(list(argv))
+    if ns.gpus_per_node and ns.cpu:
+        raise UsageError(
+            f"--cpu {ns.cpu} with --gpus-per-node {ns.gpus_per_node}: expected one of "
+            "them; use --gpus-per-node for GPU nodes, --cpu for CPU-only nodes"
+        )
+    text = sbatch_script(ns)
+    if ns.output is None:
+        sys.stdout.write(text)
         return 0
-    except UsageError as e:
-        print(f"multigpu slurm: error: {e}", file=sys.stderr)
-        return 2
+    out = Path(ns.output)
+    if out.exists() and not ns.force:
+        raise UsageError(f"{out} exists; expected a new path; pass --force to overwrite it")
+    atomic_write(out, lambda fh: fh.write(text.encode()))
+    out.chmod(out.stat().st_mode | stat.S_IXUSR)  # runnable as well as sbatch-able
+    print(f"wrote {out}; submit it with: sbatch {shlex.quote(str(out))}")
+    return 0
