@@ -10,11 +10,14 @@ No torch, nothing of the library above ``errors``: the launcher imports it befor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 from multigpu.errors import UsageError
+
+T = TypeVar("T")
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +41,20 @@ class Parser(argparse.ArgumentParser):
                 f"[args]' or '{self.prog} [options] -m module [args]'; see '{self.prog} --help'"
             )
         raise UsageError(f"{message}; see '{self.prog} --help'")
+
+    def add_json(self, what: str = "one JSON document") -> None:
+        """``--json`` (``as_json``): print ``what`` instead of the table."""
+        self.add_argument("--json", dest="as_json", action="store_true", help=f"print {what}")
+
+    def add_timeout(self, default: float, what: str) -> None:
+        """``--timeout SECONDS``: a number >= 1, ``default`` when not given; ``what`` it bounds."""
+        self.add_argument(
+            "--timeout",
+            type=number_arg(float, 1),
+            default=float(default),
+            metavar="SECONDS",
+            help=f"{what} (default {default:g})",
+        )
 
 
 def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
@@ -174,3 +191,19 @@ def process_counts(text: str, example: str = "1,2") -> list[int]:
         if size not in sizes:
             sizes.append(size)
     return sizes
+
+
+def options_from(namespace: argparse.Namespace, cls: type[T], **given: Any) -> T:
+    """``cls`` (a dataclass) from the parsed options of the same names, and ``given``.
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass
+        ... class Options:
+        ...     steps: int
+        ...     target: str = ""
+        >>> options_from(argparse.Namespace(steps=3, extra=1), Options, target="t.py")
+        Options(steps=3, target='t.py')
+    """
+    names = {f.name for f in dataclasses.fields(cls)} - given.keys()  # type: ignore[arg-type]
+    return cls(**{n: getattr(namespace, n) for n in names if hasattr(namespace, n)}, **given)

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, process_counts, whole_arg
+from multigpu.arguments import Parser, options_from, process_counts, whole_arg
 from multigpu.cli.args import parse_with_target
 from multigpu.diagnostics.bench.scaling_options import ScalingOptions
 from multigpu.diagnostics.options import BUILTIN_JOB
@@ -129,7 +129,7 @@ def build_scaling_parser() -> argparse.ArgumentParser:
         default=1,
         help="runs per configuration, interleaved; medians reported (1)",
     )
-    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON document")
+    p.add_json()
     p.add_argument(
         "--out",
         type=Path,
@@ -143,9 +143,7 @@ def build_scaling_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="on CPUs, skip the processes x threads splits (and the saved choice)",
     )
-    p.add_argument(
-        "--timeout", type=whole_arg(1), default=600, help="seconds one run may take (600)"
-    )
+    p.add_timeout(600, "seconds one run may take")
     return p
 
 
@@ -163,17 +161,4 @@ def parse_scaling_args(argv: Sequence[str]) -> ScalingOptions | None:
     if parsed is None:
         return None
     ns, target, is_module, args = parsed
-    return ScalingOptions(
-        target=target,
-        is_module=is_module,
-        script_args=args,
-        nproc=ns.nproc,
-        steps=ns.steps,
-        warmup=ns.warmup,
-        repeats=ns.repeats,
-        as_json=ns.as_json,
-        out=ns.out,
-        cpu=ns.cpu,
-        splits=ns.splits,
-        timeout=float(ns.timeout),
-    )
+    return options_from(ns, ScalingOptions, target=target, is_module=is_module, script_args=args)

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, whole_arg
+from multigpu.arguments import Parser, options_from, whole_arg
 from multigpu.diagnostics.bench.comm import PROG, CommOptions, bench_comm
 from multigpu.diagnostics.bench.comm_report import print_report
 from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS, parse_ops, parse_sizes
@@ -65,10 +65,8 @@ def build_comm_parser() -> argparse.ArgumentParser:
         help="processes: default 2 on CPU, every GPU on a machine with GPUs",
     )
     p.add_argument("--cpu", action="store_true", help="CPU processes (gloo) even with GPUs")
-    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON document")
-    p.add_argument(
-        "--timeout", type=whole_arg(1), default=900, help="seconds the sweep may take (900)"
-    )
+    p.add_json()
+    p.add_timeout(900, "seconds the sweep may take")
     return p
 
 
@@ -80,16 +78,7 @@ def parse_comm_args(argv: Sequence[str]) -> CommOptions:
         (1024, 65536)
     """
     ns = build_comm_parser().parse_args(list(argv))
-    return CommOptions(
-        sizes=ns.sizes,
-        ops=ns.ops,
-        iters=ns.iters,
-        warmup=ns.warmup,
-        nproc=ns.nproc,
-        cpu=ns.cpu,
-        as_json=ns.as_json,
-        timeout=float(ns.timeout),
-    )
+    return options_from(ns, CommOptions)
 
 
 def comm_main(argv: Sequence[str]) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from multigpu.arguments import Parser, number_arg
+from multigpu.arguments import Parser, number_arg, options_from
 from multigpu.errors import UsageError
 from multigpu.host import read_interfaces
 
@@ -64,7 +64,7 @@ def build_doctor_parser() -> argparse.ArgumentParser:
         "all-reduce across each other and rank 0 compares their versions and MTUs. "
         "Exit code: 0 when nothing FAILs, 1 when something does, 2 for a usage error.",
     )
-    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON document")
+    p.add_json()
     p.add_argument("--no-probe", dest="probe", action="store_false", help="skip the all-reduce")
     p.add_argument(
         "--backend",
@@ -78,13 +78,7 @@ def build_doctor_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes of the all-reduce on one machine (default 2, or the GPUs if fewer)",
     )
-    p.add_argument(
-        "--timeout",
-        type=number_arg(float, 1),
-        default=60.0,
-        metavar="SECONDS",
-        help="bound on the all-reduce, start-up included, and on each collective (default 60)",
-    )
+    p.add_timeout(60, "bound on the all-reduce, start-up included, and on each collective")
     return p
 
 
@@ -99,9 +93,7 @@ def parse_doctor_args(argv: Sequence[str]) -> DoctorOptions:
         'gloo'
     """
     ns = build_doctor_parser().parse_args(list(argv))
-    return DoctorOptions(
-        as_json=ns.as_json, probe=ns.probe, backend=ns.backend, nproc=ns.nproc, timeout=ns.timeout
-    )
+    return options_from(ns, DoctorOptions)
 
 
 def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:

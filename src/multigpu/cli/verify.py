@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, number_arg, process_counts
+from multigpu.arguments import Parser, number_arg, options_from, process_counts
 from multigpu.cli.args import parse_with_target
 from multigpu.diagnostics.options import BUILTIN_JOB, VERIFY_STRATEGIES, VerifyOptions
 
@@ -67,7 +67,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
         default=50,
         help="optimizer steps to record at each world size (default 50)",
     )
-    p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object")
+    p.add_json("one JSON object")
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -86,12 +86,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run CPU processes (gloo) even on a machine with GPUs (default: GPUs when present)",
     )
-    p.add_argument(
-        "--timeout",
-        type=number_arg(float, 1),
-        default=900.0,
-        help="seconds one run may take before it is stopped (900)",
-    )
+    p.add_timeout(900, "seconds one run may take before it is stopped")
     p.add_argument(
         "--strategy",
         choices=VERIFY_STRATEGIES,
@@ -115,21 +110,7 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
     if parsed is None:
         return None
     ns, target, is_module, args = parsed
-    return VerifyOptions(
-        target=target,
-        is_module=is_module,
-        script_args=args,
-        nproc=ns.nproc,
-        steps=ns.steps,
-        as_json=ns.as_json,
-        deterministic=ns.deterministic,
-        rtol=ns.rtol,
-        atol=ns.atol,
-        keep=ns.keep,
-        cpu=ns.cpu,
-        timeout=ns.timeout,
-        strategy=ns.strategy,
-    )
+    return options_from(ns, VerifyOptions, target=target, is_module=is_module, script_args=args)
 
 
 def verify_main(argv: Sequence[str]) -> int:
