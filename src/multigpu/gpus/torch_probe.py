@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from multigpu.gpus.types import GPUInfo, Inventory
 
@@ -107,20 +108,37 @@ def read_torch(environ: Mapping[str, str] | None = None) -> Inventory | None:
     for name in _HIDING:
         env.pop(name, None)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    answer = json_from_child(_CHILD, env, TORCH_TIMEOUT_S, "torch probe")
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=TORCH_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0:
-            logger.debug("torch probe failed: %s", done.stderr.strip()[-500:])
-            return None
-        gpus = parse_torch_probe(done.stdout)
-    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        gpus = parse_torch_probe(json.dumps(answer)) if answer is not None else []
+    except (ValueError, KeyError) as e:
         logger.debug("torch probe failed: %s", e)
         return None
     return Inventory(gpus=tuple(gpus), source="torch") if gpus else None
+
+
+def json_from_child(code: str, env: Mapping[str, str], timeout: float, what: str) -> Any:
+    """The last line of ``python -c code``'s output as JSON; None (logged) when it failed.
+
+    Children, not this process, initialise CUDA: see the module's docstring.
+
+    Example:
+        >>> json_from_child("print(1 + 1)", os.environ, 60, "sum")
+        2
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=dict(env),
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            logger.debug("%s failed: %s", what, done.stderr.strip()[-500:])
+            return None
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        logger.debug("%s failed: %s", what, e)
+        return None

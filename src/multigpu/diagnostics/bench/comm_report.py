@@ -5,16 +5,13 @@ Environment variables read: none (rich reads the terminal's width itself).
 
 from __future__ import annotations
 
-import shutil
-import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from rich.console import Console
 from rich.table import Table
 
 from multigpu.diagnostics.bench.sizes import OPS, format_size
-from multigpu.diagnostics.bench.splits import busy_note
+from multigpu.diagnostics.bench.splits import report_console
 
 FACTORS = {
     "all_reduce": "2(n-1)/n",
@@ -70,16 +67,8 @@ def peak_lines(document: Mapping[str, Any]) -> list[str]:
 
 def print_report(document: Mapping[str, Any], file: TextIO | None = None) -> None:
     """Print the headline, a table per collective, the notes and the peak bus bandwidths."""
-    console = Console(
-        file=file or sys.stdout,
-        width=max(100, shutil.get_terminal_size().columns),
-        soft_wrap=True,
-        highlight=False,
-    )
-    console.print(headline(document), markup=False)
-    busy = busy_note(document.get("load_before")) if document["backend"] == "gloo" else None
-    if busy:
-        console.print(busy, markup=False)
+    load = document.get("load_before") if document["backend"] == "gloo" else None
+    console = report_console(headline(document), load, file)
     notes: Mapping[str, str] = document.get("notes", {})
     n = document["world_size"]
     for op in OPS:

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.console import Console
 from rich.table import Table
 
-from multigpu.diagnostics.bench.splits import busy_note
+from multigpu.diagnostics.bench.splits import report_console
 
 CSV_COLUMNS = (
     "table",
@@ -198,16 +195,8 @@ def recommendation_line(document: Mapping[str, Any]) -> str | None:
 
 def print_report(document: Mapping[str, Any], file: TextIO | None = None) -> None:
     """Print the headline, the scaling table, the split table and the recommendation."""
-    console = Console(
-        file=file or sys.stdout,
-        width=max(100, shutil.get_terminal_size().columns),
-        soft_wrap=True,
-        highlight=False,
-    )
-    console.print(headline(document), markup=False)
-    busy = busy_note(document.get("load_before")) if document["device"] == "cpu" else None
-    if busy:
-        console.print(busy, markup=False)
+    load = document.get("load_before") if document["device"] == "cpu" else None
+    console = report_console(headline(document), load, file)
     console.print(scaling_table(document))
     if document["splits"]:
         console.print(splits_table(document))

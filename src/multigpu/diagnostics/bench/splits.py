@@ -7,7 +7,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from collections.abc import Mapping
+from typing import TextIO
+
+from rich.console import Console
 
 
 def core_splits(cores: int) -> list[tuple[int, int]]:
@@ -76,3 +81,21 @@ def busy_note(load: float | None) -> str | None:
         "using the CPU, so CPU figures (multi-threaded ones most) are lower and noisier than on "
         "an idle machine"
     )
+
+
+def report_console(headline: str, load: float | None, file: TextIO | None = None) -> Console:
+    """A console at least 100 columns wide, with ``headline`` and the busy note printed.
+
+    ``load``: the load average before the benchmark (None where it says nothing: on GPUs).
+    """
+    console = Console(
+        file=file or sys.stdout,
+        width=max(100, shutil.get_terminal_size().columns),
+        soft_wrap=True,
+        highlight=False,
+    )
+    console.print(headline, markup=False)
+    busy = busy_note(load)
+    if busy:
+        console.print(busy, markup=False)
+    return console

@@ -14,11 +14,8 @@ this process would see: ``CUDA_VISIBLE_DEVICES``...).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
-import subprocess
-import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -99,20 +96,12 @@ def cuda_facts_in_child(environ: Mapping[str, str]) -> CudaFacts | None:
         >>> cuda_facts_in_child(os.environ).available  # doctest: +SKIP
         False
     """
+    from multigpu.gpus.torch_probe import json_from_child
+
+    answer = json_from_child(_CHILD, environ, CHILD_TIMEOUT_S, "CUDA child")
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD],
-            env=dict(environ),
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0:
-            log.debug("CUDA child failed: %s", done.stderr.strip()[-500:])
-            return None
-        return parse_cuda_facts(json.loads(done.stdout.strip().splitlines()[-1]))
-    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, IndexError) as e:
+        return parse_cuda_facts(answer) if answer is not None else None
+    except (KeyError, TypeError, ValueError) as e:
         log.debug("CUDA child failed: %s", e)
         return None
 
