@@ -11,7 +11,7 @@ import torch
 
 from multigpu.estimate import Capacity, cpu_capacity, device_capacity, gpus_capacity
 from multigpu.estimate.capacity import V1, V2, cgroup_room, read_memory_files
-from multigpu.gpus.types import GPUInfo
+from tests.gpus.recorded import h100
 
 GIB = 2**30
 MEMINFO = "MemTotal:       24684084 kB\nMemFree:  1 kB\nMemAvailable:   16777216 kB\n"  # 16 GiB
@@ -91,22 +91,8 @@ def test_a_real_rlimit_data_bounds_a_real_process() -> None:
     assert GIB < int(number) < 3 * GIB
 
 
-def _gpu(index: int, free_mib: int) -> GPUInfo:
-    return GPUInfo(
-        index=index,
-        logical_index=index,
-        uuid=f"GPU-{index}",
-        name="NVIDIA H100 80GB HBM3",
-        pci_bus_id="",
-        memory_total_mib=81559,
-        memory_free_mib=free_mib,
-        utilization_percent=0,
-        visible_id=f"GPU-{index}",
-    )
-
-
 def test_gpus_are_picked_as_the_launcher_does_and_the_least_free_bounds() -> None:
-    gpus = [_gpu(0, 1000), _gpu(1, 70000), _gpu(2, 60000)]
+    gpus = [h100(0, 1000), h100(1, 70000), h100(2, 60000)]
     found = gpus_capacity(gpus, 2)
     assert found is not None and found.kind == "cuda"
     assert found.bytes == 60000 * 2**20

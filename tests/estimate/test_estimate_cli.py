@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from multigpu.cli.main import main
-from multigpu.gpus.types import GPUInfo
+from tests.gpus.recorded import h100
 
 BIG = """
 import torch
@@ -49,7 +49,7 @@ def test_gpus_found_are_the_capacity_and_the_step_temporaries_count(
 ) -> None:
     import multigpu.gpus
 
-    gpus = [_gpu(0, 2000), _gpu(1, 70000), _gpu(2, 60000)]
+    gpus = [h100(0, 2000), h100(1, 70000), h100(2, 60000)]
     monkeypatch.setattr(multigpu.gpus, "list_gpus", lambda: gpus)
     assert main(["estimate", "lm", "--nproc", "2", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -73,20 +73,6 @@ def test_nodes_multiply_the_processes_fsdp_shards_over(capsys: pytest.CaptureFix
     keys = {"parameters", "strategies", "fits", "capacity", "choice", "auto", "auto_reason"}
     assert keys <= set(info) and info["choice"]["strategy"] == info["auto"] == "ddp"
     assert any("activations" in note for note in info["notes"])
-
-
-def _gpu(index: int, free_mib: int) -> GPUInfo:
-    return GPUInfo(
-        index=index,
-        logical_index=index,
-        uuid=f"GPU-{index}",
-        name="NVIDIA H100 80GB HBM3",
-        pci_bus_id="",
-        memory_total_mib=81559,
-        memory_free_mib=free_mib,
-        utilization_percent=0,
-        visible_id=f"GPU-{index}",
-    )
 
 
 @pytest.mark.parametrize(

@@ -49,13 +49,20 @@ def inventory(machine: str) -> Inventory:
     return found
 
 
-def fake_gpu(index: int, *, free: int = 20000, total: int = 24000, util: int | None = 0) -> GPUInfo:
+def fake_gpu(
+    index: int,
+    *,
+    free: int = 20000,
+    total: int = 24000,
+    util: int | None = 0,
+    name: str = "Fake GPU",
+) -> GPUInfo:
     uuid = f"GPU-{index:08d}-fake-0000-0000-000000000000"
     return GPUInfo(
         index=index,
         logical_index=index,
         uuid=uuid,
-        name="Fake GPU",
+        name=name,
         pci_bus_id=f"00000000:{index + 1:02X}:00.0",
         memory_total_mib=total,
         memory_free_mib=free,
@@ -63,3 +70,8 @@ def fake_gpu(index: int, *, free: int = 20000, total: int = 24000, util: int | N
         processes=(),
         visible_id=uuid,
     )
+
+
+def h100(index: int, free_mib: int) -> GPUInfo:
+    """An 80 GB H100 (81559 MiB, as nvidia-smi says) with ``free_mib`` free."""
+    return fake_gpu(index, free=free_mib, total=81559, name="NVIDIA H100 80GB HBM3")
