@@ -21,6 +21,7 @@ from tests.launch._util import popen_multigpu
 
 V1 = Path("/sys/fs/cgroup/cpu")  # cgroup v1: cpu.cfs_quota_us / cpu.cfs_period_us
 V2 = Path("/sys/fs/cgroup")  # cgroup v2: cpu.max
+PERIOD_US = 10_000
 
 
 def _cgroup_root() -> Path | None:
@@ -43,11 +44,14 @@ def _throttled_cgroup(share: float) -> Iterator[Path]:
     group = root / f"multigpu-test-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
+        # A 10 ms period, not the default 100 ms: an epoch of the digits job lasts about half
+        # a second, and a handful of 85 ms pauses landed in the backward (timed as a
+        # collective) or outside it by chance; fifty short ones slow each phase in proportion.
         if root == V1:
-            (group / "cpu.cfs_period_us").write_text("100000")
-            (group / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
+            (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * share)))
         else:
-            (group / "cpu.max").write_text(f"{int(100000 * share)} 100000")
+            (group / "cpu.max").write_text(f"{int(PERIOD_US * share)} {PERIOD_US}")
         yield group
     finally:
         for _ in range(50):  # the moved process has ended; the kernel lets go of it shortly
