@@ -37,12 +37,18 @@ when a torch release changes it, so upgrading torch is this file and that test.
   which raises for CPU processes on a GPU machine (seen on an H100 with torch 2.11; the same code
   is in 2.13). ``powersgd_hook_for`` gives CPU models a copy of the hook whose module globals
   see no CUDA.
+- **DTensor's redistribution logger** (``torch.distributed.tensor._redistribute``): it warns on
+  every rank that a partial norm on a 2-D mesh is reduced by one all-reduce per mesh axis;
+  ``quiet_sequential_redistribution`` drops that one message while the tensor-parallel
+  strategy makes its gradient norms whole (a handful of scalars) and while a whole state dict
+  is gathered (once per save), where one all-gather per axis costs nothing that matters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -336,3 +342,22 @@ def without_cuda(fn: types.FunctionType) -> types.FunctionType:
     copy.__annotations__ = fn.__annotations__
     copy.__doc__ = fn.__doc__
     return copy
+
+
+REDISTRIBUTE_LOGGER = "torch.distributed.tensor._redistribute"
+
+
+def _not_sequential(record: logging.LogRecord) -> bool:
+    return "sequential" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def quiet_sequential_redistribution() -> Iterator[None]:
+    """Within the block, DTensor does not warn about sequential collectives (other messages
+    pass)."""
+    logger = logging.getLogger(REDISTRIBUTE_LOGGER)
+    logger.addFilter(_not_sequential)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_not_sequential)

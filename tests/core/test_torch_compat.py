@@ -6,6 +6,7 @@ upgrade of torch is this file's run and ``torch_compat.py``'s edit.
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Iterator
 from datetime import timedelta
@@ -292,3 +293,25 @@ def test_the_copy_without_cuda_trains_exactly_like_torchs_hook(group: None) -> N
         assert state.compression_stats()[0] > 1  # PowerSGD compressed
         finals.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+
+
+def test_dtensor_still_warns_about_sequential_collectives_on_the_logger_we_filter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The message ``quiet_sequential_redistribution`` drops: its logger's name and wording."""
+    import inspect
+
+    from torch.distributed.tensor import _redistribute
+
+    assert _redistribute.logger.name == torch_compat.REDISTRIBUTE_LOGGER
+    assert "sequential" in inspect.getsource(_redistribute._warn_flatten_optimization_not_possible)
+    logger = logging.getLogger(torch_compat.REDISTRIBUTE_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        with torch_compat.quiet_sequential_redistribution():
+            logger.warning("While redistributing, %d sequential all_reduce operations", 2)
+            logger.warning("another message")
+        logger.warning("%d sequential operations, outside the block", 2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "another message",
+        "2 sequential operations, outside the block",
+    ]

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from multigpu.torch_compat import quiet_sequential_redistribution
 from multigpu.wrappers import unwrap_module
 
 _PARAMS = "params"
@@ -41,7 +42,8 @@ def full_model_state(model: nn.Module) -> dict[str, Any]:
     Without a process group (one process) it is every tensor, on the CPU.
     """
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(unwrap_module(model), options=options)
+    with quiet_sequential_redistribution():  # a 2-D mesh gathers along one axis, then the other
+        return get_model_state_dict(unwrap_module(model), options=options)
 
 
 def optimizer_state(

@@ -25,7 +25,7 @@ from multigpu.strategies.fsdp import FSDPStrategy
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS
 from multigpu.strategies.materialize import has_meta_tensors
 from multigpu.strategies.mesh import MeshShape
-from multigpu.torch_compat import is_dtensor
+from multigpu.torch_compat import is_dtensor, quiet_sequential_redistribution
 
 Plan = Mapping[str, Any] | Callable[[nn.Module, Any], Any]
 """``{submodule name: ParallelStyle}`` for ``parallelize_module``, or ``fn(model, tp_mesh)``
@@ -147,9 +147,10 @@ class TensorParallelStrategy(FSDPStrategy):
         if not grads:
             return torch.tensor(0.0)
         norms = []
-        for grad in grads:
-            norm = torch.linalg.vector_norm(grad, norm_type)
-            norms.append(norm.full_tensor() if is_dtensor(norm) else norm)
+        with quiet_sequential_redistribution():
+            for grad in grads:
+                norm = torch.linalg.vector_norm(grad, norm_type)
+                norms.append(norm.full_tensor() if is_dtensor(norm) else norm)
         stacked = torch.stack(norms)
         total = (
             stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
