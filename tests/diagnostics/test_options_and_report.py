@@ -113,8 +113,12 @@ def test_gpu_world_sizes_are_checked_against_the_gpus_found(
             device_for_runs([1, 3], cpu=False)
         assert device_for_runs([1, 3], cpu=True) == "cpu"
     assert device_for_runs([1, 2], cpu=False) == "cuda"
+    monkeypatch.setattr(multigpu.gpus, "list_gpus", lambda: [object()])  # one GPU
+    assert device_for_runs([1, 2], cpu=False, given=False) == "cpu"  # the default sizes: CPUs
     monkeypatch.setattr(multigpu.gpus, "list_gpus", lambda: [])
     assert device_for_runs([1, 2], cpu=False) == "cpu"
+    assert parse_verify_args([]).nproc == (1, 2) and not parse_verify_args([]).nproc_given
+    assert parse_verify_args(["--nproc", "1,2"]).nproc_given
 
 
 def test_help_is_exit_0_and_says_what_the_script_must_do(

@@ -63,3 +63,12 @@ def test_bench_comm_on_the_gpus(tmp_path: Path) -> None:
     if doc["world_size"] == 1:
         text = run_multigpu(argv, tmp_path, timeout=180).stdout
         assert "one process: nothing crossed a link" in text and "peak busbw" not in text
+
+
+def test_verify_on_one_gpu_compares_cpu_processes(tmp_path: Path) -> None:
+    if torch.cuda.device_count() != 1:
+        pytest.skip("the fallback is for a machine with exactly one GPU")
+    done = run_multigpu(["verify", "--steps", "5"], tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "comparing CPU processes (gloo) instead" in done.stderr
+    assert "PASS" in done.stdout

@@ -57,7 +57,6 @@ def build_verify_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nproc",
         type=_nproc,
-        default=(1, 2),
         metavar="N,M,...",
         help="world sizes to compare, the first is the reference (default 1,2)",
     )
@@ -84,7 +83,8 @@ def build_verify_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cpu",
         action="store_true",
-        help="run CPU processes (gloo) even on a machine with GPUs (default: GPUs when present)",
+        help="run CPU processes (gloo) even on a machine with GPUs (default: GPUs when present; "
+        "CPU processes when the default sizes 1,2 meet a single GPU)",
     )
     p.add_timeout(900, "seconds one run may take before it is stopped")
     p.add_argument(
@@ -110,7 +110,11 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
     if parsed is None:
         return None
     ns, target, is_module, args = parsed
-    return options_from(ns, VerifyOptions, target=target, is_module=is_module, script_args=args)
+    given = ns.nproc is not None
+    ns.nproc = ns.nproc or VerifyOptions.nproc
+    return options_from(
+        ns, VerifyOptions, target=target, is_module=is_module, script_args=args, nproc_given=given
+    )
 
 
 def verify_main(argv: Sequence[str]) -> int:

@@ -3,11 +3,14 @@ device a diagnostic runs its world sizes on."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from multigpu.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 PROG = "multigpu verify"
 VERIFY_STRATEGIES = ("auto", "single", "ddp", "fsdp")
@@ -28,6 +31,8 @@ class VerifyOptions:
     """Arguments passed to the script unchanged."""
     nproc: tuple[int, ...] = (1, 2)
     """World sizes, the reference first."""
+    nproc_given: bool = True
+    """``nproc`` was asked for; the default (1, 2) moves to CPU processes where GPUs are fewer."""
     steps: int = 50
     """Optimizer steps recorded at each world size."""
     as_json: bool = False
@@ -48,7 +53,7 @@ class VerifyOptions:
     """The strategy of every run (``MULTIGPU_STRATEGY``), for scripts that leave it to init()."""
 
 
-def device_for_runs(nproc: Sequence[int], *, cpu: bool) -> str:
+def device_for_runs(nproc: Sequence[int], *, cpu: bool, given: bool = True) -> str:
     """``"cuda"`` when the machine has GPUs (and not ``cpu``), else ``"cpu"``: the device on
     which a diagnostic (verify, bench scaling) runs its world sizes ``nproc``.
 
@@ -62,8 +67,16 @@ def device_for_runs(nproc: Sequence[int], *, cpu: bool) -> str:
     count = len(list_gpus())
     if count == 0:
         return "cpu"
+    if max(nproc) > count and not given:
+        log.warning(
+            "this machine shows %d GPU(s), too few for world sizes %s: comparing CPU processes "
+            "(gloo) instead; --cpu says so, --nproc picks other sizes",
+            count,
+            ",".join(map(str, nproc)),
+        )
+        return "cpu"
     if max(nproc) > count:
-        given = ",".join(map(str, nproc))
+        sizes = ",".join(map(str, nproc))
         # One GPU leaves nothing to compare on GPUs: only --cpu helps there.
         fix = (
             f"use world sizes up to {count}, or --cpu for CPU processes"
@@ -71,7 +84,7 @@ def device_for_runs(nproc: Sequence[int], *, cpu: bool) -> str:
             else "add --cpu to compare CPU processes (gloo) instead"
         )
         raise UsageError(
-            f"--nproc {given} asks for {max(nproc)} GPUs but this machine shows {count}; "
+            f"--nproc {sizes} asks for {max(nproc)} GPUs but this machine shows {count}; "
             f"expected at most one process per GPU; {fix}"
         )
     return "cuda"

@@ -139,7 +139,7 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
         >>> verify(opts, Path("/tmp/verify")).verdict  # doctest: +SKIP
         'PASS'
     """
-    device = device_for_runs(options.nproc, cpu=options.cpu)
+    device = device_for_runs(options.nproc, cpu=options.cpu, given=options.nproc_given)
     outcomes: list[RunOutcome] = []
     records: list[RunRecord] = []
     reasons: list[str] = []
