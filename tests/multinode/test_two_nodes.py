@@ -105,9 +105,14 @@ def test_unreachable_rendezvous_host_is_named_within_the_timeout(
     print(f"{seconds:.1f} s", last_line(log))
     assert seconds <= 5 + 5, (seconds, out[-3000:])
     last = last_line(log)
-    assert last.startswith("multigpu: error: node1 waited 5 s (--timeout) for the rendezvous store")
-    where = "at node0:29400 (--rdzv-endpoint node0:29400)"
-    assert f"{where} and nothing answered (connect timed out" in last
+    # Silence (the connect times out) or, when node1's kernel gives up resolving node0's link
+    # address first, "No route to host" (seen in CI): both name the store, the node and 5 s.
+    silent = "multigpu: error: node1 waited 5 s (--timeout) for the rendezvous store at "
+    silent += "node0:29400 (--rdzv-endpoint node0:29400) and nothing answered (connect timed out"
+    no_route = "multigpu: error: the rendezvous store at node0:29400 is unreachable from node1 ("
+    assert last.startswith(silent) or (
+        last.startswith(no_route) and "No route to host" in last and "--timeout 5 s" in last
+    ), last
     assert not (tmp_path / "x.pt").exists()
 
 

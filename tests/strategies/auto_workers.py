@@ -55,6 +55,8 @@ def choices(cap_mb: int) -> dict[str, str]:
                     out["ddp"] = "trained"
                 except multigpu.DeviceError as e:
                     out["ddp"] = str(e)
+                except RuntimeError as e:  # the other rank ran out first and left the group
+                    out["ddp"] = f"peer: {e}"
         finally:
             resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
     return out

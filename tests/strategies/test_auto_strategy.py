@@ -18,8 +18,14 @@ def test_two_processes_keep_ddp_with_room_and_shard_under_a_memory_limit() -> No
     results = run_distributed(auto_workers.choices, world_size=2, args=(300,))
     for result in results:
         assert (result["free"], result["capped"]) == ("ddp", "fsdp")
-    said = results[0]["ddp"]  # DDP asked for by name: a clear line, not a killed process
-    assert said.startswith("rank 0 (") and "ran out of memory in ctx." in said, said
+    # DDP asked for by name: a clear line, not a killed process. The ranks may run out at
+    # different allocations (malloc's arenas are not the same size on both); the one that ran
+    # out first says it, its peer may instead find it gone from the group (seen in CI).
+    rank, said = next(
+        ((r, res["ddp"]) for r, res in enumerate(results) if not res["ddp"].startswith("peer: ")),
+        (None, str([res["ddp"] for res in results])),
+    )
+    assert said.startswith(f"rank {rank} (") and "ran out of memory in ctx." in said, said
     assert "under ddp needs ~0.31 GiB per rank (fsdp: ~0.14 GiB)" in said, said
     assert "RLIMIT_DATA" in said and "use strategy='fsdp' (or 'auto')" in said, said
 
