@@ -239,7 +239,8 @@ class Context(RankTools, Checkpointing, ForwardBackward):
 
     @property
     def sync_step(self) -> bool:
-        """False inside ``accumulate`` on a micro-batch that does not end its optimizer step."""
+        """False on a micro-batch that does not end its optimizer step, from ``accumulate``
+        until the loader's next batch (``ctx.step`` may follow the block)."""
         return self._steps.sync_step
 
     def clip_grad_norm(

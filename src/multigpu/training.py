@@ -36,12 +36,14 @@ class StepControl:
         self._sync = True
 
     def note_batch(self, loader: DistributedLoader) -> None:
-        """Called by a Context-made loader as it hands out a batch."""
+        """Called by a Context-made loader as it hands out a batch (a new micro-batch)."""
         self.active_loader = loader
+        self._sync = True  # the next accumulate() decides for this micro-batch
 
     @property
     def sync_step(self) -> bool:
-        """True unless inside ``accumulate`` on a micro-batch that does not end its step."""
+        """True unless this micro-batch does not end its step: from ``accumulate`` until the
+        loader's next batch, so that ``step`` after the block skips as it does inside."""
         return self._sync
 
     @contextlib.contextmanager
@@ -58,7 +60,10 @@ class StepControl:
                 with self.strategy.no_sync(model):
                     yield
         finally:
-            self._micro_steps, self._sync = 1, True
+            # _sync stays until the next batch: `with ctx.accumulate(model): ...` then
+            # ctx.step(opt) after the block (Accelerate's habit) must not step a micro-batch
+            # whose gradient was not all-reduced (the ranks would silently diverge).
+            self._micro_steps = 1
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         loader = self.active_loader

@@ -88,14 +88,31 @@ def test_accumulate_steps_only_at_the_end_of_each_step_and_scales_the_loss():
         assert torch.allclose(grads[0], net.weight.grad, atol=1e-6)
 
 
+def test_step_after_the_accumulate_block_skips_the_same_micro_batches():
+    """``with ctx.accumulate(model): backward`` and then ``ctx.step(opt)`` after the block:
+    it stepped at every micro-batch, whose gradients DDP had not all-reduced (2 processes
+    diverged: final weights summing to 0.040 against 1 process's -0.180)."""
+    with multigpu.init(environ=PLAIN) as ctx:
+        net = nn.Linear(16, 2, bias=False)
+        model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.0))
+        loader = ctx.loader(data(), batch_size=64, accumulation_steps=4)
+        stepped = []
+        for x, y in loader:
+            with ctx.accumulate(model):
+                ctx.backward(F.cross_entropy(model(x), y))
+            stepped.append(ctx.step(opt))
+        assert stepped == [False, False, False, True] * 4
+
+
 def test_accumulate_sync_override_and_warning_outside_accumulate(caplog):
     with multigpu.init(environ=PLAIN) as ctx:
         net = nn.Linear(16, 2)
         model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
         with ctx.accumulate(model, sync=False):
             assert ctx.sync_step is False and ctx.step(opt) is False
-        assert ctx.sync_step is True
+        assert ctx.sync_step is False and ctx.step(opt) is False  # until the next batch
         x, y = next(iter(ctx.loader(data(), batch_size=64, accumulation_steps=2)))
+        assert ctx.sync_step is True
         with caplog.at_level("WARNING"):
             ctx.backward(F.cross_entropy(model(x), y))
         assert "outside ctx.accumulate" in caplog.text
