@@ -63,8 +63,12 @@ def parse_torch_probe(text: str) -> list[GPUInfo]:
         >>> parse_torch_probe(row)[0].visible_id
         '0'
     """
+    return _gpus(json.loads(text.strip().splitlines()[-1]))
+
+
+def _gpus(rows: Sequence[Mapping[str, Any]]) -> list[GPUInfo]:
     gpus = []
-    for d in json.loads(text.strip().splitlines()[-1]):
+    for d in rows:
         uuid = d["uuid"]
         if uuid and not uuid.startswith("GPU-"):
             uuid = f"GPU-{uuid}"
@@ -110,8 +114,8 @@ def read_torch(environ: Mapping[str, str] | None = None) -> Inventory | None:
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     answer = json_from_child(_CHILD, env, TORCH_TIMEOUT_S, "torch probe")
     try:
-        gpus = parse_torch_probe(json.dumps(answer)) if answer is not None else []
-    except (ValueError, KeyError) as e:
+        gpus = _gpus(answer) if answer is not None else []
+    except (ValueError, KeyError, TypeError) as e:
         logger.debug("torch probe failed: %s", e)
         return None
     return Inventory(gpus=tuple(gpus), source="torch") if gpus else None
