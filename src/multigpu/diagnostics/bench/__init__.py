@@ -5,6 +5,4 @@ run``) and reads what they wrote; the workers are ``multigpu.diagnostics.bench.c
 (collectives) and the user's script recorded by ``multigpu.bench_record`` (training steps).
 The entry point is ``multigpu.cli.bench.bench_main``; this package imports nothing
 itself, so a worker loading one of its modules does not load the others.
-
-Environment variables read: none here (see ``cache``, ``comm``, ``scaling``).
 """

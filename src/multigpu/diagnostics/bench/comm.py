@@ -4,9 +4,6 @@ It starts ``multigpu.diagnostics.bench.comm_worker`` through the launcher (``pyt
 run --cpu N -m ...``, or ``--gpus N`` on a machine with GPUs), waits for it, and prints rank 0's
 results: per collective and size, the time (the slowest rank's mean), the algorithm bandwidth
 and the bus bandwidth (``bandwidth``). CPU workers use loopback (``GLOO_SOCKET_IFNAME=lo``).
-
-Environment variables read: none directly; the child gets the caller's environment plus
-``GLOO_SOCKET_IFNAME=lo`` on CPU (``multigpu.gpus`` reads ``CUDA_VISIBLE_DEVICES``...).
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from typing import Any
 from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS
 from multigpu.diagnostics.bench.splits import load_before
 from multigpu.diagnostics.child_run import run_child
-from multigpu.errors import UsageError
+from multigpu.errors import LaunchError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +50,7 @@ class CommOptions:
 
 
 def comm_devices(options: CommOptions) -> tuple[str, int]:
-    """(``"cpu"`` or ``"cuda"``, number of processes) for this machine and the options.
-
-    Raises:
-        UsageError: more GPUs asked for than the machine shows.
-    """
+    """(``"cpu"`` or ``"cuda"``, number of processes); UsageError for more GPUs than there are."""
     gpus = 0
     if not options.cpu:
         from multigpu.gpus import list_gpus
@@ -75,13 +68,7 @@ def comm_devices(options: CommOptions) -> tuple[str, int]:
 
 
 def worker_command(options: CommOptions, device: str, nproc: int, out: Path) -> list[str]:
-    """The ``multigpu run`` command line of the sweep.
-
-    Example:
-        >>> opts = CommOptions(sizes=(8,), ops=("broadcast",))
-        >>> worker_command(opts, "cpu", 2, Path("r.json"))[3:6]
-        ['run', '--cpu', '2']
-    """
+    """The ``multigpu run`` command line of the sweep."""
     devices = ["--gpus" if device == "cuda" else "--cpu", str(nproc)]
     return [
         sys.executable,
@@ -97,13 +84,7 @@ def bench_comm(options: CommOptions, directory: Path) -> dict[str, Any]:
 
     Raises:
         LaunchError: the workers failed (the message ends with their stderr).
-
-    Example:
-        >>> doc = bench_comm(CommOptions(sizes=(1024,)), Path("/tmp/c"))  # doctest: +SKIP
-        >>> doc["rows"][0]["busbw_gbps"]  # doctest: +SKIP
     """
-    from multigpu.errors import LaunchError
-
     device, nproc = comm_devices(options)
     out = directory / "comm.json"
     command = worker_command(options, device, nproc, out)

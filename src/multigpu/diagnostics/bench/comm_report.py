@@ -1,7 +1,4 @@
-"""The tables of ``multigpu bench comm``: one per collective, nccl-tests' columns.
-
-Environment variables read: none (rich reads the terminal's width itself).
-"""
+"""The tables of ``multigpu bench comm``: one per collective, nccl-tests' columns."""
 
 from __future__ import annotations
 
@@ -23,13 +20,7 @@ FACTORS = {
 
 
 def headline(document: Mapping[str, Any]) -> str:
-    """The first line: what ran, how it was timed.
-
-    Example:
-        >>> headline({"world_size": 2, "backend": "gloo", "device": "cpu", "dtype": "float32",
-        ...           "iters": 20, "warmup": 5, "torch": "2.13.0"})[:40]
-        'bench comm: 2 processes, gloo on cpu, fl'
-    """
+    """The first line: what ran, how it was timed."""
     return (
         f"bench comm: {document['world_size']} processes, {document['backend']} on "
         f"{document['device']}, {document['dtype']}, torch {document['torch']}; time = the "
@@ -45,13 +36,7 @@ ONE_PROCESS = (
 
 
 def peak_lines(document: Mapping[str, Any]) -> list[str]:
-    """One line per collective: its best bus bandwidth and the size it was reached at.
-
-    Example:
-        >>> peak_lines({"rows": [{"op": "broadcast", "size_bytes": 1024, "busbw_gbps": 0.5,
-        ...                       "correct": True}]})
-        ['peak busbw broadcast: 0.500 GB/s at 1 KB']
-    """
+    """One line per collective: its best bus bandwidth and the size it was reached at."""
     if document.get("world_size") == 1:  # seen on a 1-GPU machine: "peak busbw 0.000 GB/s"
         return [ONE_PROCESS]
     lines = []

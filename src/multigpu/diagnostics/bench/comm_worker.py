@@ -14,9 +14,8 @@ torch 2.13's gloo has no reduce-scatter algorithm of its own: ``ProcessGroupGloo
 all-reduce of the whole input and keeps this rank's slice (``reduce_scatter_tensor_coalesced``
 in its source); the rows say so.
 
-Environment variables read: torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT`` (through ``init_process_group``), ``MULTIGPU_DEVICE`` (``cpu``:
-stay on the CPU), ``MULTIGPU_TIMEOUT`` (seconds a collective may wait, default 300).
+Environment variables read besides torchrun's: ``MULTIGPU_DEVICE`` (``cpu``: stay on the CPU),
+``MULTIGPU_TIMEOUT`` (seconds a collective may wait, default 300).
 """
 
 from __future__ import annotations
@@ -49,11 +48,7 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 
 def collective(op: str) -> Collective:
-    """``fn(input, output)`` running ``op`` (broadcast from rank 0; reductions are sums).
-
-    Example:
-        >>> collective("all_reduce")  # doctest: +SKIP
-    """
+    """``fn(input, output)`` running ``op`` (broadcast from rank 0; reductions are sums)."""
     if op == "all_reduce":
         return lambda inp, _out: dist.all_reduce(inp)
     if op == "broadcast":
@@ -66,12 +61,7 @@ def collective(op: str) -> Collective:
 
 
 def expected_output(op: str, shape: Shape, rank: int, world_size: int) -> torch.Tensor:
-    """What ``op`` must leave in the output when every rank's input holds ``rank + 1``.
-
-    Example:
-        >>> expected_output("all_gather", Shape(input_numel=1, output_numel=2, size_bytes=8), 0, 2)
-        tensor([1., 2.])
-    """
+    """What ``op`` must leave in the output when every rank's input holds ``rank + 1``."""
     total = world_size * (world_size + 1) / 2
     if op in ("all_reduce", "reduce_scatter"):
         return torch.full((shape.output_numel,), total)
@@ -141,19 +131,15 @@ def sweep(
     return rows
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the sweep in this worker; rank 0 writes ``--out``."""
     p = argparse.ArgumentParser(prog="python -m multigpu.diagnostics.bench.comm_worker")
     p.add_argument("--out", type=Path, required=True, help="rank 0 writes the JSON here")
     p.add_argument("--sizes", type=parse_sizes, required=True)
     p.add_argument("--ops", type=parse_ops, required=True)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    return p.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the sweep in this worker; rank 0 writes ``--out``."""
-    args = _parse(argv)
+    args = p.parse_args(argv)
     use_cuda = os.environ.get("MULTIGPU_DEVICE") != "cpu" and torch.cuda.is_available()
     if use_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -3,8 +3,6 @@
 matplotlib is an optional extra (``pip install 'multigpu[plot]'``); without it no plot is
 written and the caller prints one line saying so. Only the object API (``Figure``) is used, so
 no GUI backend or global pyplot state is touched.
-
-Environment variables read: none (matplotlib reads its own ``MPLCONFIGDIR``...).
 """
 
 from __future__ import annotations
@@ -13,28 +11,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from multigpu.diagnostics.bench.scaling_report import row_throughput
+
 NO_MATPLOTLIB = (
     "no plot: matplotlib is not installed (pip install 'multigpu[plot]' or 'matplotlib>=3.5')"
 )
 
 
-def _value(row: Mapping[str, Any]) -> float | None:
-    value = row["samples_per_second"]
-    return value if value is not None else row["steps_per_second"]
-
-
 def write_plot(document: Mapping[str, Any], path: Path) -> bool:
-    """Draw the scaling result into ``path`` (PNG); False when matplotlib is missing.
-
-    Example:
-        >>> write_plot(doc, Path("runs/scaling.png"))  # doctest: +SKIP
-        True
-    """
+    """Draw the scaling result into ``path`` (PNG); False when matplotlib is missing."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         return False
-    splits = [r for r in document["splits"] if _value(r) is not None]
+    splits = [r for r in document["splits"] if row_throughput(r) is not None]
     fig = Figure(figsize=(8.0, 3.3) if splits else (4.4, 3.3), dpi=100, layout="constrained")
     axes = fig.subplots(1, 2 if splits else 1, squeeze=False)[0]
     unit = "samples/s" if document["samples_per_step"] else "steps/s"
@@ -73,7 +63,7 @@ def write_plot(document: Mapping[str, Any], path: Path) -> bool:
     if splits:
         best = document.get("recommendation") or {}
         labels = [f"{r['processes']}x{r['threads']}" for r in splits]
-        values = [float(_value(r) or 0.0) for r in splits]
+        values = [float(row_throughput(r) or 0.0) for r in splits]
         colors = [
             "C2"
             if (r["processes"], r["threads"]) == (best.get("processes"), best.get("threads"))

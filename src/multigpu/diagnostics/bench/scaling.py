@@ -11,10 +11,6 @@ speed; the mean-based figure is in the JSON too. With several ranks, the slowest
 On CPUs: the scaling rows run N processes x 1 thread (adding a process adds a core); the split
 rows run every P x T with P·T = the usable cores; the fastest split is saved for ``--cpu auto``
 (``cache``). Configurations are interleaved across ``--repeats`` and the median taken.
-
-Environment variables read: none directly; children get the caller's environment plus
-``MULTIGPU_BENCH_DIR``, ``MULTIGPU_BENCH_STEPS``, and on CPU ``OMP_NUM_THREADS``,
-``MKL_NUM_THREADS`` and ``GLOO_SOCKET_IFNAME=lo``.
 """
 
 from __future__ import annotations
@@ -52,7 +48,7 @@ class Config:
 
     @property
     def label(self) -> str:
-        """``"2x1"`` on CPU, ``"2 GPUs"`` on GPUs."""
+        """``"2x1"`` on CPU, ``"2 GPU(s)"`` on GPUs."""
         if self.threads is None:
             return f"{self.processes} GPU(s)"
         return split_label(self.processes, self.threads)
@@ -104,13 +100,7 @@ class Row:
 
 
 def step_stats(records: Sequence[Mapping[str, Any]], warmup: int) -> Measurement:
-    """Throughput from every rank's record (see the module doc for the definitions).
-
-    Example:
-        >>> recs = [{"step_ends": [0.0, 1.0, 1.5, 2.0, 2.5], "samples_per_step": 10}]
-        >>> step_stats(recs, warmup=1).samples_per_second
-        20.0
-    """
+    """Throughput from every rank's record (see the module doc for the definitions)."""
     medians, means = [], []
     timed = 0
     for record in records:
@@ -140,13 +130,7 @@ def step_stats(records: Sequence[Mapping[str, Any]], warmup: int) -> Measurement
 def child_env(
     environ: Mapping[str, str], directory: Path, total_steps: int, threads: int | None
 ) -> dict[str, str]:
-    """One run's environment: the caller's plus the recorder's variables and the threads.
-
-    Example:
-        >>> env = child_env({}, Path("/tmp/r"), 10, threads=2)
-        >>> env["MULTIGPU_BENCH_STEPS"], env["OMP_NUM_THREADS"]
-        ('10', '2')
-    """
+    """One run's environment: the caller's plus the recorder's variables and the threads."""
     env = dict(environ)
     env.update(MULTIGPU_BENCH_DIR=str(directory), MULTIGPU_BENCH_STEPS=str(total_steps))
     if threads is not None:
@@ -156,13 +140,7 @@ def child_env(
 
 
 def scaling_argv(options: ScalingOptions, config: Config) -> list[str]:
-    """The ``multigpu run`` command line of one configuration.
-
-    Example:
-        >>> opts = ScalingOptions(target="t.py", is_module=False)
-        >>> scaling_argv(opts, Config(processes=2, threads=1))[3:]
-        ['run', '--cpu', '2', 't.py']
-    """
+    """The ``multigpu run`` command line of one configuration."""
     devices = ["--cpu" if config.threads is not None else "--gpus", str(config.processes)]
     target = ["-m", options.target] if options.is_module else [options.target]
     return [sys.executable, "-m", "multigpu", "run", *devices, *target, *options.script_args]
@@ -186,19 +164,13 @@ def measure(options: ScalingOptions, config: Config, directory: Path) -> Measure
             wall_s=run.seconds,
             error="no step record: the script must call multigpu.init() (records are taken there)",
         )
-    stats = step_stats(records, options.warmup)
-    return dataclasses.replace(stats, wall_s=run.seconds)
+    return dataclasses.replace(step_stats(records, options.warmup), wall_s=run.seconds)
 
 
 def configurations(
     options: ScalingOptions, device: str, cores: int
 ) -> tuple[list[Config], list[Config]]:
-    """(the scaling rows' configurations, the split rows'), in the order they run.
-
-    Example:
-        >>> configurations(ScalingOptions(target="t", is_module=True), "cpu", 2)[1]
-        [Config(processes=1, threads=2), Config(processes=2, threads=1)]
-    """
+    """(the scaling rows' configurations, the split rows'), in the order they run."""
     if device == "cuda":
         return [Config(processes=n, threads=None) for n in options.nproc], []
     scaling = [Config(processes=n, threads=1) for n in options.nproc]
@@ -238,27 +210,20 @@ def throughput(row: Row) -> float | None:
     return row.samples_per_second if row.samples_per_second is not None else row.steps_per_second
 
 
-def with_speedups(rows: Sequence[Row]) -> list[Row]:
-    """Speed-up against the first row and efficiency = speed-up / (processes / its processes).
-
-    Example:
-        >>> a = Row(processes=1, threads=1, samples_per_second=100.0, steps_per_second=1.0,
-        ...         step_ms=1000.0, samples_per_second_mean=100.0)
-        >>> b = Row(processes=2, threads=1, samples_per_second=150.0, steps_per_second=1.5,
-        ...         step_ms=666.7, samples_per_second_mean=150.0)
-        >>> [r.efficiency for r in with_speedups([a, b])]
-        [1.0, 0.75]
+def with_speedups(rows: Sequence[Row], *, efficiency: bool = True) -> list[Row]:
+    """Speed-up = throughput / the first row's; with ``efficiency``, also efficiency = speed-up /
+    (processes / the first row's processes). Split rows (the same cores, split otherwise) skip it.
     """
     base = throughput(rows[0]) if rows else None
     out = []
     for row in rows:
         value = throughput(row)
-        if base is None or value is None:
+        if not base or value is None:
             out.append(row)
             continue
         speedup = value / base
-        efficiency = speedup / (row.processes / rows[0].processes)
-        out.append(dataclasses.replace(row, speedup=speedup, efficiency=efficiency))
+        scaled = speedup / (row.processes / rows[0].processes) if efficiency else None
+        out.append(dataclasses.replace(row, speedup=speedup, efficiency=scaled))
     return out
 
 

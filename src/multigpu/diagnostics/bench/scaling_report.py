@@ -1,7 +1,4 @@
-"""What ``multigpu bench scaling`` prints and writes: tables, scaling.json, scaling.csv.
-
-Environment variables read: none (rich reads the terminal's width itself).
-"""
+"""What ``multigpu bench scaling`` prints and writes: tables, scaling.json, scaling.csv."""
 
 from __future__ import annotations
 
@@ -46,7 +43,8 @@ def _unit(document: Mapping[str, Any]) -> str:
     return "samples/s" if document["samples_per_step"] else "steps/s"
 
 
-def _value(row: Mapping[str, Any]) -> float | None:
+def row_throughput(row: Mapping[str, Any]) -> float | None:
+    """A JSON row's samples/s, or steps/s for a script without ``ctx.loader``."""
     value = row["samples_per_second"]
     return value if value is not None else row["steps_per_second"]
 
@@ -86,14 +84,7 @@ def problem_lines(document: Mapping[str, Any]) -> list[str]:
 
 
 def headline(document: Mapping[str, Any]) -> str:
-    """The first line: what ran where, and how it was timed.
-
-    Example:
-        >>> headline({"target": "train.py", "is_module": False, "script_args": [], "device": "cpu",
-        ...           "cores": 2, "torch": "2.13.0", "steps": 50, "warmup": 5, "repeats": 1,
-        ...           "samples_per_step": 64})[:48]
-        'bench scaling: train.py on CPU (2 cores), torch '
-    """
+    """The first line: what ran where, and how it was timed."""
     target = ("-m " if document["is_module"] else "") + document["target"]
     target = " ".join([target, *document["script_args"]])
     where = f"CPU ({document['cores']} cores)" if document["device"] == "cpu" else "GPUs"
@@ -112,7 +103,7 @@ def _best_column(document: Mapping[str, Any]) -> list[str]:
 
 def _figures(row: Mapping[str, Any], document: Mapping[str, Any]) -> list[str]:
     spec = ".0f" if document["samples_per_step"] else ".2f"
-    figures = [_fmt(_value(row), spec)]
+    figures = [_fmt(row_throughput(row), spec)]
     if document["repeats"] > 1:
         figures.append(_fmt(row.get("best"), spec))
     return figures
@@ -202,8 +193,7 @@ def print_report(document: Mapping[str, Any], file: TextIO | None = None) -> Non
         console.print(splits_table(document))
     for problem in problem_lines(document):
         console.print(problem, markup=False)
-    line = recommendation_line(document)
-    if line:
+    if line := recommendation_line(document):
         console.print(line, markup=False)
     for name, path in document.get("files", {}).items():
         console.print(f"{name}: {path}", markup=False)

@@ -5,8 +5,6 @@ The result is one JSON-ready document (what ``--json`` prints and ``scaling.json
 "samples_per_step", "scaling": [row...], "splits": [row...], "recommendation"}``; a row is
 ``{"processes", "threads", "samples_per_second", "steps_per_second", "step_ms",
 "samples_per_second_mean", "runs", "speedup", "efficiency", "error"}``.
-
-Environment variables read: those of ``cache`` (where the recommendation is saved).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.diagnostics.bench.scaling import (
-    Row,
     configurations,
     run_all,
     summarize,
@@ -40,18 +37,8 @@ KIND = (
 
 
 def bench_scaling(options: ScalingOptions, root: Path, *, save: bool = True) -> dict[str, Any]:
-    """Measure every configuration, compute the rows, save the fastest CPU split (``save``).
-
-    Args:
-        options: the parsed command line.
-        root: where each run leaves its records and logs.
-        save: record the fastest split in the ``--cpu auto`` cache.
-
-    Example:
-        >>> opts = ScalingOptions(target="t.py", is_module=False)
-        >>> doc = bench_scaling(opts, Path("/tmp/s"))  # doctest: +SKIP
-        >>> doc["scaling"][1]["efficiency"]  # doctest: +SKIP
-    """
+    """Measure every configuration, compute the rows, and (``save``) record the fastest CPU
+    split in the ``--cpu auto`` cache. Each run leaves its records and logs under ``root``."""
     device = device_for_runs(options.nproc, cpu=options.cpu)
     cores = usable_cores()
     scaling_configs, split_configs = configurations(options, device, cores)
@@ -84,7 +71,7 @@ def bench_scaling(options: ScalingOptions, root: Path, *, save: bool = True) -> 
         "samples_per_step": per_step,
         "load_before": load,
         "scaling": [dataclasses.asdict(r) for r in scaling],
-        "splits": [dataclasses.asdict(r) for r in _relative(splits)],
+        "splits": [dataclasses.asdict(r) for r in with_speedups(splits, efficiency=False)],
         "recommendation": None,
     }
     best = fastest({(r.processes, r.threads or 1): throughput(r) for r in splits})
@@ -111,14 +98,3 @@ def bench_scaling(options: ScalingOptions, root: Path, *, save: bool = True) -> 
             )
             document["recommendation"]["cache"] = str(save_record(record))
     return document
-
-
-def _relative(rows: list[Row]) -> list[Row]:
-    """Split rows with ``speedup`` = throughput / the first split's (1 process x all cores)."""
-    base = throughput(rows[0]) if rows else None
-    out = []
-    for row in rows:
-        value = throughput(row)
-        speedup = value / base if value is not None and base else None
-        out.append(dataclasses.replace(row, speedup=speedup))
-    return out

@@ -25,15 +25,8 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """One size in bytes: ``"64"``, ``"1K"``, ``"64MB"``, ``"2GiB"`` (binary units).
-
-    Raises:
-        UsageError: not a whole number of bytes >= 1 (with a known suffix).
-
-    Example:
-        >>> parse_size("64K")
-        65536
-    """
+    """One size in bytes, 1 B to 1 TiB: ``"64"``, ``"1K"``, ``"64MB"``, ``"2GiB"`` (binary
+    units); anything else is a UsageError."""
     match = _SIZE.match(text)
     value = int(match.group(1)) * _UNITS[match.group(2).upper()] if match else 0
     if not 1 <= value <= MAX_SIZE:
@@ -47,10 +40,8 @@ def parse_size(text: str) -> int:
 def parse_sizes(text: str) -> tuple[int, ...]:
     """``--sizes``: a comma list of sizes, or ``MIN:MAX[:FACTOR]`` (geometric, factor 4).
 
-    Sizes keep the order given; repeats are dropped.
-
-    Raises:
-        UsageError: a bad size, MIN > MAX, or a factor below 2.
+    Sizes keep the order given; repeats are dropped. UsageError for a bad size, MIN > MAX, or a
+    factor below 2.
 
     Example:
         >>> parse_sizes("8:512")
@@ -85,9 +76,6 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def parse_ops(text: str) -> tuple[str, ...]:
     """``--ops``: a comma list of collectives (``all_reduce``, ``all-gather``...; ``all``).
-
-    Raises:
-        UsageError: an unknown collective.
 
     Example:
         >>> parse_ops("all-reduce,broadcast")

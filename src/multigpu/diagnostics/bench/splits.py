@@ -19,8 +19,6 @@ def core_splits(cores: int) -> list[tuple[int, int]]:
     """Every (processes, threads) with ``processes * threads == cores``, fewest processes first.
 
     Example:
-        >>> core_splits(2)
-        [(1, 2), (2, 1)]
         >>> core_splits(12)[:3]
         [(1, 12), (2, 6), (3, 4)]
     """
@@ -41,12 +39,7 @@ def fastest(measured: Mapping[tuple[int, int], float | None]) -> tuple[int, int]
 
 
 def split_label(processes: int, threads: int) -> str:
-    """``"2x1"``: processes x threads, the key used in tables, JSON and the cache.
-
-    Example:
-        >>> split_label(1, 2)
-        '1x2'
-    """
+    """``"2x1"``: processes x threads, the key used in tables, JSON and the cache."""
     return f"{processes}x{threads}"
 
 
@@ -55,12 +48,7 @@ BUSY_LOAD = 0.5
 
 
 def load_before() -> float | None:
-    """The 1-minute load average now (None where the system does not say).
-
-    Example:
-        >>> (load_before() or 0.0) >= 0.0
-        True
-    """
+    """The 1-minute load average now (None where the system does not say)."""
     try:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
@@ -68,12 +56,7 @@ def load_before() -> float | None:
 
 
 def busy_note(load: float | None) -> str | None:
-    """A warning line when the machine was busy before the benchmark started, else None.
-
-    Example:
-        >>> busy_note(3.2)[:45]
-        'note: the load average was 3.2 when the bench'
-    """
+    """A warning line when the machine was busy before the benchmark started, else None."""
     if load is None or load < BUSY_LOAD:
         return None
     return (
@@ -95,7 +78,6 @@ def report_console(headline: str, load: float | None, file: TextIO | None = None
         highlight=False,
     )
     console.print(headline, markup=False)
-    busy = busy_note(load)
-    if busy:
+    if busy := busy_note(load):
         console.print(busy, markup=False)
     return console

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Status = Literal["OK", "WARN", "FAIL", "SKIP"]
@@ -18,12 +18,7 @@ STATUSES: tuple[Status, ...] = ("OK", "WARN", "FAIL", "SKIP")
 
 
 def one_line(text: object) -> str:
-    """``text`` as one line: whitespace runs (newlines included) become one space.
-
-    Example:
-        >>> one_line("connection refused\\n  at rank 1")
-        'connection refused at rank 1'
-    """
+    """``text`` as one line: whitespace runs (newlines included) become one space."""
     return " ".join(str(text).split())
 
 
@@ -37,7 +32,6 @@ class Check:
     name: str
     """The thing checked, e.g. ``torch``, ``/dev/shm``, ``eth0``."""
     status: Status
-    """OK, WARN, FAIL or SKIP."""
     value: str
     """What was found, on one line (for SKIP: why it does not apply)."""
     fix: str = ""
@@ -57,30 +51,12 @@ class Check:
             raise ValueError(f"Check {self.name!r} has no value (for SKIP: the reason)")
 
     def as_dict(self) -> dict[str, Any]:
-        """The row as the JSON document holds it.
-
-        Example:
-            >>> ok("cpu", "cores", "2").as_dict()["status"]
-            'OK'
-        """
-        return {
-            "group": self.group,
-            "name": self.name,
-            "status": self.status,
-            "value": self.value,
-            "fix": self.fix,
-            "where": self.where,
-            "detail": dict(self.detail),
-        }
+        """The row as the JSON document holds it."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Check:
-        """The row back from ``as_dict`` (another rank's rows arrive this way).
-
-        Example:
-            >>> Check.from_dict(skip("gpu", "gpus", "none").as_dict()).status
-            'SKIP'
-        """
+        """The row back from ``as_dict`` (another rank's rows arrive this way)."""
         return cls(
             group=str(data["group"]),
             name=str(data["name"]),
@@ -106,42 +82,22 @@ def _make(
 
 
 def ok(group: str, name: str, value: object, **detail: Any) -> Check:
-    """An OK row.
-
-    Example:
-        >>> ok("software", "python", "3.11.9").status
-        'OK'
-    """
+    """An OK row."""
     return _make("OK", group, name, value, **detail)
 
 
 def warn(group: str, name: str, value: object, fix: object, **detail: Any) -> Check:
-    """A WARN row: it works but will be slow or fragile; ``fix`` says what to do.
-
-    Example:
-        >>> warn("cpu", "/dev/shm", "64 MiB", "docker run --shm-size=8g").fix
-        'docker run --shm-size=8g'
-    """
+    """A WARN row: it works but will be slow or fragile; ``fix`` says what to do."""
     return _make("WARN", group, name, value, fix, **detail)
 
 
 def fail(group: str, name: str, value: object, fix: object, **detail: Any) -> Check:
-    """A FAIL row: distributed training will not work like this; ``fix`` says what to do.
-
-    Example:
-        >>> fail("network", "GLOO_SOCKET_IFNAME", "no eth9", "unset it").status
-        'FAIL'
-    """
+    """A FAIL row: distributed training will not work like this; ``fix`` says what to do."""
     return _make("FAIL", group, name, value, fix, **detail)
 
 
 def skip(group: str, name: str, reason: object, **detail: Any) -> Check:
-    """A SKIP row: the check does not apply here; ``reason`` says why.
-
-    Example:
-        >>> skip("gpu", "gpus", "no GPU found").value
-        'no GPU found'
-    """
+    """A SKIP row: the check does not apply here; ``reason`` says why."""
     return _make("SKIP", group, name, reason, **detail)
 
 
@@ -159,10 +115,5 @@ def summary(checks: Iterable[Check]) -> dict[str, int]:
 
 
 def exit_code(checks: Iterable[Check]) -> int:
-    """1 when any row FAILs, else 0 (WARN and SKIP do not fail the command).
-
-    Example:
-        >>> exit_code([ok("a", "b", "c")]), exit_code([fail("a", "b", "c", "d")])
-        (0, 1)
-    """
+    """1 when any row FAILs, else 0 (WARN and SKIP do not fail the command)."""
     return 1 if any(check.status == "FAIL" for check in checks) else 0

@@ -6,9 +6,6 @@ against the expected sum on every rank, then a few timed calls; the row gives th
 as nccl-tests defines it (``busbw = S/t x 2(n-1)/n``). Inside a launched job
 (``check_collective_ranks``) the launched ranks themselves run the same sweep, over the real
 path between the nodes.
-
-Environment variables read: none directly (``bench comm`` passes this environment on to its
-workers; ``LOCAL_RANK`` in ``check_collective_ranks``' caller).
 """
 
 from __future__ import annotations
@@ -40,14 +37,7 @@ def result_check(
     seconds: float,
     who: str = "processes",
 ) -> Check:
-    """The probe's row from ``bench comm``'s result rows: FAIL on a wrong sum, else the busbw.
-
-    Example:
-        >>> row = {"size_bytes": 4194304, "busbw_gbps": 1.2, "algbw_gbps": 1.2,
-        ...        "time_us": 3500.0, "correct": True}
-        >>> result_check([row], backend="gloo", world_size=2, seconds=5.0).value[:34]
-        '2 processes, gloo: sum correct on '
-    """
+    """The probe's row from ``bench comm``'s result rows: FAIL on a wrong sum, else the busbw."""
     if not rows:
         return fail(
             "process group",
@@ -81,12 +71,7 @@ def result_check(
 
 
 def failure_check(reason: str, *, backend: str, timeout: float) -> Check:
-    """The probe's FAIL row for a group that did not start or a collective that failed.
-
-    Example:
-        >>> failure_check("Connection refused", backend="gloo", timeout=60).status
-        'FAIL'
-    """
+    """The probe's FAIL row for a group that did not start or a collective that failed."""
     fix = (
         "fix the FAIL/WARN rows above first (interfaces, port, versions); then rerun with "
         f"--timeout {max(2 * timeout, 120):g} (slow start) and NCCL_DEBUG=INFO / "
@@ -98,16 +83,8 @@ def failure_check(reason: str, *, backend: str, timeout: float) -> Check:
 def check_collective_here(*, backend: str, nproc: int, timeout: float, gpus: int) -> Check:
     """Start ``nproc`` workers on this machine through the launcher and all-reduce across them.
 
-    Args:
-        backend: ``gloo`` (CPU processes) or ``nccl`` (one GPU each).
-        nproc: processes (for nccl at most ``gpus``).
-        timeout: seconds the whole probe may take, start-up included.
-        gpus: GPUs this process sees.
-
-    Example:
-        >>> kw = dict(backend="gloo", nproc=2, timeout=60, gpus=0)
-        >>> check_collective_here(**kw).status  # doctest: +SKIP
-        'OK'
+    ``backend`` is gloo (CPU processes) or nccl (one GPU each, at most ``gpus``, the GPUs this
+    process sees); ``timeout`` bounds the whole probe, start-up included.
     """
     from multigpu.diagnostics.bench.comm import CommOptions, bench_comm
     from multigpu.errors import LaunchError
@@ -148,12 +125,7 @@ def check_collective_here(*, backend: str, nproc: int, timeout: float, gpus: int
 
 
 def check_collective_ranks(*, backend: str, device: Any, timeout: float) -> Check:
-    """All-reduce across the ranks of the initialised default group (every rank calls this).
-
-    Example:
-        >>> cpu = torch.device("cpu")  # doctest: +SKIP
-        >>> check_collective_ranks(backend="gloo", device=cpu, timeout=60)  # doctest: +SKIP
-    """
+    """All-reduce across the ranks of the initialised default group (every rank calls this)."""
     import torch.distributed as dist
 
     from multigpu.diagnostics.bench.comm_worker import sweep
@@ -169,10 +141,5 @@ def check_collective_ranks(*, backend: str, device: Any, timeout: float) -> Chec
 
 
 def skipped(reason: str) -> Check:
-    """The probe's row when it is not run.
-
-    Example:
-        >>> skipped("--no-probe").status
-        'SKIP'
-    """
+    """The probe's row when it is not run."""
     return skip("process group", NAME, reason)

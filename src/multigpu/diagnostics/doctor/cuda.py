@@ -5,10 +5,8 @@ happen in a process that later forks workers (see ``multigpu.gpus.torch_probe``)
 asks a short-lived child (``cuda_facts_in_child``); a launched worker, which uses CUDA anyway,
 asks itself (``torch_cuda_facts``). The driver's version and the newest CUDA it supports
 (``DriverFacts``) come from ``multigpu.gpus.read_facts``: NVML, else nvidia-smi's CSV/XML query
-modes — never from CUDA.
-
-Environment variables read: the whole environment is passed to the child (so it sees the GPUs
-this process would see: ``CUDA_VISIBLE_DEVICES``...).
+modes — never from CUDA. The child gets the whole environment, so it sees the GPUs this
+process would see (``CUDA_VISIBLE_DEVICES``...).
 """
 
 from __future__ import annotations
@@ -51,12 +49,7 @@ class CudaFacts:
 
 
 def torch_cuda_facts() -> dict[str, Any]:
-    """torch.cuda's answers in THIS process (initialises CUDA: workers and the child only).
-
-    Example:
-        >>> torch_cuda_facts()["available"]  # on a machine without GPUs  # doctest: +SKIP
-        False
-    """
+    """torch.cuda's answers in THIS process (initialises CUDA: workers and the child only)."""
     import torch
 
     with warnings.catch_warnings(record=True) as caught:
@@ -74,12 +67,7 @@ def torch_cuda_facts() -> dict[str, Any]:
 
 
 def parse_cuda_facts(data: Mapping[str, Any]) -> CudaFacts:
-    """``CudaFacts`` from ``torch_cuda_facts()``'s dict (or the child's JSON line, parsed).
-
-    Example:
-        >>> parse_cuda_facts({"available": False, "device_count": 0, "nccl": None}).available
-        False
-    """
+    """``CudaFacts`` from ``torch_cuda_facts()``'s dict (or the child's JSON line, parsed)."""
     nccl = data.get("nccl")
     return CudaFacts(
         available=bool(data["available"]),
@@ -90,12 +78,7 @@ def parse_cuda_facts(data: Mapping[str, Any]) -> CudaFacts:
 
 
 def cuda_facts_in_child(environ: Mapping[str, str]) -> CudaFacts | None:
-    """Ask a child ``python`` for ``torch_cuda_facts()``; None when it failed or hung.
-
-    Example:
-        >>> cuda_facts_in_child(os.environ).available  # doctest: +SKIP
-        False
-    """
+    """Ask a child ``python`` for ``torch_cuda_facts()``; None when it failed or hung."""
     from multigpu.gpus.torch_probe import json_from_child
 
     answer = json_from_child(_CHILD, environ, CHILD_TIMEOUT_S, "CUDA child")
@@ -158,18 +141,9 @@ def cuda_checks(
 ) -> list[Check]:
     """Rows for the CUDA runtime, the driver and NCCL.
 
-    Args:
-        torch_version: ``torch.__version__``.
-        build_cuda: ``torch.version.cuda`` (None for CPU and ROCm builds).
-        build_hip: ``torch.version.hip`` (None unless ROCm).
-        gpus: GPUs this process sees (after ``CUDA_VISIBLE_DEVICES``).
-        facts: torch.cuda's answers (None: not asked, or the child failed).
-        driver: the NVIDIA driver (None: none found).
-
-    Example:
-        >>> [c.status for c in cuda_checks(torch_version="2.13.0+cpu", build_cuda=None,
-        ...     build_hip=None, gpus=0, facts=None, driver=None)]
-        ['SKIP', 'SKIP', 'SKIP']
+    ``build_cuda`` / ``build_hip`` are ``torch.version.cuda`` / ``.hip`` (both None: a CPU-only
+    build); ``gpus`` counts the GPUs after ``CUDA_VISIBLE_DEVICES``; ``facts`` is None when
+    torch.cuda was not asked or the child failed, ``driver`` None when no driver was found.
     """
     if not build_cuda and not build_hip:
         cpu_only = f"torch {torch_version} is a CPU-only build"
@@ -201,19 +175,17 @@ def cuda_checks(
 def _runtime_check(
     build: str, gpus: int, facts: CudaFacts | None, driver: DriverFacts | None
 ) -> Check:
+    if facts is not None and facts.available:
+        return ok("cuda", "runtime", f"{build}, torch sees {facts.device_count} device(s)")
+    if not gpus:
+        return skip("cuda", "runtime", f"no GPU visible here (torch is a {build} build)")
     if facts is None:
-        if not gpus:
-            return skip("cuda", "runtime", f"no GPU visible here (torch is a {build} build)")
         return fail(
             "cuda",
             "runtime",
             f"{gpus} GPU(s), but a child process asking torch.cuda failed or hung",
             "run `python -c 'import torch; torch.cuda.init()'` to see the error",
         )
-    if facts.available:
-        return ok("cuda", "runtime", f"{build}, torch sees {facts.device_count} device(s)")
-    if not gpus:
-        return skip("cuda", "runtime", f"no GPU visible here (torch is a {build} build)")
     why = f": {facts.why}" if facts.why else ""
     fix = (
         "check that `nvidia-smi` works in this environment, CUDA_VISIBLE_DEVICES, and that a "

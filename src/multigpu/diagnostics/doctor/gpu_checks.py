@@ -3,8 +3,6 @@ GPUs are linked (NVLink or the PCIe path).
 
 The facts come from ``multigpu.gpus.read_facts`` (NVML; nvidia-smi only where NVML cannot be
 loaded; torch in a child process last), so this process never creates a CUDA context.
-
-Environment variables read: ``CUDA_VISIBLE_DEVICES`` (from the mapping given).
 """
 
 from __future__ import annotations
@@ -41,12 +39,7 @@ def topology_check(links: Mapping[tuple[int, int], str], *, gpus: int) -> Check:
 
 
 def gpu_row(gpu: GPUInfo) -> Check:
-    """One visible GPU: WARN when it is busy (utilisation, memory, other processes).
-
-    Example:
-        >>> gpu_row(gpu).status  # doctest: +SKIP
-        'OK'
-    """
+    """One visible GPU: WARN when it is busy (utilisation, memory, other processes)."""
     shown = gpu.logical_index if gpu.logical_index is not None else gpu.index
     util = "util n/a" if gpu.utilization_percent is None else f"util {gpu.utilization_percent}%"
     pids = ", ".join(map(str, gpu.processes))
@@ -66,26 +59,15 @@ def gpu_row(gpu: GPUInfo) -> Check:
 
 
 def gpu_checks(facts: GPUFacts, environ: Mapping[str, str]) -> list[Check]:
-    """Rows for the GPUs this process sees and the links between them; one SKIP row without any.
-
-    Example:
-        >>> [c.status for c in gpu_checks(GPUFacts(), {})]
-        ['SKIP']
-    """
+    """Rows for the GPUs this process sees and the links between them; one SKIP row without any."""
     inventory = facts.inventory
     if not inventory.gpus:
         return [skip("gpu", "gpus", "no GPU found (NVML, nvidia-smi and torch.cuda asked)")]
     visible: Sequence[GPUInfo] = visible_devices(inventory, environ)
     if not visible:
-        hidden = environ.get("CUDA_VISIBLE_DEVICES", "")
-        return [
-            skip(
-                "gpu",
-                "gpus",
-                f"{len(inventory.gpus)} GPU(s) on the machine, hidden from this process by "
-                f"CUDA_VISIBLE_DEVICES={hidden!r}",
-            )
-        ]
+        hidden = f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', '')!r}"
+        why = f"{len(inventory.gpus)} GPU(s) on the machine, hidden from this process by {hidden}"
+        return [skip("gpu", "gpus", why)]
     rows = [gpu_row(gpu) for gpu in visible]
     # Links are between physical GPUs: keep the pairs of those this process sees.
     physical = {gpu.index for gpu in visible}

@@ -3,9 +3,6 @@ and NCCL are told to use (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``).
 
 The interfaces themselves are read by ``multigpu.host`` (the launcher's ``--iface`` reads them
 the same way).
-
-Environment variables read (from the mapping given): ``GLOO_SOCKET_IFNAME``,
-``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ``MASTER_PORT``.
 """
 
 from __future__ import annotations
@@ -21,13 +18,7 @@ VIRTUAL_PREFIXES = ("veth", "docker", "br-", "virbr", "cni", "flannel", "cali", 
 
 
 def interface_rows(interfaces: Sequence[Interface]) -> list[Check]:
-    """One row per interface: OK when it can carry traffic, SKIP (with its state) otherwise.
-
-    Example:
-        >>> lo = Interface(name="lo", up=True, carrier=True, loopback=True, mtu=65536)
-        >>> interface_rows([lo])[0].status
-        'OK'
-    """
+    """One row per interface: OK when it can carry traffic, SKIP (with its state) otherwise."""
     return [
         ok("network", i.name, i.describe())
         if i.usable
@@ -37,14 +28,7 @@ def interface_rows(interfaces: Sequence[Interface]) -> list[Check]:
 
 
 def mtu_check(interfaces: Sequence[Interface]) -> Check:
-    """WARN when the usable, non-loopback, non-virtual interfaces have different MTUs.
-
-    Example:
-        >>> a = Interface(name="eth0", up=True, carrier=True, loopback=False, mtu=1500)
-        >>> b = Interface(name="ib0", up=True, carrier=True, loopback=False, mtu=2044)
-        >>> mtu_check([a, b]).status
-        'WARN'
-    """
+    """WARN when the usable, non-loopback, non-virtual interfaces have different MTUs."""
     real = [
         i
         for i in interfaces
@@ -90,10 +74,6 @@ def ifname_check(
 ) -> Check:
     """``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``: FAIL when it names an interface that does
     not exist here or cannot carry traffic; SKIP when unset.
-
-    Example:
-        >>> ifname_check("GLOO_SOCKET_IFNAME", {"GLOO_SOCKET_IFNAME": "nope0"}, []).status
-        'FAIL'
     """
     spec = environ.get(variable, "").strip()
     library = "NCCL" if variable.startswith("NCCL") else "gloo"
@@ -130,12 +110,6 @@ def ifname_check(
 def used_interface(environ: Mapping[str, str], interfaces: Sequence[Interface]) -> Interface | None:
     """The interface this rank talks to the others over: the one ``GLOO_SOCKET_IFNAME`` /
     ``NCCL_SOCKET_IFNAME`` name, else the one whose address routes to ``MASTER_ADDR``.
-
-    Example:
-        >>> lo = Interface(name="lo", up=True, carrier=True, loopback=True, mtu=65536,
-        ...                ipv4="127.0.0.1")
-        >>> used_interface({"MASTER_ADDR": "127.0.0.1"}, [lo]).name
-        'lo'
     """
     by_name = {i.name: i for i in interfaces}
     for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):

@@ -12,23 +12,18 @@ each rank:
 5. builds the same table as every other rank: rank 0's rows, other ranks' WARN and FAIL rows
    (once per host), and the comparison (``compare_ranks``): FAIL on different versions, WARN
    on different MTUs. Every rank so returns the same exit code; only rank 0 prints.
-
-Environment variables read: torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT`` (through ``init_process_group``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
 from multigpu.diagnostics.doctor.collective import check_collective_ranks, failure_check, skipped
-
-log = logging.getLogger(__name__)
 
 
 def _places(found: Sequence[Mapping[str, Any]]) -> str:
@@ -52,17 +47,8 @@ def _where(found: Sequence[Mapping[str, Any]], values: Sequence[object]) -> str:
 def compare_ranks(found: Sequence[Mapping[str, Any]]) -> list[Check]:
     """Compare the ranks' versions (FAIL per differing one) and interface MTUs (WARN).
 
-    Args:
-        found: every rank's facts, in rank order: ``{"rank", "host", "versions": {name:
-            version}, "iface", "mtu"}``.
-
-    Example:
-        >>> a = {"rank": 0, "host": "n0", "versions": {"torch": "2.13.0"}, "iface": "eth0",
-        ...      "mtu": 1500}
-        >>> b = {"rank": 1, "host": "n1", "versions": {"torch": "2.12.1"}, "iface": "eth0",
-        ...      "mtu": 1500}
-        >>> [(c.name, c.status) for c in compare_ranks([a, b])]
-        [('hosts', 'OK'), ('torch', 'FAIL'), ('MTU', 'OK')]
+    ``found``: every rank's ``{"rank", "host", "versions": {name: version}, "iface", "mtu"}``,
+    in rank order.
     """
     rows = [ok("ranks", "hosts", f"{len(found)} ranks: {_places(found)}")]
     names = list(dict.fromkeys(name for facts in found for name in facts["versions"]))
@@ -106,11 +92,6 @@ def _mtu_check(found: Sequence[Mapping[str, Any]]) -> Check:
 def merge_rows(found: Sequence[Mapping[str, Any]]) -> list[Check]:
     """Rank 0's rows, then other ranks' WARN/FAIL rows that rank 0's host did not already show
     (one copy per host), then the comparison.
-
-    Example:
-        >>> merge_rows([{"rank": 0, "host": "n0", "versions": {}, "mtu": None,
-        ...              "checks": []}])[0].name
-        'hosts'
     """
     first = found[0]
     rows = [Check.from_dict(c) for c in first["checks"]]
@@ -121,7 +102,7 @@ def merge_rows(found: Sequence[Mapping[str, Any]]) -> list[Check]:
             if check.status in ("WARN", "FAIL") and key not in seen:
                 seen.add(key)
                 where = f"rank {facts['rank']} ({facts['host']})"
-                rows.append(Check.from_dict({**check.as_dict(), "where": where}))
+                rows.append(dataclasses.replace(check, where=where))
     return [*rows, *compare_ranks(found)]
 
 
@@ -140,10 +121,6 @@ def run_ranks(
     ``facts`` is this rank's ``{"rank", "host", "versions", "iface", "mtu"}``; its rows
     (``checks`` and the probe's) are added before the gather. ``store`` is ``MASTER_ADDR:PORT``,
     for the row that says the ranks met there; ``probe=False`` skips the all-reduce only.
-
-    Example:
-        >>> rows, found = run_ranks(facts, checks, backend="gloo", device=torch.device("cpu"),
-        ...                         timeout=60, store="node0:29500")  # doctest: +SKIP
     """
     import torch
     import torch.distributed as dist

@@ -6,8 +6,6 @@ The JSON document::
      "checks": [{"group", "name", "status", "value", "fix", "where", "detail"}, ...],
      "summary": {"OK": n, "WARN": n, "FAIL": n, "SKIP": n}, "exit_code": 0 | 1,
      "ranks": [{"rank", "host", "versions", "iface", "mtu"}, ...]}   (multi-rank mode only)
-
-Environment variables read: none (rich reads the terminal's width and colour support itself).
 """
 
 from __future__ import annotations
@@ -36,13 +34,7 @@ def document(
     world_size: int = 1,
     ranks: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The JSON document of a doctor run (see the module docstring for its keys).
-
-    Example:
-        >>> from multigpu.diagnostics.doctor.checks import ok
-        >>> document([ok("cpu", "cores", "2")], host="vm")["summary"]["OK"]
-        1
-    """
+    """The JSON document of a doctor run (see the module docstring for its keys)."""
     doc: dict[str, Any] = {
         "host": host,
         "mode": mode,
@@ -54,16 +46,6 @@ def document(
     if ranks:
         doc["ranks"] = [dict(rank) for rank in ranks]
     return doc
-
-
-def summary_line(counts: Mapping[str, int]) -> str:
-    """``"12 OK, 1 WARN, 0 FAIL, 3 SKIP"``.
-
-    Example:
-        >>> summary_line({"OK": 2, "WARN": 0, "FAIL": 1, "SKIP": 0})
-        '2 OK, 0 WARN, 1 FAIL, 0 SKIP'
-    """
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def print_table(doc: Mapping[str, Any], file: TextIO | None = None) -> None:
@@ -89,11 +71,11 @@ def print_table(doc: Mapping[str, Any], file: TextIO | None = None) -> None:
         )
         previous = row["group"]
     console.print(table)
+    counts = ", ".join(f"{n} {status}" for status, n in doc["summary"].items())
     verdict = "FAIL: see the fixes above" if doc["exit_code"] else "no FAIL"
-    console.print(f"{summary_line(doc['summary'])} ({verdict})", markup=False)
+    console.print(f"{counts} ({verdict})", markup=False)
 
 
 def print_json(doc: Mapping[str, Any], file: TextIO | None = None) -> None:
     """Print the document as indented JSON, one document on stdout."""
-    out = file or sys.stdout
-    out.write(json.dumps(doc, indent=2) + "\n")
+    (file or sys.stdout).write(json.dumps(doc, indent=2) + "\n")

@@ -1,9 +1,5 @@
 """Launch checks: what launcher this process detects, the hostname, ``MASTER_ADDR`` and the
-rendezvous port.
-
-Environment variables read (from the mapping given): everything ``multigpu.env.detect`` reads
-(torchrun, SLURM, MPI variables), ``MASTER_ADDR``, ``MASTER_PORT``.
-"""
+rendezvous port."""
 
 from __future__ import annotations
 
@@ -18,22 +14,6 @@ from multigpu.host import Interface
 
 DEFAULT_PORT = 29500
 """torch's default ``MASTER_PORT`` (``--master-port``)."""
-
-
-def describe_env(env: ClusterEnv) -> str:
-    """One line for where this process sits in the job.
-
-    Example:
-        >>> describe_env(detect({}))
-        'single process (no launcher detected)'
-    """
-    if env.source == "single":
-        return "single process (no launcher detected)"
-    return (
-        f"{env.source}: rank {env.rank} of {env.world_size}, local rank {env.local_rank} of "
-        f"{env.local_world_size}, node {env.node_rank} of {env.num_nodes}, master "
-        f"{env.master_addr}:{env.master_port}"
-    )
 
 
 def env_check(environ: Mapping[str, str]) -> tuple[Check, ClusterEnv | None]:
@@ -56,16 +36,18 @@ def env_check(environ: Mapping[str, str]) -> tuple[Check, ClusterEnv | None]:
             ),
             None,
         )
-    return ok("launch", "environment", describe_env(env)), env
+    if env.source == "single":
+        return ok("launch", "environment", "single process (no launcher detected)"), env
+    where = (
+        f"{env.source}: rank {env.rank} of {env.world_size}, local rank {env.local_rank} of "
+        f"{env.local_world_size}, node {env.node_rank} of {env.num_nodes}, master "
+        f"{env.master_addr}:{env.master_port}"
+    )
+    return ok("launch", "environment", where), env
 
 
 def resolve(host: str) -> list[str]:
-    """The IPv4 addresses ``host`` resolves to ([] when it does not).
-
-    Example:
-        >>> resolve("127.0.0.1")
-        ['127.0.0.1']
-    """
+    """The IPv4 addresses ``host`` resolves to ([] when it does not)."""
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
     except (OSError, UnicodeError):
@@ -83,10 +65,6 @@ def hostname_check(hostname: str, addresses: Sequence[str], *, several_nodes: bo
 
     WARN when it does not resolve, or resolves to loopback only in a job of several nodes
     (the others would be told to connect to 127.0.x.x).
-
-    Example:
-        >>> hostname_check("vm", ["127.0.1.1"], several_nodes=True).status
-        'WARN'
     """
     fix = (
         "pass `--iface NAME` to `multigpu run` on every node (its address is then used), or map "
@@ -108,12 +86,7 @@ def hostname_check(hostname: str, addresses: Sequence[str], *, several_nodes: bo
 def master_addr_check(
     environ: Mapping[str, str], interfaces: Sequence[Interface]
 ) -> tuple[Check, bool]:
-    """``MASTER_ADDR``: this machine, or a host that resolves. Returns (row, is it local).
-
-    Example:
-        >>> master_addr_check({}, [])[0].status
-        'SKIP'
-    """
+    """``MASTER_ADDR``: this machine, or a host that resolves. Returns (row, is it local)."""
     host = environ.get("MASTER_ADDR", "").strip()
     if not host:
         return skip("launch", "MASTER_ADDR", "unset: on one node the launcher picks it"), True
@@ -139,10 +112,6 @@ def port_check(environ: Mapping[str, str], *, local: bool) -> Check:
 
     Only outside a launched job: inside one, the port belongs to the job's store (rank 0 binds
     it when the group starts), and the process-group rows report whether the ranks met there.
-
-    Example:
-        >>> port_check({"MASTER_PORT": "0"}, local=True).status
-        'OK'
     """
     raw = environ.get("MASTER_PORT", "").strip() or str(DEFAULT_PORT)
     if not raw.isdigit() or not 0 <= int(raw) <= 65535:

@@ -2,15 +2,11 @@
 
 Nothing here initialises CUDA: ``torch.version.cuda`` and ``torch.distributed.is_*_available``
 are compile-time facts.
-
-Environment variables read (from the mapping given): ``OMP_NUM_THREADS``, ``LOCAL_WORLD_SIZE``.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import platform
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +16,7 @@ import torch.distributed as dist
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
 from multigpu.host import usable_cores
+from multigpu.versions import local_versions
 
 GiB = 1024**3
 MiB = 1024**2
@@ -30,26 +27,8 @@ SHM_MIN_BYTES = GiB
 ("bus error", "No space left on device") and NCCL's shared-memory transport."""
 
 
-def multigpu_version() -> str:
-    """The installed multigpu version ("unknown" when run from a source tree without metadata).
-
-    Example:
-        >>> multigpu_version() != ""
-        True
-    """
-    try:
-        return importlib.metadata.version("multigpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def torch_build() -> str:
-    """What torch was built for: ``"CUDA 12.8"``, ``"ROCm 6.3"`` or ``"CPU-only"``.
-
-    Example:
-        >>> torch_build() in ("CPU-only",) or torch_build().startswith(("CUDA", "ROCm"))
-        True
-    """
+    """What torch was built for: ``"CUDA 12.8"``, ``"ROCm 6.3"`` or ``"CPU-only"``."""
     hip = getattr(torch.version, "hip", None)
     if hip:
         return f"ROCm {hip}"
@@ -59,27 +38,18 @@ def torch_build() -> str:
 
 
 def version_facts() -> dict[str, str]:
-    """This process's Python, torch, torch build and multigpu versions (compared across ranks).
-
-    Example:
-        >>> sorted(version_facts())
-        ['multigpu', 'python', 'torch', 'torch build']
-    """
+    """This process's Python, torch, torch build and multigpu versions (compared across ranks)."""
+    versions = local_versions()
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
+        "python": versions["python"],
+        "torch": versions["torch"],
         "torch build": torch_build(),
-        "multigpu": multigpu_version(),
+        "multigpu": versions["multigpu"],
     }
 
 
 def software_checks() -> list[Check]:
-    """Rows for Python, torch (and its build), multigpu and the process-group backends.
-
-    Example:
-        >>> [c.name for c in software_checks()]
-        ['python', 'torch', 'multigpu', 'backends']
-    """
+    """Rows for Python, torch (and its build), multigpu and the process-group backends."""
     facts = version_facts()
     rows = [
         ok("software", "python", f"{facts['python']} ({sys.executable})"),
@@ -120,20 +90,9 @@ def software_checks() -> list[Check]:
 def thread_check(
     environ: Mapping[str, str], *, cores: int, torch_threads: int, local_processes: int
 ) -> Check:
-    """Threads per process against the cores: WARN on oversubscription.
-
-    Args:
-        environ: where ``OMP_NUM_THREADS`` is read.
-        cores: the cores this process may run on (its affinity mask).
-        torch_threads: ``torch.get_num_threads()`` of this process.
-        local_processes: training processes on this machine (``LOCAL_WORLD_SIZE``, else 1).
-
-    Example:
-        >>> thread_check({}, cores=2, torch_threads=2, local_processes=1).status
-        'OK'
-        >>> thread_check({"OMP_NUM_THREADS": "2"}, cores=2, torch_threads=2,
-        ...              local_processes=2).status
-        'WARN'
+    """Threads per process (``OMP_NUM_THREADS``, else torch's) against the cores: WARN on
+    oversubscription. ``cores``: this process's affinity mask; ``local_processes``: training
+    processes on this machine.
     """
     omp = environ.get("OMP_NUM_THREADS", "").strip()
     shown = f"OMP_NUM_THREADS={omp}" if omp else "OMP_NUM_THREADS unset"
@@ -161,8 +120,8 @@ def thread_check(
             f"{local_processes * cores} on {cores} cores",
             fix,
         )
-    if (threads or torch_threads) * local_processes > cores:
-        total = (threads or torch_threads) * local_processes
+    total = (threads or torch_threads) * local_processes
+    if total > cores:
         return warn("cpu", "threads", value + f": {total} threads on {cores} cores", fix)
     return ok("cpu", "threads", value)
 
@@ -170,10 +129,6 @@ def thread_check(
 def quota_check(cpu_max: str | None, *, cores: int) -> Check:
     """The container's CPU limit (cgroup v2 ``cpu.max``, "QUOTA PERIOD" or "max PERIOD"):
     WARN when it allows fewer CPUs than the cores torch and the launcher count.
-
-    Example:
-        >>> quota_check("200000 100000", cores=8).status, quota_check("max 100000", cores=8).status
-        ('WARN', 'OK')
     """
     parts = (cpu_max or "").split()
     if len(parts) != 2 or parts[0] == "max" or not all(p.isdigit() for p in parts):
@@ -194,12 +149,7 @@ def quota_check(cpu_max: str | None, *, cores: int) -> Check:
 
 
 def cpu_checks(environ: Mapping[str, str]) -> list[Check]:
-    """The thread and CPU-limit checks for this process, with the machine's facts read here.
-
-    Example:
-        >>> [c.name for c in cpu_checks({})]
-        ['threads', 'CPU limit']
-    """
+    """The thread and CPU-limit checks for this process, with the machine's facts read here."""
     local = environ.get("LOCAL_WORLD_SIZE", "1")
     processes = int(local) if local.isdigit() and int(local) > 0 else 1
     cores = usable_cores()
@@ -219,12 +169,7 @@ def cpu_checks(environ: Mapping[str, str]) -> list[Check]:
 
 
 def shm_check(size_bytes: int | None, free_bytes: int | None = None) -> Check:
-    """/dev/shm's size: WARN below 1 GiB (or when it is missing), with the container fix.
-
-    Example:
-        >>> shm_check(64 * MiB).status, shm_check(8 * GiB, 8 * GiB).status
-        ('WARN', 'OK')
-    """
+    """/dev/shm's size: WARN below 1 GiB (or when it is missing), with the container fix."""
     fix = (
         "give the container more shared memory: docker run --shm-size=8g (or --ipc=host); "
         "Kubernetes: mount an emptyDir with medium: Memory at /dev/shm"
@@ -248,12 +193,7 @@ def shm_check(size_bytes: int | None, free_bytes: int | None = None) -> Check:
 
 
 def read_shm(path: str = "/dev/shm") -> tuple[int | None, int | None]:
-    """(size, free) of the filesystem at ``path`` in bytes; (None, None) when it is missing.
-
-    Example:
-        >>> read_shm("/nonexistent")
-        (None, None)
-    """
+    """(size, free) of the filesystem at ``path`` in bytes; (None, None) when it is missing."""
     if not Path(path).is_dir():
         return None, None
     try:
