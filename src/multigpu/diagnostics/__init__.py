@@ -3,13 +3,6 @@ here), ``multigpu doctor`` (``diagnostics.doctor``) and ``multigpu bench`` (``di
 
 Nothing in the library imports this package: it starts workers as subprocesses
 (``python -m multigpu run``) and reads what they recorded, so it never imports the training side.
-
-- ``verify_command(options)`` / ``verify(options, root)``: run a script at several world sizes
-  and compare (the command line is ``multigpu.cli.verify``).
-- ``compare_runs``, ``compare_params``, ``compare_losses``, ``Tolerance``, ``default_rtol``:
-  the pure comparison; ``find_reasons``, ``find_notes``, ``nondeterminism_reason``: the diagnosis.
-
-Environment variables read: none here (see ``multigpu.diagnostics.verify``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 The child's output goes to log files (its stderr tail is kept for the error message); a child
 that overruns its time gets SIGTERM — so the launcher stops its workers, which run in their own
 sessions — then SIGKILL after a grace period.
-
-Environment variables read: none (the caller passes the child's environment).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ class ChildRun:
     """How one child ended."""
 
     returncode: int
-    """The launcher's exit code (124 when stopped for running too long)."""
+    """The launcher's exit code (``TIMED_OUT`` when stopped for running too long)."""
     seconds: float
     """Wall time from start to exit, start-up included."""
     stderr_tail: str
@@ -66,13 +64,12 @@ def run_child(
         err.seek(0)
         stderr = err.read().decode(errors="replace")
     seconds = time.perf_counter() - started
-    tail = "\n".join(stderr.rstrip().splitlines()[-TAIL_LINES:]) if code else ""
-    if code == TIMED_OUT:
-        tail += f"\n(stopped after {timeout:g} s)"
     log.debug("%s: exit code %s in %.1f s", " ".join(command), code, seconds)
+    tail = "\n".join(stderr.rstrip().splitlines()[-TAIL_LINES:]) if code else ""
     reason = find_reason(stderr) if code else ""
     if code == TIMED_OUT:
         reason = f"stopped after {timeout:g} s"
+        tail += f"\n({reason})"
     return ChildRun(returncode=code, seconds=seconds, stderr_tail=tail, reason=reason)
 
 

@@ -5,23 +5,11 @@ Differences are relative to the size of the whole tensor, not element by element
 reference is near zero, which says nothing about whether training went the same way.
 A tensor (or a loss) is within tolerance when ``max|a - b| <= atol + rtol * max|b|``.
 
-Default ``rtol`` by dtype (the reference run's parameters and precision):
-
-- float64: 1e-10;
-- float32: 1e-4. Summing a batch's gradients as one sum (one process) or as per-rank sums
-  averaged by the all-reduce rounds differently (about 1e-7 relative), and Adam divides each
-  gradient by its own running scale, so a weight whose gradient nearly cancels moves by a
-  visibly different amount: on the built-in digits job the worst weight differed by 2.8e-5 of
-  its tensor's largest value after 20 steps (1e-7 for every loss); with SGD, 1e-7;
-- bfloat16 / float16 weights, or ``bf16-mixed`` / ``16-mixed`` precision: 1e-2.
-
-Adaptive optimizers (Adam, AdamW, RMSprop...) amplify rounding further: a gradient that nearly
-cancels can come out with the other sign on another world size, and Adam moves that weight by a
-full step the other way (measured here: plain DDP on 2 processes against 1, 40 AdamW steps,
-3e-2 of a tensor's largest value, while the tensor as a whole differed by 1e-3 in L2). So with
-an adaptive optimizer and no ``--rtol`` given, a tensor is judged by its relative L2 difference
-``||a - b|| / ||b||`` against ``l2_rtol`` (1e-2), and the worst single element is reported
-beside it.
+Adaptive optimizers (Adam, AdamW, RMSprop...) amplify rounding: a gradient that nearly cancels
+can change sign between world sizes and move its weight a full step the other way. So with one
+and no ``--rtol`` given, a tensor is judged by its relative L2 difference ``||a - b|| / ||b||``
+against ``l2_rtol``, and the worst single element is reported beside it (the measurements:
+docs/same-results.md).
 """
 
 from __future__ import annotations
@@ -37,6 +25,8 @@ from multigpu.diagnostics.records import RunRecord
 TINY = 1e-12
 """Added to the reference's scale so that an all-zero tensor does not divide by zero."""
 
+# float32: one sum of a batch's gradients (one process) and per-rank sums averaged by the
+# all-reduce round differently (~1e-7), which Adam amplifies (2.8e-5 on the digits job).
 DEFAULT_RTOL = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
 MIXED_PRECISION_RTOL = 1e-2
 ADAPTIVE_L2_RTOL = 1e-2
@@ -44,7 +34,7 @@ ADAPTIVE_L2_RTOL = 1e-2
 
 
 def default_rtol(dtype: str | None, precision: str | None) -> float:
-    """The default relative tolerance for a run's dtype and precision (see the module doc).
+    """The default relative tolerance for a run's dtype and precision.
 
     Example:
         >>> default_rtol("float32", "32"), default_rtol("float32", "bf16-mixed")
@@ -62,7 +52,6 @@ class Tolerance:
     rtol: float
     """Relative to the reference's largest absolute value (per tensor, or the loss)."""
     atol: float = 0.0
-    """Absolute slack added to it (0 by default)."""
     l2_rtol: float | None = None
     """When set (adaptive optimizers), tensors are judged by ``||a-b|| / ||b|| <= l2_rtol``."""
 
@@ -78,7 +67,6 @@ class TensorDiff:
     name: str
     """The ``state_dict`` key."""
     shape: tuple[int, ...]
-    """The reference's shape."""
     max_abs: float
     """``max|a - b|`` (NaN when only one side is NaN, inf when missing or reshaped)."""
     max_rel: float
@@ -86,7 +74,6 @@ class TensorDiff:
     l2_rel: float = 0.0
     """``||a - b|| / (||b|| + 1e-12)`` over the whole tensor."""
     ok: bool
-    """Within tolerance."""
     problem: str = ""
     """Why it could not be compared (missing, different shape), else empty."""
 
@@ -155,10 +142,7 @@ def tensor_diff(
     """
     shape = tuple(reference.shape)
     if tuple(value.shape) != shape:
-        problem = f"shape {tuple(value.shape)} instead of {shape}"
-        return TensorDiff(
-            name=name, shape=shape, max_abs=math.inf, max_rel=math.inf, ok=False, problem=problem
-        )
+        return _uncomparable(name, shape, f"shape {tuple(value.shape)} instead of {shape}")
     if reference.numel() == 0:
         return TensorDiff(name=name, shape=shape, max_abs=0.0, max_rel=0.0, ok=True)
     a = value.detach().to(torch.float64)
@@ -183,16 +167,16 @@ def compare_params(
     out: list[TensorDiff] = []
     for name, ref in reference.items():
         if name not in params:
-            out.append(_missing(name, tuple(ref.shape), "missing in this run"))
+            out.append(_uncomparable(name, tuple(ref.shape), "missing in this run"))
         else:
             out.append(tensor_diff(name, params[name], ref, tol))
     for name, value in params.items():
         if name not in reference:
-            out.append(_missing(name, tuple(value.shape), "missing in the reference run"))
+            out.append(_uncomparable(name, tuple(value.shape), "missing in the reference run"))
     return out
 
 
-def _missing(name: str, shape: tuple[int, ...], problem: str) -> TensorDiff:
+def _uncomparable(name: str, shape: tuple[int, ...], problem: str) -> TensorDiff:
     return TensorDiff(
         name=name, shape=shape, max_abs=math.inf, max_rel=math.inf, ok=False, problem=problem
     )
@@ -234,14 +218,7 @@ def compare_losses(
 
 
 def compare_runs(run: RunRecord, reference: RunRecord, tol: Tolerance) -> RunComparison:
-    """Compare a run with the reference run: tensors, losses and step counts.
-
-    Example:
-        >>> ref = RunRecord(world_size=1, ranks=[{"steps": 1, "losses": [1.0]}],
-        ...                 params={"w": torch.ones(2)})
-        >>> compare_runs(ref, ref, Tolerance(rtol=1e-5)).ok
-        True
-    """
+    """Compare a run with the reference run: tensors, losses and step counts."""
     return RunComparison(
         world_size=run.world_size,
         reference_world_size=reference.world_size,

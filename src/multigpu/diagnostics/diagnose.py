@@ -2,11 +2,9 @@
 
 ``find_reasons`` names what breaks world-size invariance when ``multigpu verify`` fails
 (Dropout, a per-rank batch size, a world-size dependent dataset, different step counts, no
-``ctx.loader``, BatchNorm without synchronisation whose tensors differ, gradient
-compression...); ``find_notes``
-says what could not be checked (no losses, no model, a script that ended early) and is shown
-on PASS too.
-Each is one line: what was seen, why it matters, what to do.
+``ctx.loader``, BatchNorm without synchronisation whose tensors differ, gradient compression...);
+``find_notes`` says what could not be checked (no losses, no model, a script that ended early)
+and is shown on PASS too. Each is one line: what was seen, why it matters, what to do.
 """
 
 from __future__ import annotations
@@ -45,11 +43,8 @@ def _loader_field(name: str) -> Callable[[RunRecord], Any]:
 
 
 def find_reasons(runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]) -> list[str]:
-    """What in the records explains results that differ between world sizes.
-
-    Args:
-        runs: the runs' records, the reference (first world size) first.
-        comparisons: every other run against the reference.
+    """What in the records explains results that differ between world sizes (``runs``: the
+    reference first; ``comparisons``: every other run against it).
 
     Example:
         >>> a = RunRecord(world_size=1, ranks=[{"dropout": ["drop"], "loaders": [{}]}])
@@ -163,27 +158,17 @@ def _unsynchronized_batchnorm(
     return sorted(name for name in plain if any(t.startswith(f"{name}.") for t in differing))
 
 
-def ruled_out(runs: Sequence[RunRecord]) -> list[str]:
-    """What the records show is not the cause, for a FAIL no record explains."""
-    out = ["Dropout", "per-rank batch size or data", "different step counts", "precision",
-           "gradient compression"]  # fmt: skip
+def unexplained(comparisons: Sequence[RunComparison], runs: Sequence[RunRecord] = ()) -> str:
+    """The line for a FAIL no record explains: the cause is unknown; what the records rule out,
+    and what is typical."""
+    ruled_out = ["Dropout", "per-rank batch size or data", "different step counts", "precision",
+                 "gradient compression"]  # fmt: skip
     synced = sorted({n for run in runs for n, s in run.batchnorm.items() if s})
     if synced:
-        out.append(f"BatchNorm (synchronized: {_names(synced)})")
-    return out
-
-
-def unexplained(comparisons: Sequence[RunComparison], runs: Sequence[RunRecord] = ()) -> str:
-    """The line for a FAIL no record explains: the cause is unknown; what was ruled out, and
-    what is typical.
-
-    Example:
-        >>> unexplained([]).startswith("cause unknown")
-        True
-    """
+        ruled_out.append(f"BatchNorm (synchronized: {_names(synced)})")
     worst = max((c.max_rel for c in comparisons), default=0.0)
     return (
-        f"cause unknown: the records rule out {', '.join(ruled_out(runs))}; typical causes: "
+        f"cause unknown: the records rule out {', '.join(ruled_out)}; typical causes: "
         "float rounding, since sums over ranks (gradient all-reduce, synchronized statistics) "
         "add in a different order at each world size and a learning rate or momentum "
         f"compounds it (largest relative difference {worst:.2e}: if that small, raise --rtol), "
@@ -193,20 +178,8 @@ def unexplained(comparisons: Sequence[RunComparison], runs: Sequence[RunRecord] 
 
 
 def nondeterminism_reason(rerun: RunComparison) -> str | None:
-    """The reason to give when the reference world size does not repeat itself, else None.
-
-    Args:
-        rerun: a second run at the reference world size compared with the first.
-
-    Example:
-        >>> from multigpu.diagnostics.compare import LossDiff
-        >>> same = LossDiff(compared=1, max_abs=0.0, max_rel=0.0, first_step=None,
-        ...                 first_values=None)
-        >>> rerun = RunComparison(world_size=1, reference_world_size=1, tensors=(),
-        ...                       losses=same, steps=3, reference_steps=3)
-        >>> nondeterminism_reason(rerun) is None
-        True
-    """
+    """The reason to give when ``rerun`` (a second run at the reference world size, compared
+    with the first) differs from it, else None."""
     if rerun.ok:
         return None
     if not rerun.losses.ok:
@@ -247,12 +220,7 @@ def find_notes(runs: Sequence[RunRecord], steps_requested: int) -> list[str]:
 def adaptive_note(
     optimizers: Sequence[str], comparisons: Sequence[RunComparison], tol: Tolerance
 ) -> str:
-    """Why an adaptive optimizer's run is judged on L2 differences, with the figures.
-
-    Example:
-        >>> adaptive_note(["AdamW"], [], Tolerance(rtol=1e-4, l2_rtol=1e-2))[:40]
-        'AdamW amplifies float rounding: a gradie'
-    """
+    """Why an adaptive optimizer's run is judged on L2 differences, with the figures."""
     worst_max = max((c.max_rel for c in comparisons), default=0.0)
     worst_l2 = max((c.l2_rel for c in comparisons), default=0.0)
     return (

@@ -12,7 +12,6 @@ from multigpu.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-PROG = "multigpu verify"
 VERIFY_STRATEGIES = ("auto", "single", "ddp", "fsdp")
 """What ``--strategy`` accepts (dp is one process: nothing to compare across world sizes)."""
 BUILTIN_JOB = ("multigpu.examples.digits", ("--progress", "off"))
@@ -24,11 +23,9 @@ class VerifyOptions:
     """What ``multigpu verify`` was asked to do."""
 
     target: str
-    """The script's path, or the module with ``is_module``."""
+    """The script's path, or the module with ``is_module`` (``-m``)."""
     is_module: bool
-    """``target`` is a module (``-m``)."""
     script_args: tuple[str, ...] = ()
-    """Arguments passed to the script unchanged."""
     nproc: tuple[int, ...] = (1, 2)
     """World sizes, the reference first."""
     nproc_given: bool = True
@@ -36,13 +33,11 @@ class VerifyOptions:
     steps: int = 50
     """Optimizer steps recorded at each world size."""
     as_json: bool = False
-    """Print one JSON object instead of the table."""
     deterministic: bool = False
     """Run the workers with deterministic algorithms (``MULTIGPU_DETERMINISTIC=1``)."""
     rtol: float | None = None
-    """Relative tolerance; None: by dtype and precision."""
+    """None: by dtype and precision."""
     atol: float = 0.0
-    """Absolute tolerance."""
     keep: Path | None = None
     """Keep the run directories here (else a temporary directory removed at the end)."""
     cpu: bool = False
@@ -54,12 +49,9 @@ class VerifyOptions:
 
 
 def device_for_runs(nproc: Sequence[int], *, cpu: bool, given: bool = True) -> str:
-    """``"cuda"`` when the machine has GPUs (and not ``cpu``), else ``"cpu"``: the device on
-    which a diagnostic (verify, bench scaling) runs its world sizes ``nproc``.
-
-    Raises:
-        UsageError: ``nproc`` asks for more GPUs than the machine has.
-    """
+    """The device on which a diagnostic (verify, bench scaling) runs its world sizes ``nproc``:
+    ``"cuda"`` when the machine has enough GPUs (and not ``cpu``), else ``"cpu"``; a UsageError
+    when ``nproc`` was ``given`` and asks for more GPUs than the machine shows."""
     if cpu:
         return "cpu"
     from multigpu.gpus import list_gpus
@@ -67,24 +59,24 @@ def device_for_runs(nproc: Sequence[int], *, cpu: bool, given: bool = True) -> s
     count = len(list_gpus())
     if count == 0:
         return "cpu"
-    if max(nproc) > count and not given:
+    if max(nproc) <= count:
+        return "cuda"
+    sizes = ",".join(map(str, nproc))
+    if not given:
         log.warning(
             "this machine shows %d GPU(s), too few for world sizes %s: comparing CPU processes "
             "(gloo) instead; --cpu says so, --nproc picks other sizes",
             count,
-            ",".join(map(str, nproc)),
+            sizes,
         )
         return "cpu"
-    if max(nproc) > count:
-        sizes = ",".join(map(str, nproc))
-        # One GPU leaves nothing to compare on GPUs: only --cpu helps there.
-        fix = (
-            f"use world sizes up to {count}, or --cpu for CPU processes"
-            if count > 1
-            else "add --cpu to compare CPU processes (gloo) instead"
-        )
-        raise UsageError(
-            f"--nproc {sizes} asks for {max(nproc)} GPUs but this machine shows {count}; "
-            f"expected at most one process per GPU; {fix}"
-        )
-    return "cuda"
+    # One GPU leaves nothing to compare on GPUs: only --cpu helps there.
+    fix = (
+        f"use world sizes up to {count}, or --cpu for CPU processes"
+        if count > 1
+        else "add --cpu to compare CPU processes (gloo) instead"
+    )
+    raise UsageError(
+        f"--nproc {sizes} asks for {max(nproc)} GPUs but this machine shows {count}; "
+        f"expected at most one process per GPU; {fix}"
+    )

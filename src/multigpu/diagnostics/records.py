@@ -54,7 +54,7 @@ class RunRecord:
 
     @property
     def recorded_world_size(self) -> int | None:
-        """The world size the workers saw (None without a record)."""
+        """The world size the workers saw."""
         value = self.main.get("world_size")
         return int(value) if value is not None else None
 
@@ -66,10 +66,7 @@ class RunRecord:
     @property
     def dropout(self) -> list[str]:
         """Names of Dropout modules with p > 0 in the models (any rank)."""
-        names: dict[str, None] = {}
-        for record in self.ranks:
-            names.update(dict.fromkeys(record.get("dropout", [])))
-        return list(names)
+        return list(dict.fromkeys(name for r in self.ranks for name in r.get("dropout", [])))
 
     @property
     def batchnorm(self) -> dict[str, bool]:
@@ -79,7 +76,7 @@ class RunRecord:
 
     @property
     def dtype(self) -> str | None:
-        """The first parameter's dtype (``"float32"``...)."""
+        """The first parameter's dtype."""
         return self.main.get("dtype")
 
     @property
@@ -89,12 +86,7 @@ class RunRecord:
 
     @property
     def adaptive(self) -> list[str]:
-        """The optimizers among them that scale each gradient by its own history (Adam...).
-
-        Example:
-            >>> RunRecord(world_size=1, ranks=[{"optimizers": ["AdamW", "SGD"]}]).adaptive
-            ['AdamW']
-        """
+        """The optimizers among them that scale each gradient by its own history (Adam...)."""
         return [name for name in self.optimizers if name in ADAPTIVE_OPTIMIZERS]
 
     @property
@@ -114,25 +106,15 @@ class RunRecord:
             >>> r.losses
             [2.0, None]
         """
-        per_rank = [list(record.get("losses", [])) for record in self.ranks]
-        if not per_rank:
-            return []
-        out: list[float | None] = []
-        for values in zip(*per_rank, strict=False):  # a rank that stopped early: the common steps
-            if any(v is None for v in values):
-                out.append(None)
-            else:
-                out.append(sum(float(v) for v in values) / len(values))
-        return out
+        per_rank = [record.get("losses", []) for record in self.ranks]
+        return [
+            None if None in values else sum(map(float, values)) / len(values)
+            for values in zip(*per_rank, strict=False)  # a rank that stopped early: common steps
+        ]
 
 
 def load_run(directory: Path, world_size: int) -> RunRecord | None:
-    """Read the records a run wrote in ``directory``; None when rank 0 wrote none.
-
-    Example:
-        >>> load_run(Path("/nonexistent"), 2) is None
-        True
-    """
+    """Read the records a run wrote in ``directory``; None when rank 0 wrote none."""
     ranks: list[Mapping[str, Any]] = []
     for rank in range(world_size):
         path = directory / RANK_FILE.format(rank=rank)

@@ -1,13 +1,10 @@
-"""How ``multigpu verify`` shows its result: a rich table and lines, or one JSON object.
-
-Environment variables read: none (rich reads ``COLUMNS``, ``NO_COLOR``... itself).
-"""
+"""How ``multigpu verify`` shows its result: a rich table and lines, or one JSON object."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -47,7 +44,6 @@ class VerifyResult:
     notes: tuple[str, ...] = ()
     directory: str | None = None
     """Where the runs were kept (``--keep``), else None."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -69,14 +65,7 @@ def _num(value: float) -> float | None:
 
 
 def to_json(result: VerifyResult) -> dict[str, Any]:
-    """The ``--json`` object: world sizes, per-tensor diffs, steps, losses, reasons, verdict.
-
-    Example:
-        >>> r = VerifyResult(world_sizes=(1, 2), device="cpu", steps_requested=5,
-        ...                  tolerance=Tolerance(rtol=1e-4), deterministic=False, runs=())
-        >>> to_json(r)["verdict"]
-        'FAIL'
-    """
+    """The ``--json`` object: world sizes, per-tensor diffs, steps, losses, reasons, verdict."""
     return {
         "verdict": result.verdict,
         "world_sizes": list(result.world_sizes),
@@ -100,7 +89,6 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         "reasons": list(result.reasons),
         "notes": list(result.notes),
         "directory": result.directory,
-        **result.extra,
     }
 
 
@@ -148,15 +136,13 @@ def _rows(
     for c in comparisons:  # by name: a tensor missing in one run does not shift the others
         for t in c.tensors:
             rows.setdefault(t.name, {})[c.world_size] = t
-    names = list(rows)
-    if len(names) > MAX_ROWS:
 
-        def badness(name: str) -> tuple[bool, float]:
-            ts = list(rows[name].values())
-            return (any(not t.ok for t in ts), max(t.max_rel for t in ts))
+    def badness(name: str) -> tuple[bool, float]:
+        ts = list(rows[name].values())
+        return (any(not t.ok for t in ts), max(t.max_rel for t in ts))
 
-        keep = set(sorted(names, key=badness, reverse=True)[:MAX_ROWS])
-        names = [name for name in names if name in keep]
+    keep = set(sorted(rows, key=badness, reverse=True)[:MAX_ROWS])
+    names = [name for name in rows if name in keep]
     return [(name, rows[name]) for name in names], len(rows) - len(names)
 
 

@@ -10,13 +10,7 @@ world-size effects from plain nondeterminism, the first world size is run once m
 
 Every child gets one thread per process (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``): float
 results depend on how a sum is split between threads, so the thread count must not change with
-the world size. The children inherit the rest of the environment.
-
-Environment variables read: none directly (``multigpu.gpus`` reads ``CUDA_VISIBLE_DEVICES``...);
-the children get the caller's environment plus ``MULTIGPU_VERIFY_DIR``,
-``MULTIGPU_VERIFY_STEPS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``GLOO_SOCKET_IFNAME=lo`` (on
-CPU), and with ``--deterministic`` ``MULTIGPU_DETERMINISTIC=1`` and
-``CUBLAS_WORKSPACE_CONFIG=:4096:8``.
+the world size. The children inherit the rest of the environment (``child_env``).
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -58,7 +52,7 @@ log = logging.getLogger(__name__)
 def child_env(
     environ: Mapping[str, str], directory: Path, steps: int, *, device: str, deterministic: bool
 ) -> dict[str, str]:
-    """The environment of one run: the caller's plus what verify needs (see the module doc).
+    """The environment of one run: the caller's plus what verify needs.
 
     Example:
         >>> env = child_env({}, Path("/tmp/ws2"), 20, device="cpu", deterministic=False)
@@ -106,7 +100,8 @@ def run_once(
     )
     if options.strategy is not None:
         env["MULTIGPU_STRATEGY"] = options.strategy  # for a script that leaves it to init()
-    log.info("verify: world size %s (%s) ...", world_size, _devices(device, world_size))
+    what = "GPU(s), nccl" if device == "cuda" else "CPU process(es), gloo"
+    log.info("verify: world size %s (%s %s) ...", world_size, world_size, what)
     run = run_child(command, env, timeout=options.timeout, logs=directory)
     code, seconds = run.returncode, run.seconds
     log.info("verify: world size %s finished in %.1f s (exit code %s)", world_size, seconds, code)
@@ -120,24 +115,10 @@ def run_once(
     return outcome, load_run(directory, world_size) if code == 0 else None
 
 
-def _devices(device: str, world_size: int) -> str:
-    return (
-        f"{world_size} GPU(s), nccl" if device == "cuda" else f"{world_size} CPU process(es), gloo"
-    )
-
-
 def verify(options: VerifyOptions, root: Path) -> VerifyResult:
     """Run every world size, compare with the first, explain a FAIL (re-running the first).
 
-    Args:
-        options: the parsed command line.
-        root: where the runs write their records (``ws{N}/``) and logs.
-
-    Example:
-        >>> opts = VerifyOptions(target="multigpu.examples.digits", is_module=True,
-        ...                      nproc=(1, 2), steps=20)
-        >>> verify(opts, Path("/tmp/verify")).verdict  # doctest: +SKIP
-        'PASS'
+    The runs write their records and logs under ``root`` (``ws{N}/``).
     """
     device = device_for_runs(options.nproc, cpu=options.cpu, given=options.nproc_given)
     outcomes: list[RunOutcome] = []
@@ -180,15 +161,14 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
         notes=tuple(notes),
         directory=str(root) if options.keep else None,
     )
-    if result.passed or reasons or ref is None:
-        return _with(result, reasons)
-    reasons.extend(find_reasons(records, comparisons))
-    again = _rerun(options, device, root, ref, tol)
-    if again:  # first: no comparison across world sizes means anything if this holds
-        reasons.insert(0, again)
-    if not reasons:
-        reasons.append(unexplained(comparisons, records))
-    return _with(result, reasons)
+    if not (result.passed or reasons or ref is None):
+        reasons.extend(find_reasons(records, comparisons))
+        again = _rerun(options, device, root, ref, tol)
+        if again:  # first: no comparison across world sizes means anything if this holds
+            reasons.insert(0, again)
+        if not reasons:
+            reasons.append(unexplained(comparisons, records))
+    return dataclasses.replace(result, reasons=tuple(reasons))
 
 
 def _rerun(
@@ -207,17 +187,8 @@ def _rerun(
     return nondeterminism_reason(compare_runs(record, ref, tol))
 
 
-def _with(result: VerifyResult, reasons: Sequence[str]) -> VerifyResult:
-    return dataclasses.replace(result, reasons=tuple(reasons))
-
-
 def verify_command(options: VerifyOptions) -> int:
-    """``multigpu verify``'s run (parsed by ``multigpu.cli.verify``): 0 PASS, 1 FAIL.
-
-    Example:
-        >>> verify_command(VerifyOptions(target="train.py", is_module=False))  # doctest: +SKIP
-        0
-    """
+    """``multigpu verify``'s run (parsed by ``multigpu.cli.verify``): 0 PASS, 1 FAIL."""
     with ExitStack() as stack:
         if options.keep is not None:
             root = options.keep.resolve()
@@ -233,8 +204,9 @@ def verify_command(options: VerifyOptions) -> int:
         console = Console(
             file=sys.stdout, width=max(100, shutil.get_terminal_size().columns), soft_wrap=True
         )
+        target = f"-m {options.target}" if options.is_module else options.target
         console.print(
-            f"verify: {_target(options)} at world sizes "
+            f"verify: {' '.join([target, *options.script_args])} at world sizes "
             f"{', '.join(map(str, result.world_sizes))} on {what}, {options.steps} steps each",
             markup=False,
             highlight=False,
@@ -242,8 +214,3 @@ def verify_command(options: VerifyOptions) -> int:
         render(result, console)
     sys.stdout.flush()
     return 0 if result.passed else 1
-
-
-def _target(options: VerifyOptions) -> str:
-    target = f"-m {options.target}" if options.is_module else options.target
-    return " ".join([target, *options.script_args])

@@ -3,8 +3,7 @@
 What torch covers, and what is ours (measured on torch 2.13, 2 gloo processes):
 
 - **NCCL Flight Recorder** (``TORCH_NCCL_TRACE_BUFFER_SIZE``, dumped on a NCCL timeout with
-  ``TORCH_NCCL_DUMP_ON_TIMEOUT``): torch's, for NCCL jobs; nothing here replaces or
-  disables it.
+  ``TORCH_NCCL_DUMP_ON_TIMEOUT``): torch's, for NCCL jobs; nothing here replaces or disables it.
 - **Flight Recorder for gloo** (``TORCH_FR_BUFFER_SIZE``): torch 2.13 records gloo collectives
   too (op, sizes, dtypes, sequence id), but a gloo entry stays ``scheduled`` (no completion
   time), it names no source line, and the dump is a private call (``_dump_fr_trace_json``)

@@ -11,17 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
-def describe(call: Mapping[str, Any]) -> str:
-    """``all_reduce #12 float32[4] at train.py:40 in step()``.
-
-    Example:
-        >>> describe({"op": "barrier", "seq": 3, "site": "a.py:1 in f()", "shapes": []})
-        'barrier #3 at a.py:1 in f()'
-    """
-    shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in call.get("shapes") or [])
-    what = f" {call.get('dtype', '')}{shapes}" if shapes else ""
-    return f"{call['op']} #{call['seq']}{what} at {call['site']}"
+from multigpu.hang.trace import describe
 
 
 def _where(rank: int, report: Mapping[str, Any] | None) -> str:
@@ -40,9 +30,7 @@ def _where(rank: int, report: Mapping[str, Any] | None) -> str:
 
 
 def _count_mismatches(reports: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    sites: set[str] = set()
-    for report in reports.values():
-        sites.update(report.get("site_counts", {}))
+    sites = {site for report in reports.values() for site in report.get("site_counts", {})}
     lines = []
     for site in sorted(sites):
         counts = {r: rep.get("site_counts", {}).get(site, 0) for r, rep in sorted(reports.items())}

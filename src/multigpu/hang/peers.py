@@ -14,8 +14,7 @@ a few seconds, all at once, and prints one line that says, per rank, what it fou
 Each rank sees only its own side: after a link cut both sides call the other unreachable, and
 the launcher output of every node says which node it lost.
 
-The address advertised is the one facing the job's master address (``ClusterEnv.master_addr``,
-given by the caller: nothing here reads the environment).
+The address advertised is the one facing the job's master address (``ClusterEnv.master_addr``).
 """
 
 from __future__ import annotations
@@ -53,22 +52,17 @@ _listener: socket.socket | None = None
 def _facing_address(master_addr: str | None) -> str:
     # A UDP "connect" sends nothing; it only asks the kernel which local address would be
     # used to reach the master: the address of the network the job runs on.
+    # The master's name may not resolve here: then no address is better than a wrong one.
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.connect((master_addr or socket.gethostname(), 9))
             return str(udp.getsockname()[0])
-    except (
-        OSError
-    ):  # the master's name does not resolve here: no address is better than a wrong one
+    except OSError:
         return ""
 
 
 def start(rank: int, gather: Callable[[Any], list[Any]], master_addr: str) -> None:
-    """Open this rank's liveness port and learn every rank's (``gather``: one all-gather).
-
-    Example:
-        >>> start(0, lambda mine: [mine], "127.0.0.1")  # doctest: +SKIP
-    """
+    """Open this rank's liveness port and learn every rank's (``gather``: one all-gather)."""
     global _listener, _peers, _rank
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     address = _facing_address(master_addr)
@@ -173,6 +167,4 @@ def report_lost_peers(error: object, stream: TextIO | None = None) -> None:
     except Exception as e:  # a diagnosis must never hide the error it explains
         log.debug("peer probe failed: %s", e)
         return
-    out = stream or sys.stderr
-    out.write(line + "\n")
-    out.flush()
+    print(line, file=stream or sys.stderr, flush=True)

@@ -101,12 +101,6 @@ class Call:
     failed: str | None = None
     """The exception that ended the call (e.g. gloo's timeout), None when it returned."""
 
-    def describe(self) -> str:
-        """``all_reduce #12 float32[4, 3] at train.py:40 in step()``."""
-        shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in self.shapes)
-        what = f" {self.dtype}{shapes}" if shapes else ""
-        return f"{self.op} #{self.seq}{what} at {self.site}"
-
 
 def user_site(frame: FrameType | None) -> str:
     """``file.py:LINE in function()`` of the innermost frame outside torch and multigpu."""
@@ -204,8 +198,8 @@ class CollectiveLog:
             >>> log = CollectiveLog()
             >>> with log.record("barrier"):
             ...     pass
-            >>> log.recent[-1].describe().startswith("barrier #1 at ")
-            True
+            >>> log.recent[-1].op, log.recent[-1].seq
+            ('barrier', 1)
         """
         if self._inside or _get_ident() != self._main:
             return _UNRECORDED  # an inner call of a recorded one, or a background thread
@@ -304,26 +298,24 @@ def _open_trace(path: str, length: int) -> mmap.mmap | None:
     (about 7 µs each on ext4, twice per step). The blocks are written once here, so that a
     full disk fails now, with the trace turned off, and never under the mapping later.
     """
+    fd = None
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    except OSError as e:
-        log.info("no collective trace file (%s): %s", path, e)
-        return None
-    try:
         os.pwrite(fd, bytes(length), 0)
         return mmap.mmap(fd, length)
-    except (OSError, ValueError) as e:  # a full disk, a filesystem without shared mappings
+    except (OSError, ValueError) as e:  # no directory, a full disk, no shared mappings
         log.info("no collective trace file (%s): %s", path, e)
         return None
     finally:
-        os.close(fd)  # the mapping keeps the file
+        if fd is not None:
+            os.close(fd)  # the mapping keeps the file
 
 
 class _Recording:
     """``with log.record(...)``: the call starts at ``__enter__`` and ends at ``__exit__``.
 
-    A class rather than a generator-based context manager: ``ctx.backward`` enters one at every
-    step, and this costs a fraction of ``contextlib.contextmanager``'s machinery.
+    A class rather than a generator-based context manager: every wrapped collective enters one,
+    and this costs a fraction of ``contextlib.contextmanager``'s machinery.
     """
 
     __slots__ = ("_call", "_log", "_op", "_tensors")
@@ -347,7 +339,6 @@ class _Recording:
 
 
 _LOG: CollectiveLog | None = None
-_ORIGINALS: dict[str, Callable[..., Any]] = {}
 
 
 def active_log() -> CollectiveLog | None:
@@ -366,10 +357,8 @@ def install(trace_path: str | None = None) -> CollectiveLog:
     log = CollectiveLog(trace_path=trace_path)
     for name in WRAPPED:
         original = getattr(tdist, name, None)
-        if original is None:
-            continue
-        _ORIGINALS[name] = original
-        setattr(tdist, name, _wrap(log, name, original))
+        if original is not None:
+            setattr(tdist, name, _wrap(log, name, original))
     _LOG = log
     return log
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,7 @@ TRACE_SLOT = 384
 
 
 def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The calls kept in a trace file, oldest first (unreadable slots skipped).
-
-    Example:
-        >>> read_trace("/nonexistent")
-        []
-    """
+    """The calls kept in a trace file, oldest first (unreadable slots skipped)."""
     try:
         data = Path(path).read_bytes()
     except OSError:
@@ -39,19 +35,20 @@ def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return sorted(calls, key=lambda c: int(c.get("seq", 0)))
 
 
-def _call(c: dict[str, Any]) -> str:
-    shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in c.get("shapes") or [])
-    what = f" {c.get('dtype', '')}{shapes}" if shapes else ""
-    return f"{c['op']} #{c['seq']}{what} at {c['site']}"
+def describe(call: Mapping[str, Any]) -> str:
+    """``all_reduce #12 float32[4] at train.py:40 in step()``, from a trace line or a report.
+
+    Example:
+        >>> describe({"op": "barrier", "seq": 3, "site": "a.py:1 in f()", "shapes": []})
+        'barrier #3 at a.py:1 in f()'
+    """
+    shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in call.get("shapes") or [])
+    what = f" {call.get('dtype', '')}{shapes}" if shapes else ""
+    return f"{call['op']} #{call['seq']}{what} at {call['site']}"
 
 
 def explain_traces(directory: str | os.PathLike[str]) -> list[str]:
-    """Lines saying where each rank's last collective was, and where the ranks first disagree.
-
-    Example:
-        >>> explain_traces("/nonexistent")
-        []
-    """
+    """Lines saying where each rank's last collective was, and where the ranks first disagree."""
     root = Path(directory)
     traces: dict[int, list[dict[str, Any]]] = {}
     for path in sorted(root.glob("rank-*.trace")) if root.is_dir() else []:
@@ -72,7 +69,7 @@ def explain_traces(directory: str | os.PathLike[str]) -> list[str]:
         else:
             state = "finished" if last.get("done") else "NOT finished"
         calls_in_all = f"{last['seq']} call" + ("" if int(last["seq"]) == 1 else "s")
-        lines.append(f"  rank {rank}: {_call(last)} ({state}; {calls_in_all} in all)")
+        lines.append(f"  rank {rank}: {describe(last)} ({state}; {calls_in_all} in all)")
     by_seq = {r: {int(c["seq"]): c for c in calls} for r, calls in traces.items()}
     common = sorted(set.intersection(*(set(s) for s in by_seq.values())))
     for seq in common:

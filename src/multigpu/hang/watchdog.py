@@ -27,7 +27,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, TextIO
+from typing import Any
 
 from multigpu import variables
 from multigpu.hang.explain import explain
@@ -72,15 +72,12 @@ class Watchdog:
         world_size: int,
         after_s: float,
         poll_s: float = 0.5,
-        stream: TextIO | None = None,
     ) -> None:
         self.collectives = collectives
         self.store = store
         self.rank, self.world_size = rank, world_size
         self.after_s, self.poll_s = after_s, poll_s
-        self.stream = stream or sys.stderr
         self.host = socket.gethostname()
-        self.reported = False
         self._stop = threading.Event()
         self._main = threading.main_thread()
         self._thread = threading.Thread(target=self._run, name="multigpu-watchdog", daemon=True)
@@ -144,7 +141,6 @@ class Watchdog:
         self._print(
             f"[rank {self.rank}] multigpu: hang report: at {mine['where']}\n" + mine["stack"]
         )
-        self.reported = True
         if self.rank == 0:
             self._summarise()
         return True
@@ -158,11 +154,12 @@ class Watchdog:
                 if r not in reports and self.store.check([key]):
                     reports[r] = json.loads(self.store.get(key))
             time.sleep(0.1)
-        self._print("\n".join(explain(reports, self.world_size, self.after_s)) + "\n")
+        self._print("\n".join(explain(reports, self.world_size, self.after_s)))
 
     def _print(self, text: str) -> None:
-        self.stream.write(text if text.endswith("\n") else text + "\n")
-        self.stream.flush()
+        # One write: every rank prints at once, and a line must not be split from its newline.
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
 
 
 def start_watchdog(
