@@ -2,10 +2,6 @@
 
 The names below are imported on first use (PEP 562): ``import multigpu`` costs nothing until
 one is used, so the command line refuses bad input without importing torch (under a second).
-
-Example:
-    >>> import multigpu
-    >>> ctx = multigpu.init()            # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -25,10 +21,7 @@ if TYPE_CHECKING:
     )
     from multigpu.context import Context
     from multigpu.device import move_to_device
-    from multigpu.env import (
-        ClusterEnv,
-        detect,
-    )
+    from multigpu.env import ClusterEnv, detect
     from multigpu.errors import (
         CheckpointError,
         CheckpointLockedError,
@@ -39,10 +32,7 @@ if TYPE_CHECKING:
         MultiGPUError,
         UsageError,
     )
-    from multigpu.estimate import (
-        MemoryEstimate,
-        estimate_memory,
-    )
+    from multigpu.estimate import MemoryEstimate, estimate_memory
     from multigpu.initialize import init
     from multigpu.metrics import (
         Accuracy,
@@ -68,47 +58,29 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_WHERE: dict[str, str] = {
-    "Checkpointer": "multigpu.checkpoint",
-    "CheckpointStatus": "multigpu.checkpoint",
-    "LoadReport": "multigpu.checkpoint",
-    "find_latest": "multigpu.checkpoint",
-    "load_weights": "multigpu.checkpoint",
-    "verify_checkpoint": "multigpu.checkpoint",
-    "Context": "multigpu.context",
-    "move_to_device": "multigpu.device",
-    "ClusterEnv": "multigpu.env",
-    "detect": "multigpu.env",
-    "CheckpointError": "multigpu.errors",
-    "CheckpointLockedError": "multigpu.errors",
-    "CheckpointMismatchError": "multigpu.errors",
-    "DeviceError": "multigpu.errors",
-    "EnvError": "multigpu.errors",
-    "LaunchError": "multigpu.errors",
-    "MultiGPUError": "multigpu.errors",
-    "UsageError": "multigpu.errors",
-    "MemoryEstimate": "multigpu.estimate",
-    "estimate_memory": "multigpu.estimate",
-    "init": "multigpu.initialize",
-    "Accuracy": "multigpu.metrics",
-    "Mean": "multigpu.metrics",
-    "Metric": "multigpu.metrics",
-    "Sum": "multigpu.metrics",
-    "gather_all": "multigpu.metrics",
-    "gather_in_dataset_order": "multigpu.metrics",
-    "seed_everything": "multigpu.seed",
-    "place_stages": "multigpu.strategies.model_parallel",
-    "DataParallelStrategy": "multigpu.strategies",
-    "DDPStrategy": "multigpu.strategies",
-    "FSDPStrategy": "multigpu.strategies",
-    "MeshShape": "multigpu.strategies",
-    "PipelineStrategy": "multigpu.strategies",
-    "SingleDeviceStrategy": "multigpu.strategies",
-    "Strategy": "multigpu.strategies",
-    "TensorParallelStrategy": "multigpu.strategies",
-    "unwrap_module": "multigpu.strategies",
+_EXPORTS = {
+    "multigpu.checkpoint": (
+        "Checkpointer CheckpointStatus LoadReport find_latest load_weights verify_checkpoint"
+    ),
+    "multigpu.context": "Context",
+    "multigpu.device": "move_to_device",
+    "multigpu.env": "ClusterEnv detect",
+    "multigpu.errors": (
+        "CheckpointError CheckpointLockedError CheckpointMismatchError DeviceError EnvError "
+        "LaunchError MultiGPUError UsageError"
+    ),
+    "multigpu.estimate": "MemoryEstimate estimate_memory",
+    "multigpu.initialize": "init",
+    "multigpu.metrics": "Accuracy Mean Metric Sum gather_all gather_in_dataset_order",
+    "multigpu.seed": "seed_everything",
+    "multigpu.strategies": (
+        "DataParallelStrategy DDPStrategy FSDPStrategy MeshShape PipelineStrategy "
+        "SingleDeviceStrategy Strategy TensorParallelStrategy unwrap_module"
+    ),
+    "multigpu.strategies.model_parallel": "place_stages",
 }
-"""Each public name -> the module that defines it."""
+"""The module that defines each public name."""
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 
 __all__ = [
     "Accuracy",

@@ -1,7 +1,4 @@
-"""``python -m multigpu``: the ``multigpu`` command line (see ``multigpu.cli.main``).
-
-Environment variables read: see ``multigpu.cli.main``.
-"""
+"""``python -m multigpu``: the ``multigpu`` command line (see ``multigpu.cli.main``)."""
 
 from __future__ import annotations
 

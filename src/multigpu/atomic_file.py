@@ -18,12 +18,6 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
 
     A crash at any point leaves either the old file or the new one, never half of one; the
     temporary file is removed if ``write`` raises.
-
-    Example:
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     written = atomic_write(Path(tmp) / "x.bin", lambda fh: fh.write(b"data"))
-        ...     written.name, written.read_bytes(), sorted(p.name for p in Path(tmp).iterdir())
-        ('x.bin', b'data', ['x.bin'])
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -50,14 +44,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
 
 
 def current_umask() -> int:
-    """This process's umask, read without changing it where Linux says it (``/proc``).
-
-    Example:
-        >>> old = os.umask(0o027)
-        >>> oct(current_umask())
-        '0o27'
-        >>> _ = os.umask(old)
-    """
+    """This process's umask, read without changing it where Linux says it (``/proc``)."""
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
             for line in fh:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import weakref
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -20,7 +19,7 @@ from multigpu import dist, out_of_memory, worker_error
 from multigpu.auto_strategy import choose_for_memory
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.context_checkpoints import Checkpointing
-from multigpu.context_comm import RankTools, refuse
+from multigpu.context_comm import RankTools, report_failure
 from multigpu.context_pipeline import ForwardBackward
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
@@ -33,8 +32,6 @@ from multigpu.strategies import Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.training import StepControl
 
-log = logging.getLogger(__name__)
-
 T = TypeVar("T")
 
 
@@ -43,13 +40,6 @@ class Context(RankTools, Checkpointing, ForwardBackward):
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down
     cleanly, also when the script raises.
-
-    Example:
-        >>> with multigpu.init() as ctx:                      # doctest: +SKIP
-        ...     model, opt = ctx.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-        ...     for x, y in ctx.loader(dataset, batch_size=256):
-        ...         loss = F.cross_entropy(model(x), y)
-        ...         opt.zero_grad(); ctx.backward(loss); opt.step()
     """
 
     def __init__(
@@ -134,12 +124,6 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         model for DDP) and initialises it with each module's ``reset_parameters()`` — to the
         values ``model = Net()`` would have had with the same seed, at any world size. Build
         only the model here: every tensor made inside is a meta tensor.
-
-        Example:
-            >>> with ctx.init_module():                          # doctest: +SKIP
-            ...     model = BigTransformer()
-            >>> opt = torch.optim.AdamW(model.parameters())      # doctest: +SKIP
-            >>> model, opt = ctx.setup(model, opt)               # doctest: +SKIP
         """
         self._meta_rng.remember()
         with torch.device("meta"):
@@ -193,19 +177,7 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         except (RuntimeError, torch.OutOfMemoryError) as e:
             if not out_of_memory.is_out_of_memory(e):
                 raise
-            model, optimizers = self._trained
-            raise out_of_memory.explain(
-                e,
-                where=where,
-                rank=self.rank,
-                strategy=self.strategy.name,
-                world_size=self.world_size,
-                local_world_size=self.local_world_size,
-                device=self.device,
-                precision=self.precision.name,
-                model=model,
-                optimizers=optimizers,
-            ) from e
+            raise out_of_memory.explain(e, where, self, *self._trained) from e
 
     def accumulate(
         self, model: nn.Module, sync: bool | None = None
@@ -263,11 +235,6 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         Needed only with ``ctx.loader(..., drop_last=False)`` for training, where the last step
         can give some ranks a batch fewer; without it those ranks would leave DDP waiting. Uses
         ``torch.distributed.algorithms.join.Join``; a no-op without DDP.
-
-        Example:
-            >>> with ctx.join(model):                      # doctest: +SKIP
-            ...     for x, y in ctx.loader(ds, batch_size=64, drop_last=False):
-            ...         ...
         """
         return self.strategy.join(model)
 
@@ -350,11 +317,7 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         for hook in () if self._closed else self._hooks:
             hook.on_exit(self, error)
         self.teardown()
-        # for the launcher's one-line summary (torch elastic's error file, see worker_error.py)
-        recorded = worker_error.record(error)
-        if isinstance(error, UsageError) and self.env.source == "torchrun":
-            said = recorded and worker_error.launched_by_multigpu()
-            refuse(error, self.rank, said_by_launcher=said)
+        recorded = report_failure(error, self.env)
         if recorded and worker_error.is_consequence(error) and worker_error.launched_by_multigpu():
             # Another rank failed first and its error is the one to read; this rank's traceback
             # (a lost connection, 20 lines) is kept in its error file, not printed.

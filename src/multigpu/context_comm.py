@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 import torch
 
-from multigpu import dist
+from multigpu import dist, worker_error
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 
@@ -104,13 +104,10 @@ class RankTools:
         """
         if not (all_ranks or self.is_main):
             return
-        sep = kwargs.pop("sep", " ")
-        end = kwargs.pop("end", "\n")
-        file = kwargs.pop("file", None) or sys.stdout
-        text = sep.join(str(a) for a in args)
+        text = kwargs.pop("sep", " ").join(str(a) for a in args)
         if all_ranks and self.is_distributed:
             text = f"[rank{self.rank}] {text}"
-        builtins.print(text, end=end, file=file, flush=True, **kwargs)
+        builtins.print(text, flush=True, **kwargs)  # file=None and end=None: print's defaults
 
     @contextlib.contextmanager
     def rank_zero_first(self) -> Iterator[None]:
@@ -122,19 +119,23 @@ class RankTools:
             self.barrier()
 
 
-def refuse(error: UsageError, rank: int, *, said_by_launcher: bool = False) -> NoReturn:
-    """End a launched worker on a usage error: one line on stderr, exit code 2 (what the
-    launcher reports as the user's error, not a crash).
+def report_failure(error: BaseException | None, env: ClusterEnv) -> bool:
+    """Record ``error`` for the launcher's one-line summary (``multigpu.worker_error``); True
+    when recorded. A usage error then ends a torchrun worker: one line on stderr, exit code 2
+    (what the launcher reports as the user's error, not a crash).
 
-    ``said_by_launcher``: ``multigpu run`` prints the line itself (read from the worker's error
-    file), so the worker stays silent. Otherwise (plain torchrun) the worker says it: every rank
-    usually refuses the same input, so a rank other than 0 waits a moment, in which the agent
-    stops it once rank 0 has exited, and the message appears once; if rank 0 did not refuse,
-    it still appears, from the rank that did.
+    ``multigpu run`` prints the line itself (read from the worker's error file), so the worker
+    stays silent. Under plain torchrun the worker says it: every rank usually refuses the same
+    input, so a rank other than 0 waits a moment, in which the agent stops it once rank 0 has
+    exited, and the message appears once; if rank 0 did not refuse, it still appears, from the
+    rank that did.
     """
-    if not said_by_launcher:
-        if rank != 0:
+    recorded = worker_error.record(error)
+    if not isinstance(error, UsageError) or env.source != "torchrun":
+        return recorded
+    if not (recorded and worker_error.launched_by_multigpu()):
+        if env.rank != 0:
             time.sleep(1.0)
-        prefix = f"rank {rank}: " if rank else ""
+        prefix = f"rank {env.rank}: " if env.rank else ""
         print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
     raise SystemExit(2) from error

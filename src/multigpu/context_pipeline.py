@@ -39,11 +39,6 @@ class ForwardBackward:
         mean over the micro-batches, broadcast from the last stage. Under any other strategy it
         is the model's forward, ``loss_fn`` and ``ctx.backward`` (inside ``ctx.accumulate`` the
         loss is divided there), returning this rank's loss. Step with ``ctx.step`` after it.
-
-        Example:
-            >>> for x, y in ctx.loader(dataset, batch_size=64):            # doctest: +SKIP
-            ...     loss = ctx.forward_backward(model, x, target=y, loss_fn=F.cross_entropy)
-            ...     ctx.step(optimizer)
         """
         if not callable(loss_fn):
             raise UsageError(

@@ -1,14 +1,9 @@
-"""Choose this rank's device, the backend for it, and move data to it.
-
-Environment variables read: ``CUDA_VISIBLE_DEVICES`` (through torch), ``MULTIGPU_DEVICE``
-(``cpu`` forces CPU even where CUDA is available; ``auto`` or unset: CUDA when present; anything
-else is a UsageError).
-"""
+"""Choose this rank's device, the backend for it, and move data to it."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -21,18 +16,11 @@ from multigpu.settings import Settings
 T = TypeVar("T")
 
 
-def cuda_count() -> int:
-    """Number of CUDA devices visible to this process (0 without CUDA)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.device:
     """Return ``cuda:local_rank`` when CUDA is there (and wanted), else ``cpu``.
 
-    Args:
-        env: where this process sits in the job.
-        accelerator: ``"auto"`` (CUDA if available), ``"cuda"`` (error without it) or ``"cpu"``.
-        settings: the environment's values (``MULTIGPU_DEVICE``, ``CUDA_VISIBLE_DEVICES``).
+    ``accelerator``: ``"auto"`` (CUDA if available), ``"cuda"`` (error without it) or ``"cpu"``;
+    ``MULTIGPU_DEVICE=cpu`` (``settings.device``) forces the CPU.
 
     Raises:
         DeviceError: CUDA was asked for but is missing, or there are fewer visible GPUs than
@@ -50,7 +38,7 @@ def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.
         )
     if accelerator == "cpu" or forced_cpu:
         return torch.device("cpu")
-    count = cuda_count()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         if accelerator in ("cuda", "gpu"):
             raise DeviceError(
@@ -69,11 +57,8 @@ def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.
 
 
 def backend_for(device: torch.device, requested: str | None = None) -> str:
-    """Return the process-group backend for ``device``: nccl for CUDA, gloo for CPU.
-
-    Raises:
-        DeviceError: ``requested`` is unknown, or nccl was asked for on a CPU device.
-    """
+    """Return the process-group backend for ``device``: ``requested``, else nccl for CUDA and
+    gloo for CPU (DeviceError for an unknown one, or nccl on a CPU device)."""
     if requested in (None, "", "auto"):
         return "nccl" if device.type == "cuda" else "gloo"
     if requested not in BACKENDS:
@@ -87,33 +72,34 @@ def backend_for(device: torch.device, requested: str | None = None) -> str:
 
 
 def move_to_device(obj: T, device: torch.device | str, non_blocking: bool = False) -> T:
-    """Move every tensor in ``obj`` to ``device``, keeping the structure.
-
-    Handles tensors, modules, dicts (and other mappings), lists, tuples, named tuples and
-    dataclasses; anything else is returned unchanged.
-
-    Example:
-        >>> move_to_device({"x": torch.ones(2), "n": 3}, "cpu")["x"].device
-        device(type='cpu')
-    """
+    """Move every tensor and module in ``obj`` to ``device``, keeping the structure (see
+    ``map_tensors``)."""
     target = torch.device(device)
-    return _move(obj, target, non_blocking)
+
+    def move(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.device == target:
+            return leaf
+        return leaf.to(target, non_blocking=non_blocking)
+
+    return map_tensors(obj, move, (torch.Tensor, torch.nn.Module))
 
 
-def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
-    if isinstance(obj, torch.Tensor | torch.nn.Module):
-        if isinstance(obj, torch.Tensor) and obj.device == device:
-            return obj
-        return obj.to(device, non_blocking=non_blocking)
+def map_tensors(
+    obj: Any, fn: Callable[[Any], Any], leaves: tuple[type, ...] = (torch.Tensor,)
+) -> Any:
+    """``obj`` with ``fn(leaf)`` for each of its ``leaves``, rebuilt through dicts (and other
+    mappings), lists, tuples, named tuples and dataclasses; anything else is kept as it is."""
+    if isinstance(obj, leaves):
+        return fn(obj)
     if isinstance(obj, Mapping):
-        return type(obj)({k: _move(v, device, non_blocking) for k, v in obj.items()})  # type: ignore[call-arg]
+        return type(obj)({k: map_tensors(v, fn, leaves) for k, v in obj.items()})  # type: ignore[call-arg]
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_move(v, device, non_blocking) for v in obj))
+        return type(obj)(*(map_tensors(v, fn, leaves) for v in obj))
     if isinstance(obj, list | tuple):
-        return type(obj)(_move(v, device, non_blocking) for v in obj)
+        return type(obj)(map_tensors(v, fn, leaves) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         changes = {
-            f.name: _move(getattr(obj, f.name), device, non_blocking)
+            f.name: map_tensors(getattr(obj, f.name), fn, leaves)
             for f in dataclasses.fields(obj)
             if f.init
         }

@@ -2,10 +2,6 @@
 
 Every wait is bounded: the process group gets a timeout (default 300 s, far below torch's 30
 minutes), so a rank that never arrives turns into an error instead of a silent hang.
-
-Environment variables read: ``MULTIGPU_TIMEOUT`` (seconds, the default collective timeout),
-``MULTIGPU_BACKEND`` (set by ``multigpu run --backend``); torchrun's ``MASTER_ADDR``,
-``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` through ``init_method="env://"``.
 """
 
 from __future__ import annotations
@@ -41,12 +37,7 @@ _OPS = {
 
 
 def collective_timeout(timeout: float | timedelta | None, default_s: float) -> timedelta:
-    """Return the collective timeout: the argument, else ``default_s`` (the settings' value).
-
-    Example:
-        >>> collective_timeout(None, 300.0), collective_timeout(60, 300.0)
-        (datetime.timedelta(seconds=300), datetime.timedelta(seconds=60))
-    """
+    """Return the collective timeout: the argument, else ``default_s`` (the settings' value)."""
     if isinstance(timeout, timedelta):
         seconds = timeout.total_seconds()
     else:
@@ -68,10 +59,7 @@ def init_process_group(
 
     torchrun-launched workers rendezvous through ``env://`` (torchrun's own variables, and its
     agent's store when it shares it); SLURM and MPI tasks through ``tcp://master_addr:master_port``
-    so nothing has to be written into ``os.environ``.
-
-    Returns:
-        True when a process group was created by this call.
+    so nothing has to be written into ``os.environ``. True when this call created the group.
     """
     if env.world_size == 1 or is_initialized():
         return False
@@ -83,10 +71,8 @@ def init_process_group(
     init_method = (
         "env://" if env.source == "torchrun" else f"tcp://{env.master_addr}:{env.master_port}"
     )
-    kwargs: dict[str, Any] = {}
-    if device.type == "cuda":
-        # Binds the communicator to this rank's GPU at once: no guessing "cuda:0" on every rank.
-        kwargs["device_id"] = device
+    # Binds the communicator to this rank's GPU at once: no guessing "cuda:0" on every rank.
+    kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     log.debug(
         "init_process_group backend=%s init=%s rank=%s/%s",
         backend,
@@ -115,11 +101,6 @@ def init_process_group(
     return True
 
 
-def _agent_hosts_store(env: ClusterEnv) -> bool:
-    # torchrun's agent shares its own store with its workers: then every rank is its client.
-    return env.source == "torchrun" and env.agent_store
-
-
 def wait_for_store(env: ClusterEnv, timeout: timedelta) -> None:
     """Wait, within ``timeout``, until the process group's store accepts connections; raise
     EnvError naming it when it never does. Rank 0 hosts the store (no wait) unless the agent
@@ -128,7 +109,8 @@ def wait_for_store(env: ClusterEnv, timeout: timedelta) -> None:
     torch's own client waits longer than its timeout when nothing answers (retries with
     back-off: 47 s for 20 s), and then fails with a bare ``DistNetworkError``.
     """
-    agent = _agent_hosts_store(env)
+    # torchrun's agent shares its own store with its workers: then every rank is its client.
+    agent = env.source == "torchrun" and env.agent_store
     if env.rank == 0 and not agent:
         return
     try:
@@ -240,8 +222,7 @@ def all_reduce(value: T, op: ReduceOp = "mean", device: torch.device | None = No
     if size == 1:
         return float(value) if op == "mean" else value  # type: ignore[return-value]
     tensor = torch.tensor(float(value), dtype=torch.float64, device=device or torch.device("cpu"))
-    dist.all_reduce(tensor, op=_OPS[op])
-    result = tensor.item() / size if op == "mean" else tensor.item()
+    result = all_reduce(tensor, op).item()
     if op != "mean" and isinstance(value, int):
         return int(result)  # type: ignore[return-value]
     return result  # type: ignore[return-value]
@@ -254,24 +235,16 @@ def gather(value: Any, device: torch.device | None = None) -> list[Any]:
     ``all_gather`` after padding and the padding is cut off again, so no element is duplicated.
     Other (picklable) objects go through ``all_gather_object``.
     """
-    size = world_size()
-    if size == 1:
-        return [value]
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor) and world_size() > 1:
         return _gather_tensor(value, device or value.device)
-    out: list[Any] = [None] * size
-    dist.all_gather_object(out, value)
-    return out
+    return gather_objects_small(value)
 
 
 def _gather_tensor(value: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-    size = world_size()
     tensor = value.detach().to(device)
-    if tensor.dim() == 0:
+    scalar = tensor.dim() == 0
+    if scalar:
         tensor = tensor.reshape(1)
-        scalar = True
-    else:
-        scalar = False
     meta = gather_objects_small((tuple(tensor.shape), str(tensor.dtype)))
     shapes = [m[0] for m in meta]
     if len({m[1] for m in meta}) != 1 or len({s[1:] for s in shapes}) != 1:
@@ -282,7 +255,7 @@ def _gather_tensor(value: torch.Tensor, device: torch.device) -> list[torch.Tens
     longest = max(s[0] for s in shapes)
     padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=device)
     padded[: tensor.shape[0]] = tensor
-    buffers = [torch.empty_like(padded) for _ in range(size)]
+    buffers = [torch.empty_like(padded) for _ in meta]  # one per rank
     dist.all_gather(buffers, padded)
     parts = [buf[: shape[0]] for buf, shape in zip(buffers, shapes, strict=True)]
     return [p.reshape(()) for p in parts] if scalar else parts

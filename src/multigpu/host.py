@@ -18,12 +18,7 @@ _SIOCGIFFLAGS, _SIOCGIFADDR, _SIOCGIFMTU = 0x8913, 0x8915, 0x8921
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask), as the launcher counts them.
-
-    Example:
-        >>> usable_cores() >= 1
-        True
-    """
+    """CPU cores this process may run on (its affinity mask), as the launcher counts them."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
@@ -53,26 +48,14 @@ class Interface:
         return self.up and self.carrier
 
     def describe(self) -> str:
-        """``"up, MTU 1500, 10.0.0.2"``.
-
-        Example:
-            >>> Interface(name="lo", up=True, carrier=True, loopback=True, mtu=65536,
-            ...           ipv4="127.0.0.1").describe()
-            'up, MTU 65536, 127.0.0.1 (loopback)'
-        """
+        """``"up, MTU 1500, 10.0.0.2"``, or ``"up, MTU 65536, 127.0.0.1 (loopback)"``."""
         state = "up" if self.usable else ("up, no carrier" if self.up else "down")
-        parts = [state, f"MTU {self.mtu}" if self.mtu else "MTU ?"]
-        parts.append(self.ipv4 or "no IPv4 address")
+        parts = [state, f"MTU {self.mtu}" if self.mtu else "MTU ?", self.ipv4 or "no IPv4 address"]
         return ", ".join(parts) + (" (loopback)" if self.loopback else "")
 
 
 def interface_names() -> list[str]:
-    """The network interfaces of this machine (of this network namespace), sorted.
-
-    Example:
-        >>> "lo" in interface_names()  # doctest: +SKIP
-        True
-    """
+    """The network interfaces of this machine (of this network namespace), sorted."""
     try:
         return sorted(name for _, name in socket.if_nameindex())
     except OSError:  # no netlink (not Linux): nothing to offer
@@ -81,12 +64,7 @@ def interface_names() -> list[str]:
 
 def read_interfaces(names: list[str] | None = None) -> list[Interface]:
     """Interfaces ``names`` (default: every one of this namespace), sorted by name ([] where
-    netlink or ioctls are missing).
-
-    Example:
-        >>> [i.name for i in read_interfaces() if i.loopback]  # doctest: +SKIP
-        ['lo']
-    """
+    netlink or ioctls are missing)."""
     try:
         import fcntl
     except ImportError:  # not POSIX
@@ -120,23 +98,13 @@ def read_interfaces(names: list[str] | None = None) -> list[Interface]:
 
 
 def interface_address(name: str) -> str | None:
-    """The IPv4 address of interface ``name``, or None when it has none (or this is not Linux).
-
-    Example:
-        >>> interface_address("lo")  # doctest: +SKIP
-        '127.0.0.1'
-    """
+    """The IPv4 address of interface ``name``, or None when it has none (or this is not Linux)."""
     found = read_interfaces([name])
     return found[0].ipv4 if found else None
 
 
 def loopback_interface() -> str | None:
-    """The name of this machine's loopback interface (``lo`` on Linux), or None if none is found.
-
-    Example:
-        >>> loopback_interface()  # doctest: +SKIP
-        'lo'
-    """
+    """The name of this machine's loopback interface (``lo`` on Linux), or None if none is found."""
     for interface in read_interfaces():
         if interface.ipv4 is not None and interface.ipv4.startswith("127."):
             return interface.name
@@ -148,10 +116,6 @@ def local_addresses(host: str) -> list[str]:
 
     The test is to bind a socket to each: only a local address can be bound, whatever the
     interface (an empty host means ``localhost``).
-
-    Example:
-        >>> local_addresses("127.0.0.1")
-        ['127.0.0.1']
     """
     try:
         infos = socket.getaddrinfo(host.strip("[]") or "localhost", None, type=socket.SOCK_STREAM)

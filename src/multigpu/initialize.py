@@ -1,14 +1,8 @@
 """``multigpu.init()``: detect the job, pick the device, start the group, seed, give a Context.
 
-Environment variables read, all from the ``environ`` given (default ``os.environ``) and nowhere
-else — the ``MULTIGPU_*`` values resolved once into ``multigpu.settings.Settings`` and passed
-down: everything ``multigpu.env.detect`` reads (torchrun, SLURM, MPI),
-``MULTIGPU_BACKEND``, ``MULTIGPU_STRATEGY``, ``MULTIGPU_COMPRESSION`` (through
-``resolve_strategy``), ``MULTIGPU_TIMEOUT``, ``MULTIGPU_DEVICE``,
-``MULTIGPU_DETERMINISTIC``, ``MULTIGPU_WATCHDOG``, ``MULTIGPU_HANG_AFTER``,
-``CUBLAS_WORKSPACE_CONFIG``, and (for ``multigpu verify``) ``MULTIGPU_VERIFY_DIR``,
-``MULTIGPU_VERIFY_STEPS``. A bad ``MULTIGPU_*`` value is a UsageError before anything starts
-(``multigpu.variables``); in a launched worker it ends the worker with one line and exit code 2.
+Every variable is read from the ``environ`` given (default ``os.environ``) and nowhere else, the
+``MULTIGPU_*`` ones once, into ``multigpu.settings.Settings``. A bad value is a UsageError before
+anything starts; in a launched worker it ends the worker with one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -21,11 +15,11 @@ from datetime import timedelta
 
 import torch
 
-from multigpu import dist, worker_error
+from multigpu import dist
 from multigpu.context import Context
-from multigpu.context_comm import refuse
+from multigpu.context_comm import report_failure
 from multigpu.device import backend_for, rank_device
-from multigpu.env import ClusterEnv, detect
+from multigpu.env import detect
 from multigpu.errors import EnvError, UsageError
 from multigpu.instrument import choose_hooks
 from multigpu.log import warn_once
@@ -101,7 +95,7 @@ def init(
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
-        _refuse_launched(e, env)
+        report_failure(e, env)
         raise
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -127,15 +121,6 @@ def init(
         precision=mixed,
         hooks=hooks,
     )
-
-
-def _refuse_launched(error: UsageError, env: ClusterEnv) -> None:
-    """A usage error in ``init()`` of a launched worker: recorded for the launcher's summary and
-    ended as a ``with multigpu.init()`` block ends one (one line, exit code 2, no traceback)."""
-    if env.source != "torchrun":
-        return  # a plain script, or a task of srun/mpirun: the exception, as raised
-    recorded = worker_error.record(error)
-    refuse(error, env.rank, said_by_launcher=recorded and worker_error.launched_by_multigpu())
 
 
 def check_same_versions() -> None:

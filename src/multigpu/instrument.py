@@ -3,9 +3,6 @@
 - ``MULTIGPU_VERIFY_DIR`` (``multigpu verify``): the verify probe (``multigpu.verify_record``);
 - else ``MULTIGPU_BENCH_DIR`` (``multigpu bench scaling``): the step timer (``bench_record``);
 - above one process: the hang tools (``multigpu.hang.hooks``).
-
-Environment variables read: those above, ``MULTIGPU_VERIFY_STEPS``, ``MULTIGPU_BENCH_STEPS`` and
-the watchdog's (``multigpu.hang.watchdog``), all from the mapping ``init()`` was given.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 Handlers are configured only by the command line (``configure``); the library never touches the
 root logger.
-
-Environment variables read: ``RANK`` (the prefix, when no rank is passed), ``MULTIGPU_LOG_LEVEL``.
 """
 
 from __future__ import annotations

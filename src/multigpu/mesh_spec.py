@@ -12,8 +12,6 @@ Axes (canonical name first, then the other spellings accepted):
 
 A size is a positive number of ranks, or ``-1`` for ``dp_shard`` alone: what the other axes
 leave of the world (its default).
-
-Environment variables read: none (``multigpu.variables.mesh`` reads ``MULTIGPU_MESH``).
 """
 
 from __future__ import annotations
@@ -96,11 +94,8 @@ def _int(text: str) -> object:
 
 
 def check_size(axis: str, size: object, *, given_as: str = "mesh_shape") -> int:
-    """``size`` when it is a valid size of ``axis`` (``-1`` only for ``dp_shard``).
-
-    Raises:
-        UsageError: anything else, naming the axis and the value.
-    """
+    """``size`` when it is a valid size of ``axis`` (``-1`` only for ``dp_shard``), else a
+    UsageError naming the axis and the value."""
     rest = axis == "dp_shard"
     if (
         not isinstance(size, bool)
@@ -118,9 +113,7 @@ def check_size(axis: str, size: object, *, given_as: str = "mesh_shape") -> int:
 def resolve_sizes(shape: Mapping[str, int], world_size: int) -> dict[str, int]:
     """Every axis's size for ``world_size`` ranks: ``dp_shard=-1`` (or unset) takes the rest.
 
-    Raises:
-        UsageError: the sizes cannot multiply to ``world_size``; the message names the axes,
-            the product and what to change.
+    Sizes that cannot multiply to ``world_size`` are a UsageError naming the axes and the product.
 
     Example:
         >>> resolve_sizes({"tp": 2}, 4)

@@ -64,12 +64,7 @@ class Metric:
         return float((state[0] / state[1]).item())
 
     def compute(self) -> float | torch.Tensor:
-        """Reduce over every rank (collective: call it on all ranks) and return the value.
-
-        Example:
-            >>> m = Mean(); m.update(torch.tensor([1.0, 2.0])); m.compute()
-            1.5
-        """
+        """Reduce over every rank (collective: call it on all ranks) and return the value."""
         local = torch.zeros_like(self._local) if _REPEATS else self._local
         reduced = dist.all_reduce(local.to(_comm_device()), op="sum")
         self._global = reduced.cpu()
@@ -99,13 +94,7 @@ class Metric:
         return {"metric": type(self).__name__, "state": self._local.cpu().tolist()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a ``state_dict()`` of the same metric class.
-
-        Example:
-            >>> a = Sum(); a.update(3.0); b = Sum(); b.load_state_dict(a.state_dict())
-            >>> b.compute()
-            3.0
-        """
+        """Restore a ``state_dict()`` of the same metric class."""
         name = type(self).__name__
         ok = isinstance(state, Mapping) and state.get("metric") == name
         values = state.get("state") if ok else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,12 +25,7 @@ _SIZE = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)")
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is torch failing to allocate memory (CPU or CUDA).
-
-    Example:
-        >>> is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: ..."))
-        True
-    """
+    """Whether ``error`` is torch failing to allocate memory (CPU or CUDA)."""
     if isinstance(error, torch.OutOfMemoryError):
         return True
     text = str(error)
@@ -42,30 +38,25 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 def explain(
     error: BaseException,
-    *,
     where: str,
-    rank: int,
-    strategy: str,
-    world_size: int,
-    local_world_size: int,
-    device: torch.device,
-    precision: str,
+    ctx: Any,
     model: nn.Module | None,
     optimizers: Sequence[torch.optim.Optimizer],
 ) -> DeviceError:
     """The one-line error for an allocation that failed in ``where`` (see the module doc)."""
     size = _SIZE.search(str(error))
     tried = f" (it tried to allocate {size.group(1)})" if size else ""
+    strategy, precision = ctx.strategy.name, ctx.precision.name
     need = ""
     if model is not None:
-        capacity = device_capacity(device, local_world_size)
+        capacity = device_capacity(ctx.device, ctx.local_world_size)
         est = estimate_memory(
             model,
-            world_size=world_size,
+            world_size=ctx.world_size,
             optimizer=optimizers[0] if optimizers else "adamw",  # unknown classes: measured
             precision=precision if precision in PRECISIONS else "32",
             capacity=capacity,
-            device=device,
+            device=ctx.device,
         )
         name = strategy if strategy in ("ddp", "fsdp") else "ddp"
         need = (
@@ -80,5 +71,6 @@ def explain(
         "batch"
     )
     return DeviceError(
-        f"rank {rank} ({socket.gethostname()}) ran out of memory in {where}{tried}{need}; {advice}"
+        f"rank {ctx.rank} ({socket.gethostname()}) ran out of memory in {where}{tried}{need}; "
+        + advice
     )

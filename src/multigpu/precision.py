@@ -26,15 +26,11 @@ _ALIASES = {
     "16": "16-mixed",
     "fp16": "16-mixed",
 }
+_DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def parse_precision(value: str | int) -> str:
-    """Normalise a precision name (``32``, ``"bf16-mixed"``, ``"16-mixed"`` and aliases).
-
-    Example:
-        >>> parse_precision(32), parse_precision("bf16")
-        ('32', 'bf16-mixed')
-    """
+    """Normalise a precision name (``32``, ``"bf16-mixed"``, ``"16-mixed"`` and aliases)."""
     text = str(value).lower()
     text = _ALIASES.get(text, text)
     if text not in PRECISIONS:
@@ -81,9 +77,7 @@ class Precision:
     def __init__(self, precision: str | int, device: torch.device) -> None:
         self.name = parse_precision(precision)
         self.device = device
-        self.dtype = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[
-            self.name
-        ]
+        self.dtype = _DTYPES[self.name]
         self.scaler: torch.amp.GradScaler | None = (
             torch.amp.GradScaler(device.type) if self.name == "16-mixed" else None
         )

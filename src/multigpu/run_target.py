@@ -13,15 +13,7 @@ from multigpu.errors import UsageError
 
 
 def check_script(script: str) -> None:
-    """Raise UsageError unless ``script`` is a file (said differently for a directory).
-
-    Example:
-        >>> try:
-        ...     check_script("/")
-        ... except UsageError as e:
-        ...     print(str(e).split(";")[0])
-        script '/' is a directory
-    """
+    """Raise UsageError unless ``script`` is a file (said differently for a directory)."""
     where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()})"
     if os.path.isdir(script):
         example = os.path.join(script, "train.py")
@@ -41,14 +33,6 @@ def check_module(module: str) -> None:
 
     Only the top-level package is looked up: finding a submodule would import its parents
     (user code) in the launcher.
-
-    Example:
-        >>> check_module("json.decoder")
-        >>> try:
-        ...     check_module("no_such_pkg.train")
-        ... except UsageError as e:
-        ...     print(str(e).split(";")[0])
-        module 'no_such_pkg.train' was not found (no package 'no_such_pkg' on sys.path)
     """
     top = module.split(".", 1)[0]
     if not module or importlib.util.find_spec(top) is None:

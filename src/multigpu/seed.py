@@ -15,10 +15,6 @@ def seed_everything(seed: int) -> None:
 
     Every rank uses the same seed, so models are created identically everywhere; data order does
     not depend on it per rank (the loader derives its own generator from the seed and the epoch).
-
-    Example:
-        >>> seed_everything(0); a = torch.rand(1); seed_everything(0); bool(a == torch.rand(1))
-        True
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise UsageError(f"seed={seed!r} must be an integer in [0, 2**32); give e.g. seed=0")

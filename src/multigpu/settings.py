@@ -40,10 +40,6 @@ class Settings:
         Variables read later by the hooks (``MULTIGPU_WATCHDOG``, ``MULTIGPU_HANG_AFTER``) and
         by the strategy (``MULTIGPU_COMPRESSION``, ``MULTIGPU_MESH``) are checked here too, so
         a bad value stops ``init()`` before any process group exists.
-
-        Example:
-            >>> Settings.read({"MULTIGPU_DEVICE": "cpu", "MULTIGPU_TIMEOUT": "60"}).timeout_s
-            60.0
         """
         variables.check_environment(environ)
         return cls(

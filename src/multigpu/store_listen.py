@@ -75,14 +75,9 @@ _TCPSTORE_PARAMETERS = (
 
 
 def listening_store(make_store: Any, *args: Any, many_nodes: bool, **kwargs: Any) -> Any:
-    """``make_store(*args, **kwargs)`` (a ``TCPStore``), its server bound to
-    ``listen_address(host_name)`` when ``is_master`` is true.
-
-    Args:
-        make_store: torch's ``TCPStore`` (passed in: this module imports no torch).
-        args, kwargs: what torch would pass to ``TCPStore`` (``host_name, port, world_size,
-            is_master, ...``).
-        many_nodes: the job spans several machines (see ``listen_address``).
+    """``make_store(*args, **kwargs)`` (torch's ``TCPStore`` and its arguments, passed in: this
+    module imports no torch), its server bound to ``listen_address(host_name)`` when
+    ``is_master`` is true.
 
     A port this process's own multi-tenant server already holds, or an address that cannot be
     bound, is left to torch: it reuses its server, or raises its own error.

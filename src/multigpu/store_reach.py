@@ -27,7 +27,6 @@ class StoreUnreachable(TimeoutError):
         super().__init__(f"nothing accepted a connection at {host}:{port} in {waited_s:.0f} s")
         self.host = host
         self.port = port
-        self.waited_s = waited_s
         self.last_error = last_error
 
 
@@ -37,11 +36,6 @@ def wait_until_listening(host: str, port: int, timeout_s: float) -> float:
     Raises:
         StoreUnreachable: no connection within ``timeout_s`` (its ``last_error`` says how the
             last try failed: refused, timed out, no route...).
-
-    Example:
-        >>> wait_until_listening("127.0.0.1", 1, 0.3)
-        Traceback (most recent call last):
-        multigpu.store_reach.StoreUnreachable: nothing accepted a connection at 127.0.0.1:1 in 0 s
     """
     host = host.strip("[]")
     began = time.monotonic()

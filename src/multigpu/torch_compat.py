@@ -7,11 +7,9 @@ when a torch release changes it, so upgrading torch is this file and that test.
 - **FSDP2** (``fully_shard``, ``FSDPModule``, ``MixedPrecisionPolicy``, ``CPUOffloadPolicy``):
   public in ``torch.distributed.fsdp`` since 2.6, private ``torch.distributed._composable.fsdp``
   in 2.4 and 2.5.
-- **DTensor**: public ``torch.distributed.tensor`` since 2.5, ``torch.distributed._tensor``
-  before.
-- **A module's own tensors**: ``nn.Module._parameters`` / ``_buffers``, the tables a module
-  registers its direct parameters and buffers in (meta-device materialization swaps whole
-  tensors in and out of them).
+- **DTensor**: public ``torch.distributed.tensor`` since 2.5, ``torch.distributed._tensor`` before.
+- **A module's own tensors**: ``nn.Module._parameters`` / ``_buffers`` (meta-device
+  materialization swaps whole tensors in and out of them).
 - **FSDP2's process groups**: ``FSDPModule._get_fsdp_state()._fsdp_param_groups`` (one
   ``_fsdp_param_group`` before 2.8) and their ``mesh_info`` / ``post_forward_mesh_info``, which
   keep the groups alive after ``destroy_process_group`` (dropped at teardown); so does
@@ -34,9 +32,8 @@ when a torch release changes it, so upgrading torch is this file and that test.
   watchdog's ranks leave their reports outside any collective (``default_store``).
 - **PowerSGD on CPU tensors where CUDA is present**: ``powerSGD_hook`` ends with
   ``if torch.cuda.is_available(): torch.cuda.synchronize(device)`` on the gradients' device,
-  which raises for CPU processes on a GPU machine (seen on an H100 with torch 2.11; the same code
-  is in 2.13). ``powersgd_hook_for`` gives CPU models a copy of the hook whose module globals
-  see no CUDA.
+  which raises for CPU processes on a GPU machine (seen with torch 2.11; the same code is in
+  2.13). ``powersgd_hook_for`` gives CPU models a copy of the hook that sees no CUDA.
 - **DTensor's redistribution logger** (``torch.distributed.tensor._redistribute``): it warns on
   every rank that a partial norm on a 2-D mesh is reduced by one all-reduce per mesh axis;
   ``quiet_sequential_redistribution`` drops that one message while the tensor-parallel
@@ -48,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 import types
 from collections.abc import Callable, Iterator
@@ -66,12 +64,8 @@ FSDP_MIN_VERSION = (2, 4)
 
 def _fsdp() -> Any:
     if TORCH_VERSION >= (2, 6):
-        import torch.distributed.fsdp as public
-
-        return public
-    import torch.distributed._composable.fsdp as private  # 2.4, 2.5: the same API, private
-
-    return private
+        return importlib.import_module("torch.distributed.fsdp")
+    return importlib.import_module("torch.distributed._composable.fsdp")  # 2.4, 2.5: private
 
 
 def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
@@ -81,8 +75,7 @@ def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
 
 def fsdp_module_class() -> type:
     """FSDP2's ``FSDPModule``: every module ``fully_shard`` was applied to is an instance."""
-    found: type = _fsdp().FSDPModule
-    return found
+    return _fsdp().FSDPModule
 
 
 def mixed_precision_policy(**kwargs: Any) -> Any:
@@ -212,8 +205,6 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
     ``make(TCPStore, host, port, *args, **kwargs)`` (clients too: ``make`` tells them apart by
     ``is_master``). ``elastic``: the agent's too (its rendezvous backends and the store its
     handler shares with the workers); False: only ``init_process_group``'s (a worker's)."""
-    import importlib
-
     import torch.distributed as tdist
 
     def store(*args: Any, **kwargs: Any) -> Any:
@@ -223,27 +214,23 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
         # torch's own: TCPStore(host_name=..., port=..., is_master=True, multi_tenant=True)
         return make(tdist.TCPStore, master_addr, master_port, is_master=True, multi_tenant=True)
 
-    names = STORE_MODULES if elastic else STORE_MODULES[:1]
-    modules = [importlib.import_module(name) for name in names]
-    originals = [getattr(module, "TCPStore") for module in modules]  # noqa: B009
-    patched: list[tuple[Any, str, Any]] = []
+    patches: list[tuple[Any, str, Any]] = [
+        (importlib.import_module(name), "TCPStore", store)
+        for name in (STORE_MODULES if elastic else STORE_MODULES[:1])
+    ]
     if elastic:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
             DynamicRendezvousHandler as handler,
         )
 
-        patched.append((handler, "_create_tcp_store_server", shared_server))
-    restore = [(owner, name, owner.__dict__[name]) for owner, name, _ in patched]
-    for module in modules:
-        setattr(module, "TCPStore", store)  # noqa: B010 (a module attribute)
-    for owner, name, value in patched:
+        patches.append((handler, "_create_tcp_store_server", shared_server))
+    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+    for owner, name, value in patches:
         setattr(owner, name, value)
     try:
         yield
     finally:
-        for module, original in zip(modules, originals, strict=True):
-            setattr(module, "TCPStore", original)  # noqa: B010
-        for owner, name, value in restore:
+        for owner, name, value in originals:
             setattr(owner, name, value)
 
 
@@ -261,11 +248,8 @@ AGENT_ATTRIBUTES = ("_remaining_restarts", "_store", "_exit_barrier_timeout")
 
 
 def elastic_agent_class() -> type:
-    """torchrun's ``LocalElasticAgent``, to subclass: refused when it lacks ``AGENT_OVERRIDES``.
-
-    Raises:
-        RuntimeError: this torch's agent no longer has a method multigpu overrides.
-    """
+    """torchrun's ``LocalElasticAgent``, to subclass (RuntimeError when it lacks one of
+    ``AGENT_OVERRIDES``)."""
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     missing = [
@@ -319,12 +303,7 @@ class _TorchWithoutCuda(types.ModuleType):
 
 
 def powersgd_hook_for(device: torch.device) -> Callable[..., Any]:
-    """torch's ``powerSGD_hook`` for gradients on ``device``, usable on CPU where CUDA is present.
-
-    Example:
-        >>> powersgd_hook_for(torch.device("cpu")).__name__
-        'powerSGD_hook'
-    """
+    """torch's ``powerSGD_hook`` for ``device``'s gradients, usable on CPU where CUDA is present."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as module
 
     hook = module.powerSGD_hook

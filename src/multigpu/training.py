@@ -54,11 +54,8 @@ class StepControl:
             sync = loader is None or loader.ends_step
         self._micro_steps, self._sync = steps, sync
         try:
-            if sync:
+            with contextlib.nullcontext() if sync else self.strategy.no_sync(model):
                 yield
-            else:
-                with self.strategy.no_sync(model):
-                    yield
         finally:
             # _sync stays until the next batch: `with ctx.accumulate(model): ...` then
             # ctx.step(opt) after the block (Accelerate's habit) must not step a micro-batch

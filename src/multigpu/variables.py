@@ -6,11 +6,6 @@ variable, the value, what is allowed and how to fix it. The modules that act on 
 (``initialize``, ``device``, ``dist``, ``hang.watchdog``, ``log``) read it through these, and
 the launcher checks every one (``check_environment``) before any worker starts: the workers
 inherit its environment.
-
-Environment variables read (by ``check_environment``): ``MULTIGPU_STRATEGY``,
-``MULTIGPU_BACKEND``, ``MULTIGPU_DEVICE``, ``MULTIGPU_COMPRESSION``, ``MULTIGPU_DETERMINISTIC``,
-``MULTIGPU_WATCHDOG``, ``MULTIGPU_TIMEOUT``, ``MULTIGPU_HANG_AFTER``, ``MULTIGPU_LOG_LEVEL``,
-``MULTIGPU_MESH``.
 """
 
 from __future__ import annotations
@@ -45,15 +40,7 @@ def read_choice(
     default: str,
     example: str | None = None,
 ) -> str:
-    """The value of ``name`` in lower case, one of ``allowed``; ``default`` when unset or empty.
-
-    Raises:
-        UsageError: a value that is not one of ``allowed`` (case and spaces aside).
-
-    Example:
-        >>> read_choice({"MULTIGPU_BACKEND": "Gloo"}, "MULTIGPU_BACKEND", ("nccl", "gloo"), "auto")
-        'gloo'
-    """
+    """The value of ``name`` in lower case, one of ``allowed``; ``default`` when unset or empty."""
     raw = _raw(environ, name)
     if not raw:
         return default
@@ -65,13 +52,7 @@ def read_choice(
 def read_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
     """``name`` as a yes/no switch (1/0, true/false, yes/no, on/off); ``default`` when unset.
 
-    Raises:
-        UsageError: any other value (``maybe``): a switch that silently meant "on" would hide
-            a typo.
-
-    Example:
-        >>> read_flag({"MULTIGPU_WATCHDOG": "off"}, "MULTIGPU_WATCHDOG", True)
-        False
+    Any other value (``maybe``) is refused: a switch that silently meant "on" would hide a typo.
     """
     raw = _raw(environ, name)
     if not raw:
@@ -86,15 +67,7 @@ def read_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
 def read_seconds(
     environ: Mapping[str, str], name: str, default: float, example: str = "300"
 ) -> float:
-    """``name`` as a positive finite number of seconds; ``default`` when unset or empty.
-
-    Raises:
-        UsageError: not a number, or 0, negative, inf or nan.
-
-    Example:
-        >>> read_seconds({"MULTIGPU_TIMEOUT": "60"}, "MULTIGPU_TIMEOUT", 300.0)
-        60.0
-    """
+    """``name`` as a positive finite number of seconds; ``default`` when unset or empty."""
     raw = _raw(environ, name)
     if not raw:
         return default
@@ -108,15 +81,7 @@ def read_seconds(
 
 
 def read_count(environ: Mapping[str, str], name: str, default: int = 0) -> int:
-    """``name`` as a whole number >= 0 (a count of steps); ``default`` when unset or empty.
-
-    Raises:
-        UsageError: not a whole number, or negative.
-
-    Example:
-        >>> read_count({"MULTIGPU_VERIFY_STEPS": "20"}, "MULTIGPU_VERIFY_STEPS")
-        20
-    """
+    """``name`` as a whole number >= 0 (a count of steps); ``default`` when unset or empty."""
     raw = _raw(environ, name)
     if not raw:
         return default
@@ -142,8 +107,7 @@ def device(environ: Mapping[str, str]) -> str:
 
 def compression(environ: Mapping[str, str]) -> str | None:
     """``MULTIGPU_COMPRESSION``: DDP's gradient compression; None when unset."""
-    value = read_choice(environ, "MULTIGPU_COMPRESSION", COMPRESSIONS, "", "fp16")
-    return value or None
+    return read_choice(environ, "MULTIGPU_COMPRESSION", COMPRESSIONS, "", "fp16") or None
 
 
 def deterministic(environ: Mapping[str, str]) -> bool:
@@ -205,13 +169,7 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
 
 
 def check_environment(environ: Mapping[str, str]) -> None:
-    """Read every user-set ``MULTIGPU_*`` variable of ``environ`` once; the first bad one raises.
-
-    Raises:
-        UsageError: the first variable (in ``CHECKS`` order) whose value is not valid.
-
-    Example:
-        >>> check_environment({"MULTIGPU_STRATEGY": "fsdp", "MULTIGPU_DETERMINISTIC": "1"})
-    """
+    """Read every user-set ``MULTIGPU_*`` variable of ``environ`` once; the first bad one (in
+    ``CHECKS`` order) raises UsageError."""
     for read in CHECKS.values():
         read(environ)

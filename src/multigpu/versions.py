@@ -19,12 +19,7 @@ import torch
 
 
 def local_versions() -> dict[str, str]:
-    """This process's torch, Python and multigpu versions.
-
-    Example:
-        >>> sorted(local_versions())
-        ['multigpu', 'python', 'torch']
-    """
+    """This process's torch, Python and multigpu versions."""
     try:
         ours = importlib.metadata.version("multigpu")
     except importlib.metadata.PackageNotFoundError:

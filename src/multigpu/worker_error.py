@@ -53,11 +53,10 @@ def record(error: BaseException | None, environ: Any = None) -> bool:
     path = env.get(ERROR_FILE_VARIABLE)
     if not path or error is None or isinstance(error, KeyboardInterrupt | SystemExit):
         return False
-    message = f"{type(error).__name__}: {error}"
     now = time.time()
     data = {
         "message": {
-            "message": message,
+            "message": f"{type(error).__name__}: {error}",
             "extraInfo": {
                 "py_callstack": "".join(traceback.format_exception(error)),
                 "timestamp": str(int(now)),

@@ -14,12 +14,7 @@ _WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel, AutocastModul
 
 
 def unwrap_module(module: nn.Module) -> nn.Module:
-    """Strip DataParallel / DDP (``module.``), torch.compile (``_orig_mod``) and autocast wrappers.
-
-    Example:
-        >>> unwrap_module(nn.DataParallel(nn.Linear(2, 2))).__class__.__name__
-        'Linear'
-    """
+    """Strip DataParallel/DDP (``module.``), torch.compile (``_orig_mod``) and autocast wrappers."""
     while True:
         if isinstance(module, _WRAPPERS):
             module = module.module

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.data.sampler import ShardSampler, derive_seed
-from multigpu.device import move_to_device
+from multigpu.device import map_tensors, move_to_device
 from multigpu.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,7 @@ def _check_options(dataloader_kwargs: Mapping[str, Any]) -> None:
 
 
 def dataset_length(dataset: Any) -> int:
-    """Return ``len(dataset)`` of a map-style dataset.
-
-    Raises:
-        UsageError: ``dataset`` is an ``IterableDataset`` or has no ``__len__``.
-
-    Example:
-        >>> dataset_length(torch.utils.data.TensorDataset(torch.zeros(5)))
-        5
-    """
+    """Return ``len(dataset)`` of a map-style dataset (UsageError for any other)."""
     kind = type(dataset).__name__
     if isinstance(dataset, IterableDataset):
         raise UsageError(
@@ -98,24 +90,10 @@ def _plain_cpu_batch(batch: Any) -> bool:
     return True
 
 
-def _rows(batch: Any, n: int) -> Any:
-    """``batch`` with only its first ``n`` rows (tensors sliced, containers rebuilt)."""
-    if isinstance(batch, torch.Tensor):
-        return batch[:n]
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _rows(v, n) for k, v in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_rows(v, n) for v in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(_rows(v, n) for v in batch)
-    return batch
-
-
 class DistributedLoader:
     """Iterate this rank's shard of ``dataset`` through a ``torch.utils.data.DataLoader``.
 
     Args:
-        dataset: a map-style dataset of ``sampler.num_samples`` samples.
         sampler: this rank's ``ShardSampler``; the loader owns its progress from now on.
         device: when set, every batch is moved there (``non_blocking`` when ``pin_memory``).
         even_batches: give ranks that run out a batch early an empty batch instead (FSDP).
@@ -226,7 +204,7 @@ class DistributedLoader:
         """A batch of 0 rows shaped like ``like`` (or like the dataset's first sample)."""
         if like is None:
             like = self.dataloader.collate_fn([self.dataset[0]])
-        empty = _rows(like, 0)
+        empty = map_tensors(like, lambda t: t[:0])
         return move_to_device(empty, self.device) if self.device is not None else empty
 
     def state_dict(self) -> dict[str, Any]:
@@ -260,16 +238,8 @@ def make_loader(
     every sample exactly once (ranks may then get uneven or no last batches).
 
     Raises:
-        UsageError: an IterableDataset or a dataset without ``__len__``; a ``batch_size`` that
-            is not positive or not divisible by ``world_size * accumulation_steps``; a bad
-            rank; ``sampler``/``batch_sampler``/``batch_size``/``shuffle``/``drop_last``/
-            ``generator`` among ``dataloader_kwargs``; an option DataLoader rejects.
-
-    Example:
-        >>> ds = torch.utils.data.TensorDataset(torch.arange(10.0))
-        >>> loader = make_loader(ds, batch_size=4, rank=1, world_size=2, shuffle=False)
-        >>> [b[0].tolist() for b in loader]
-        [[2.0, 3.0], [6.0, 7.0], [9.0]]
+        UsageError: a dataset without ``__len__``, a ``batch_size`` that does not split evenly,
+            or a DataLoader option that would undo the sharding (or that DataLoader rejects).
     """
     _check_options(dataloader_kwargs)
     sampler = ShardSampler(

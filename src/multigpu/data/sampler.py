@@ -18,8 +18,8 @@ shuffling) it is skipped — each epoch reshuffles, so different samples are dro
 (the default for ``shuffle=False``, i.e. evaluation) the ``R`` remaining samples are split into
 ``W`` contiguous parts whose sizes differ by at most one (the first ``R % W`` ranks get one
 more); each part is cut into micro-batches of at most ``mb``. A rank whose part is empty yields
-no batch for that step. Nothing is ever padded with duplicates; ``rank_num_samples()`` and
-``rank_num_batches()`` give every rank's share.
+no batch for that step. Nothing is ever padded with duplicates; ``rank_num_batches()`` gives
+every rank's share.
 
 Progress: ``cursor`` counts the global samples of the epoch already consumed, in whole global
 batches. A step counts when this rank hands out its last micro-batch of it; when the rank hands
@@ -47,12 +47,7 @@ STATE_KEYS = ("seed", "epoch", "cursor", "num_samples", "global_batch_size", "sh
 
 
 def derive_seed(*parts: int) -> int:
-    """Mix integers into one 63-bit seed (SplitMix64), so nearby inputs give unrelated seeds.
-
-    Example:
-        >>> derive_seed(0, 1) != derive_seed(1, 0)
-        True
-    """
+    """Mix integers into one 63-bit seed (SplitMix64), so nearby inputs give unrelated seeds."""
     state = 0x9E3779B97F4A7C15
     for part in parts:
         state = (state ^ (int(part) & _MASK64)) & _MASK64
@@ -83,12 +78,7 @@ def per_rank_batch_size(
 ) -> int:
     """Return the per-rank micro-batch ``batch_size / (world_size * accumulation_steps)``.
 
-    Raises:
-        UsageError: the global batch does not divide evenly; the message suggests multiples.
-
-    Example:
-        >>> per_rank_batch_size(256, 4, 2)
-        32
+    A global batch that does not divide evenly is a UsageError suggesting multiples.
     """
     batch_size = _as_int(name, batch_size, 1)
     world_size = _as_int("world_size", world_size, 1)
@@ -117,10 +107,7 @@ class ShardSampler(Sampler[list[int]]):
     """Batch sampler yielding this rank's index list per (micro-)step; see the module docstring.
 
     Args:
-        num_samples: size of the dataset.
         global_batch_size: samples per optimizer step over all ranks and micro-steps.
-        rank: this process's rank, in ``[0, world_size)``.
-        world_size: number of ranks.
         shuffle: reshuffle every epoch (else the order is ``0..n-1``).
         seed: with the epoch, the only input of the global order.
         drop_last: skip the last partial step; ``None`` means ``shuffle``.
@@ -190,24 +177,13 @@ class ShardSampler(Sampler[list[int]]):
 
         Not needed (the epoch advances by itself); kept so ``DistributedSampler`` habits and a
         resumed run calling ``set_epoch(e)`` for the epoch it resumed in do no harm.
-
-        Example:
-            >>> s = ShardSampler(8, global_batch_size=4, rank=0, world_size=1); s.set_epoch(3)
-            >>> s.epoch
-            3
         """
         epoch = _as_int("epoch", epoch, 0)
         if epoch != self._epoch:
             self._epoch, self._cursor = epoch, 0
 
     def global_order(self, epoch: int) -> torch.Tensor:
-        """Return the epoch's global sample order (int64, length ``num_samples``).
-
-        Example:
-            >>> ShardSampler(4, global_batch_size=2, rank=0, world_size=1, shuffle=False
-            ...              ).global_order(0).tolist()
-            [0, 1, 2, 3]
-        """
+        """Return the epoch's global sample order (int64, length ``num_samples``)."""
         return self._order(_as_int("epoch", epoch, 0)).clone()
 
     def _order(self, epoch: int) -> torch.Tensor:
@@ -300,27 +276,9 @@ class ShardSampler(Sampler[list[int]]):
         """
         return [len(self._spans(r, self._cursor)) for r in range(self.world_size)]
 
-    def rank_num_samples(self) -> list[int]:
-        """Samples every rank gets in the rest of this epoch; they sum to the samples left.
-
-        Example:
-            >>> ShardSampler(6, global_batch_size=4, rank=0, world_size=4, shuffle=False
-            ...              ).rank_num_samples()
-            [2, 2, 1, 1]
-        """
-        return [
-            sum(stop - start for start, stop, _ in self._spans(r, self._cursor))
-            for r in range(self.world_size)
-        ]
-
     # ---- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Return the portable progress: valid under any world size or accumulation.
-
-        Example:
-            >>> ShardSampler(8, global_batch_size=4, rank=0, world_size=2).state_dict()["cursor"]
-            0
-        """
+        """Return the portable progress: valid under any world size or accumulation."""
         return {
             "seed": self.seed,
             "epoch": self._epoch,
