@@ -58,12 +58,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
-    """An argparse ``type``: ``kind(text)`` when it is >= ``low`` (and finite), else a clear error.
-
-    Example:
-        >>> number_arg(int, 1)("3")
-        3
-    """
+    """An argparse ``type``: ``kind(text)`` when it is >= ``low`` and finite, else a clear error."""
     what = "an integer" if kind is int else "a number"
 
     def parse(text: str) -> int | float:
@@ -79,12 +74,7 @@ def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int
 
 
 def whole_arg(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: a whole number (digits only) >= ``low``.
-
-    Example:
-        >>> whole_arg(1)("5")
-        5
-    """
+    """An argparse ``type``: a whole number (digits only) >= ``low``."""
 
     def parse(text: str) -> int:
         value = int(text) if text.strip().isdigit() else -1
@@ -98,12 +88,7 @@ def whole_arg(low: int) -> Callable[[str], int]:
 
 
 def processes_arg(text: str) -> int:
-    """An argparse ``type``: a whole number of processes (or nodes) >= 1.
-
-    Example:
-        >>> processes_arg("2")
-        2
-    """
+    """An argparse ``type``: a whole number of processes (or nodes) >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -114,12 +99,7 @@ def processes_arg(text: str) -> int:
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse ``type``: ``kind(text)`` when it is a finite number above 0.
-
-    Example:
-        >>> positive(float)("3e-3")
-        0.003
-    """
+    """An argparse ``type``: ``kind(text)`` when it is a finite number above 0."""
 
     def parse(text: str) -> int | float:
         try:
@@ -134,12 +114,7 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
 
 
 def seconds_arg(text: str) -> float:
-    """argparse ``type`` of ``--timeout``: a positive number of seconds.
-
-    Example:
-        >>> seconds_arg("30")
-        30.0
-    """
+    """argparse ``type`` of ``--timeout``: a positive number of seconds."""
     try:
         value = float(text)
     except ValueError:
@@ -153,12 +128,7 @@ def seconds_arg(text: str) -> float:
 
 
 def cpu_count_arg(text: str) -> int | Literal["auto"]:
-    """argparse ``type`` of ``--cpu``: a whole number of processes >= 1, or ``auto``.
-
-    Example:
-        >>> cpu_count_arg("2"), cpu_count_arg("auto")
-        (2, 'auto')
-    """
+    """argparse ``type`` of ``--cpu``: a whole number of processes >= 1, or ``auto``."""
     if text.strip().lower() == "auto":
         return "auto"  # resolved by the plan from the measured split (launch.cpu_split)
     try:
@@ -174,12 +144,7 @@ def cpu_count_arg(text: str) -> int | Literal["auto"]:
 
 
 def process_counts(text: str, example: str = "1,2") -> list[int]:
-    """Parse ``--nproc N,M,...``: whole numbers >= 1, each once, in the order given.
-
-    Example:
-        >>> process_counts("2,1,2")
-        [2, 1]
-    """
+    """Parse ``--nproc N,M,...``: whole numbers >= 1, each once, in the order given."""
     sizes: list[int] = []
     for part in text.split(","):
         size = int(part) if part.strip().isdigit() else 0
@@ -194,16 +159,6 @@ def process_counts(text: str, example: str = "1,2") -> list[int]:
 
 
 def options_from(namespace: argparse.Namespace, cls: type[T], **given: Any) -> T:
-    """``cls`` (a dataclass) from the parsed options of the same names, and ``given``.
-
-    Example:
-        >>> import dataclasses
-        >>> @dataclasses.dataclass
-        ... class Options:
-        ...     steps: int
-        ...     target: str = ""
-        >>> options_from(argparse.Namespace(steps=3, extra=1), Options, target="t.py")
-        Options(steps=3, target='t.py')
-    """
+    """``cls`` (a dataclass) from the parsed options of the same names, and ``given``."""
     names = {f.name for f in dataclasses.fields(cls)} - given.keys()  # type: ignore[arg-type]
     return cls(**{n: getattr(namespace, n) for n in names if hasattr(namespace, n)}, **given)

@@ -20,8 +20,6 @@ from multigpu.examples import digits_parser, job_cli, lm_options, lm_parser
 from multigpu.examples.digits import build_parser
 from multigpu.examples.job_cli import check_outputs, directory_problem
 from multigpu.launch.train import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_BATCH_SIZES,
     JOB_PARSERS,
     MODEL_SUMMARIES,
     TRAIN_MODULE,
@@ -35,17 +33,12 @@ from multigpu.launch.train import (
 from tests.launch._util import run_multigpu
 
 
-def test_launcher_default_matches_the_job():
-    assert build_parser().get_default("batch_size") == DEFAULT_BATCH_SIZE
-
-
-def test_launcher_knows_each_jobs_module_and_default_batch_size():
+def test_launcher_knows_each_jobs_module():
     assert TRAIN_MODULE == TRAIN_MODULES["digits"] == "multigpu.examples.digits"
     parsers = {"digits": build_parser, "lm": lm_options.build_parser}
-    assert set(TRAIN_MODULES) == set(DEFAULT_BATCH_SIZES) == set(MODEL_SUMMARIES) == set(parsers)
-    for model, module in TRAIN_MODULES.items():
+    assert set(TRAIN_MODULES) == set(MODEL_SUMMARIES) == set(parsers)
+    for module in TRAIN_MODULES.values():
         assert callable(importlib.import_module(module).main), module  # python -m runs it
-        assert parsers[model]().get_default("batch_size") == DEFAULT_BATCH_SIZES[model], model
 
 
 def test_model_option_chooses_the_job_and_is_not_passed_on():
@@ -199,7 +192,7 @@ def test_the_job_parsers_import_no_torch():
 
 def test_parse_job_args_gives_the_jobs_namespace():
     assert parse_job_args("digits", ["--epochs", "2", "--strategy=fsdp"]).strategy == "fsdp"
-    assert parse_job_args("lm", []).batch_size == DEFAULT_BATCH_SIZES["lm"]
+    assert parse_job_args("lm", []).batch_size == lm_parser.DEFAULT_BATCH_SIZE
 
 
 def test_outputs_must_be_writable_directories_and_nothing_is_left_behind(tmp_path: Path):

@@ -21,12 +21,6 @@ def split_own_args(
     An option is the command's own when its name (before any ``=``) is one of ``actions``'
     option strings; its value is taken along unless it is a flag or written ``--opt=value``.
     ``--`` ends the command's options: everything after it is passed on, even ``--opt``.
-
-    Example:
-        >>> p = argparse.ArgumentParser()
-        >>> _ = p.add_argument("--cpu")
-        >>> split_own_args(["--cpu", "2", "--epochs", "3", "--", "--cpu"], p._actions)
-        (['--cpu', '2'], ['--epochs', '3', '--cpu'])
     """
     takes_value = {name: action.nargs != 0 for action in actions for name in action.option_strings}
     own: list[str] = []

@@ -4,9 +4,6 @@
 as with ``multigpu verify``, bench's own options are recognised by name anywhere on the line;
 everything else is the script and its arguments; after ``--`` everything goes to the script.
 Without a script: the built-in digits job (``multigpu train``'s).
-
-Environment variables read: none here (see ``diagnostics.bench``'s ``comm`` and ``scaling``,
-and ``launch.cpu_split``).
 """
 
 from __future__ import annotations
@@ -39,12 +36,7 @@ USAGE = """usage: multigpu bench {comm,scaling} [options]
 
 
 def bench_main(argv: Sequence[str]) -> int:
-    """``multigpu bench ARGV``: 0 on success, 1 when a benchmark failed; UsageError → exit 2.
-
-    Example:
-        >>> bench_main(["comm", "--sizes", "1K,64K", "--json"])  # doctest: +SKIP
-        0
-    """
+    """``multigpu bench ARGV``: 0 on success, 1 when a benchmark failed; UsageError → exit 2."""
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
@@ -62,12 +54,7 @@ def bench_main(argv: Sequence[str]) -> int:
 
 
 def scaling_main(argv: Sequence[str]) -> int:
-    """``multigpu bench scaling ARGV``: 0 when every run gave a figure, else 1.
-
-    Example:
-        >>> scaling_main(["--nproc", "1,2", "--steps", "20", "--json"])  # doctest: +SKIP
-        0
-    """
+    """``multigpu bench scaling ARGV``: 0 when every run gave a figure, else 1."""
     from multigpu.diagnostics.bench.plot import NO_MATPLOTLIB, write_plot
     from multigpu.diagnostics.bench.scaling_report import print_report, write_files
     from multigpu.diagnostics.bench.scaling_result import bench_scaling
@@ -92,8 +79,7 @@ def scaling_main(argv: Sequence[str]) -> int:
         print_report(document)
     sys.stdout.flush()
     rows = [*document["scaling"], *document["splits"]]
-    failed = [r for r in rows if r["error"] or r["failed_runs"]]
-    return 1 if failed else 0
+    return 1 if any(r["error"] or r["failed_runs"] for r in rows) else 0
 
 
 def _scaling_nproc(text: str) -> tuple[int, ...]:
@@ -148,15 +134,7 @@ def build_scaling_parser() -> argparse.ArgumentParser:
 
 
 def parse_scaling_args(argv: Sequence[str]) -> ScalingOptions | None:
-    """Parse ``multigpu bench scaling``'s command line; None after printing ``--help``.
-
-    Raises:
-        UsageError: a bad option, a missing script or module (exit code 2).
-
-    Example:
-        >>> parse_scaling_args(["--nproc", "2,1", "--steps", "5"]).nproc
-        (1, 2)
-    """
+    """Parse ``multigpu bench scaling``'s command line; None after printing ``--help``."""
     parsed = parse_with_target(build_scaling_parser(), argv, BUILTIN_JOB)
     if parsed is None:
         return None

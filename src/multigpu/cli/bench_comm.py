@@ -71,23 +71,12 @@ def build_comm_parser() -> argparse.ArgumentParser:
 
 
 def parse_comm_args(argv: Sequence[str]) -> CommOptions:
-    """Parse ``multigpu bench comm``'s options (``--help`` raises SystemExit(0) after printing).
-
-    Example:
-        >>> parse_comm_args(["--sizes", "1K,64K", "--nproc", "2"]).sizes
-        (1024, 65536)
-    """
-    ns = build_comm_parser().parse_args(list(argv))
-    return options_from(ns, CommOptions)
+    """Parse ``multigpu bench comm``'s options (``--help`` raises SystemExit(0) after printing)."""
+    return options_from(build_comm_parser().parse_args(list(argv)), CommOptions)
 
 
 def comm_main(argv: Sequence[str]) -> int:
-    """``multigpu bench comm ARGV``: 0 on success, 1 when the workers failed.
-
-    Example:
-        >>> comm_main(["--nproc", "2", "--sizes", "1K,64K", "--json"])  # doctest: +SKIP
-        0
-    """
+    """``multigpu bench comm ARGV``: 0 on success, 1 when the workers failed."""
     options = parse_comm_args(argv)
     with tempfile.TemporaryDirectory(prefix="multigpu-bench-comm-") as tmp:
         document = bench_comm(options, Path(tmp))

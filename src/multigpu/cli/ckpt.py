@@ -23,12 +23,7 @@ PROG = "multigpu ckpt"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``multigpu ckpt`` parser.
-
-    Example:
-        >>> build_parser().parse_args(["convert", "a.pt", "b.pt", "--key", "ema"]).key
-        'ema'
-    """
+    """The ``multigpu ckpt`` parser."""
     parser = Parser(prog=PROG, description="Look into and convert checkpoints.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="{inspect,convert}")
     inspect = sub.add_parser(
@@ -65,11 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _size(n: int) -> str:
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} B"
+    return f"{value:.1f} GiB"
 
 
 def _print_summary(info: dict[str, Any]) -> None:
@@ -186,17 +181,9 @@ def _convert(ns: argparse.Namespace) -> int:
 
 
 def ckpt_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu ckpt``; returns the exit code.
+    """Entry point of ``multigpu ckpt``; returns the exit code (see the module doc).
 
-    0: done; 1: ``inspect`` found a checkpoint incomplete or corrupt.
-
-    Raises:
-        UsageError: bad input, a checkpoint that cannot be read included (the CLI prints one
-            line and exits with 2).
-
-    Example:
-        >>> ckpt_main(["inspect", "runs/ckpt", "--json"])  # doctest: +SKIP
-        0
+    A checkpoint that cannot be read is bad input: a UsageError (exit code 2).
     """
     try:
         ns = build_parser().parse_args(list(argv))

@@ -83,29 +83,12 @@ def build_doctor_parser() -> argparse.ArgumentParser:
 
 
 def parse_doctor_args(argv: Sequence[str]) -> DoctorOptions:
-    """Parse ``multigpu doctor``'s options (``--help`` raises SystemExit(0) after printing).
-
-    Raises:
-        UsageError: an unknown option or a bad value (the CLI exits with 2).
-
-    Example:
-        >>> parse_doctor_args(["--json", "--backend", "gloo"]).backend
-        'gloo'
-    """
-    ns = build_doctor_parser().parse_args(list(argv))
-    return options_from(ns, DoctorOptions)
+    """Parse ``multigpu doctor``'s options (``--help`` raises SystemExit(0) after printing)."""
+    return options_from(build_doctor_parser().parse_args(list(argv)), DoctorOptions)
 
 
 def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
-    """``multigpu doctor ARGV``: print the checks; 0 when none FAILs, else 1.
-
-    Raises:
-        UsageError: bad options (the CLI prints one line and exits with 2).
-
-    Example:
-        >>> doctor_main(["--no-probe", "--json"])  # doctest: +SKIP
-        0
-    """
+    """``multigpu doctor ARGV``: print the checks; 0 when none FAILs, else 1."""
     from multigpu.diagnostics.doctor.render import document, print_json, print_table
 
     options = parse_doctor_args(argv)
@@ -254,6 +237,4 @@ def _rank_device(
     import torch
 
     backend = _choose_backend(options, facts, environ)
-    if backend == "nccl":
-        return backend, torch.device("cuda", local_rank)
-    return backend, torch.device("cpu")
+    return backend, torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")

@@ -45,12 +45,7 @@ BUILTIN = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``multigpu estimate`` parser.
-
-    Example:
-        >>> build_parser().parse_args(["lm", "--nproc", "2"]).nproc
-        2
-    """
+    """The ``multigpu estimate`` parser."""
     p = Parser(
         prog=PROG,
         description="Memory per rank of a model's training state (parameters, gradients, "
@@ -130,15 +125,8 @@ def _factory(target: str) -> Callable[[], Any]:
 
 
 def build_model(target: str) -> nn.Module:
-    """TARGET's model, built on the meta device (nothing allocated).
-
-    Raises:
-        UsageError: TARGET cannot be found, or does not make an ``nn.Module``.
-
-    Example:
-        >>> build_model("digits").fc1.weight.device
-        device(type='meta')
-    """
+    """TARGET's model, built on the meta device (nothing allocated); a UsageError when TARGET
+    cannot be found or does not make an ``nn.Module``."""
     make = _factory(target)
     try:
         with torch.device("meta"):
@@ -178,12 +166,7 @@ def devices(nproc: int | None, *, cpu: bool = False) -> tuple[int, Capacity, str
 
 
 def estimate_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu estimate``; 0, or a UsageError for the caller (exit 2).
-
-    Example:
-        >>> estimate_main(["lm", "--nproc", "2", "--json"])  # doctest: +SKIP
-        0
-    """
+    """Entry point of ``multigpu estimate``; 0, or a UsageError for the caller (exit 2)."""
     ns = build_parser().parse_args(list(argv))
     model = build_model(ns.target)
     n, capacity, where = devices(ns.nproc, cpu=ns.cpu)

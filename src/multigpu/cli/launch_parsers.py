@@ -20,7 +20,6 @@ from multigpu.launch.plan import CPU_DEFAULT_WHY
 from multigpu.launch.train import TRAIN_DESTS, TRAIN_MODULE
 
 PROG = "multigpu"
-SUBCOMMANDS = ("run", "train", "verify", "doctor", "bench", "estimate", "ckpt", "slurm", "gpus")
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "command", "training_script", "training_script_args"}
@@ -30,11 +29,6 @@ DEVICE_HELP = (
     "Devices. Default: every free GPU when the machine has GPUs; on a CPU-only machine ONE "
     f"process using all cores, because {CPU_DEFAULT_WHY}. --cpu N asks for N processes."
 )
-
-
-TORCHRUN_ABBREVIATIONS = True
-"""``multigpu run`` takes torchrun's options as torchrun does, shortened ones included
-(``--nproc-per 2``); every other parser takes whole names only (``arguments.Parser``)."""
 
 
 def _torchrun_parser() -> argparse.ArgumentParser:
@@ -98,16 +92,14 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
 def build_run_parser(prog: str = f"{PROG} run") -> Parser:
     """The parser of ``multigpu run``: torchrun's options plus ``--gpus/--cpu/--backend/--dry-run``.
 
-    Example:
-        >>> ns = build_run_parser().parse_args(["--cpu", "2", "train.py", "--lr", "0.1"])
-        >>> ns.cpu, ns.training_script, ns.training_script_args
-        (2, 'train.py', ['--lr', '0.1'])
+    It takes torchrun's options as torchrun does, shortened ones included (``--nproc-per 2``);
+    every other parser takes whole names only (``arguments.Parser``).
     """
     parser = Parser(
         prog=prog,
         parents=[_torchrun_parser()],
         add_help=False,
-        allow_abbrev=TORCHRUN_ABBREVIATIONS,
+        allow_abbrev=True,
         description="Run a training script (or -m module) on every GPU, on N CPU processes, or "
         "on many machines, through torchrun's elastic agent. All torchrun options work as in "
         "torchrun. On one node without rendezvous options, --standalone is added (free port).",
@@ -149,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         parents=[run],
         add_help=False,
-        allow_abbrev=TORCHRUN_ABBREVIATIONS,
+        allow_abbrev=True,  # as build_run_parser
         help="run a script on all devices",
         description=run.description,
     )

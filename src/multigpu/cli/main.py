@@ -110,10 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``multigpu`` and ``python -m multigpu``; returns the exit code.
 
     0 on success, 1 when a worker failed, 2 on a usage error (one line on stderr).
-
-    Example:
-        >>> main(["run", "--cpu", "2", "--dry-run", "train.py"])  # doctest: +SKIP
-        0
     """
     args = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -135,11 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             ns, script=ns.training_script, script_args=ns.training_script_args
         )
         return multigpu_run(options, check=check_worker_environment)
-    except UsageError as e:
+    except (UsageError, LaunchError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
-        return 2
-    except LaunchError as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0

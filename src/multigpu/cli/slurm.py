@@ -74,11 +74,7 @@ def sbatch_script(ns: argparse.Namespace) -> str:
 
 
 def slurm_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu slurm``; returns the exit code.
-
-    Raises:
-        UsageError: bad options (the CLI prints one line and exits with 2).
-    """
+    """Entry point of ``multigpu slurm``; returns the exit code."""
     ns = build_parser().parse_args(list(argv))
     if ns.gpus_per_node and ns.cpu:
         raise UsageError(

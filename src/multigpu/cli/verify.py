@@ -97,15 +97,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 
 def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
-    """Parse ``multigpu verify``'s command line; None when it asked for ``--help`` (printed).
-
-    Raises:
-        UsageError: a bad option, a missing script or module (exit code 2).
-
-    Example:
-        >>> parse_verify_args(["--nproc", "1,2", "--steps", "20"]).target
-        'multigpu.examples.digits'
-    """
+    """Parse ``multigpu verify``'s command line; None when it asked for ``--help`` (printed)."""
     parsed = parse_with_target(build_verify_parser(), argv, BUILTIN_JOB)
     if parsed is None:
         return None
@@ -118,12 +110,7 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
 
 
 def verify_main(argv: Sequence[str]) -> int:
-    """``multigpu verify ARGV``: 0 PASS, 1 FAIL; a UsageError (exit 2) is the caller's to print.
-
-    Example:
-        >>> verify_main(["--nproc", "1,2", "--steps", "20", "--json"])  # doctest: +SKIP
-        0
-    """
+    """``multigpu verify ARGV``: 0 PASS, 1 FAIL; a UsageError (exit 2) is the caller's to print."""
     options = parse_verify_args(argv)
     if options is None:
         return 0

@@ -47,14 +47,8 @@ from multigpu.torch_compat import (
 def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
     """Inside the block, ``torch.distributed.run.run(args)`` runs multigpu's agent.
 
-    Args:
-        timeout_s: ``--timeout``: bounds the exit barrier, the store connections and the
-            nodes' agreement check.
-        nnodes: this node's ``--nnodes`` (``"2"``, ``"1:2"``), compared with the other nodes'.
-
-    Example:
-        >>> with multigpu_agent(60, "2"):  # doctest: +SKIP
-        ...     torch.distributed.run.run(args)
+    ``timeout_s`` (``--timeout``) bounds the exit barrier, the store connections and the nodes'
+    agreement check; ``nnodes`` (this node's ``--nnodes``) is compared with the other nodes'.
     """
     from torch.distributed.elastic.agent.server.api import WorkerGroup
 

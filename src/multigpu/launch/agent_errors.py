@@ -15,18 +15,7 @@ from multigpu.store_reach import StoreUnreachable
 
 
 def root_cause(error: BaseException) -> str:
-    """The first line of the innermost exception of ``error``'s chain.
-
-    Example:
-        >>> try:
-        ...     try:
-        ...         raise TimeoutError("no answer from (h, 1)")
-        ...     except TimeoutError as e:
-        ...         raise RuntimeError("store failed") from e
-        ... except RuntimeError as e:
-        ...     print(root_cause(e))
-        TimeoutError: no answer from (h, 1)
-    """
+    """``Type: first line`` of the innermost exception of ``error``'s chain."""
     seen: set[int] = set()
     while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
         seen.add(id(error))
@@ -36,13 +25,7 @@ def root_cause(error: BaseException) -> str:
 
 
 def endpoint_of(args: Any) -> str:
-    """The rendezvous endpoint torchrun uses for parsed torchrun ``args``.
-
-    Example:
-        >>> from argparse import Namespace
-        >>> endpoint_of(Namespace(rdzv_endpoint="", master_addr="n0", master_port=29500))
-        'n0:29500'
-    """
+    """The rendezvous endpoint torchrun uses for parsed torchrun ``args``."""
     endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
     if endpoint:
         return endpoint
@@ -55,14 +38,7 @@ def _named_by(args: Any) -> str:
 
 
 def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> str:
-    """The one-line message for ``error`` raised by ``torch.distributed.run.run(args)``.
-
-    Example:
-        >>> from argparse import Namespace
-        >>> args = Namespace(rdzv_endpoint="node0:29400", nnodes="2")
-        >>> describe_agent_error(RuntimeError("boom"), args, 60)
-        'the launch failed: RuntimeError: boom'
-    """
+    """The one-line message for ``error`` raised by ``torch.distributed.run.run(args)``."""
     from torch.distributed.elastic.rendezvous.api import (
         RendezvousClosedError,
         RendezvousConnectionError,

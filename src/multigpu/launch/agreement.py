@@ -31,25 +31,13 @@ KEY_PREFIX = "multigpu/launch/"
 
 
 def normalize_nnodes(nnodes: str) -> str:
-    """``--nnodes`` as one spelling: ``"2"`` and ``"2:2"`` are the same request.
-
-    Example:
-        >>> normalize_nnodes("2:2"), normalize_nnodes("1:2"), normalize_nnodes(" 3 ")
-        ('2', '1:2', '3')
-    """
-    low, sep, high = str(nnodes).strip().partition(":")
-    if sep and low.strip() == high.strip():
-        return low.strip()
-    return f"{low.strip()}:{high.strip()}" if sep else low.strip()
+    """``--nnodes`` as one spelling: ``"2"`` and ``"2:2"`` are the same request."""
+    low, _, high = (part.strip() for part in str(nnodes).partition(":"))
+    return f"{low}:{high}" if high and high != low else low
 
 
 def node_facts(nnodes: str) -> dict[str, Any]:
-    """What this node's launcher was started with, as the other nodes must see it.
-
-    Example:
-        >>> sorted(node_facts("2"))
-        ['host', 'nnodes', 'versions']
-    """
+    """What this node's launcher was started with, as the other nodes must see it."""
     return {
         "host": socket.gethostname(),
         "nnodes": normalize_nnodes(nnodes),
@@ -61,14 +49,6 @@ def disagreement(found: list[dict[str, Any]]) -> MultiGPUError | None:
     """The error for nodes (``found[i]`` = node ``i``'s facts) that disagree; None if they agree.
 
     Different ``--nnodes`` is a usage error (exit 2); different software is not.
-
-    Example:
-        >>> v = {"torch": "2.13.0"}
-        >>> a = {"host": "n0", "nnodes": "2", "versions": v}
-        >>> print(disagreement([a, {"host": "n1", "nnodes": "3", "versions": v}]))
-        ... # doctest: +NORMALIZE_WHITESPACE
-        the nodes were started with different --nnodes: 2 on node 0 (n0), 3 on node 1 (n1);
-        start `multigpu run` with the same --nnodes on every node, and a new --rdzv-id
     """
     problems = []
     groups: dict[str, list[str]] = {}

@@ -67,12 +67,7 @@ class SplitRecord:
 
 
 def cache_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the recommendations live (see the module doc).
-
-    Example:
-        >>> cache_path({"MULTIGPU_CACHE_DIR": "/tmp/c"})
-        PosixPath('/tmp/c/cpu_split.json')
-    """
+    """Where the recommendations live (see the module doc)."""
     env = os.environ if environ is None else environ
     if env.get("MULTIGPU_CACHE_DIR"):
         return Path(env["MULTIGPU_CACHE_DIR"]) / CACHE_FILE
@@ -89,12 +84,7 @@ def torch_version() -> str:
 
 
 def script_key(script: str, *, is_module: bool) -> str:
-    """How a script is named in the cache: a module as given, a file by its absolute path.
-
-    Example:
-        >>> script_key("multigpu.examples.digits", is_module=True)
-        'multigpu.examples.digits'
-    """
+    """How a script is named in the cache: a module as given, a file by its absolute path."""
     return script if is_module else os.path.realpath(script)
 
 
@@ -118,14 +108,7 @@ def load_records(path: Path) -> list[SplitRecord]:
 
 
 def save_record(record: SplitRecord, environ: Mapping[str, str] | None = None) -> Path:
-    """Add ``record`` to the cache (replacing the same host/cores/torch/script); return the file.
-
-    Written to a temporary file and renamed, so a reader never sees half of it.
-
-    Example:
-        >>> save_record(rec, {"MULTIGPU_CACHE_DIR": "/tmp/c"})  # doctest: +SKIP
-        PosixPath('/tmp/c/cpu_split.json')
-    """
+    """Add ``record`` to the cache (replacing the same host/cores/torch/script); return the file."""
     path = cache_path(environ)
     key = (record.host, record.cores, record.torch, record.script)
     kept = [r for r in load_records(path) if (r.host, r.cores, r.torch, r.script) != key]
@@ -153,12 +136,7 @@ def new_record(
 def find_record(
     script: str, cores: int, environ: Mapping[str, str] | None = None
 ) -> tuple[SplitRecord, bool] | None:
-    """(the entry to use, whether it was measured for ``script`` itself) or None.
-
-    Example:
-        >>> find_record("train.py", 2, {"MULTIGPU_CACHE_DIR": "/nonexistent"}) is None
-        True
-    """
+    """(the entry to use, whether it was measured for ``script`` itself) or None."""
     host, version = socket.gethostname(), torch_version()
     here = [
         r
@@ -177,11 +155,6 @@ def cpu_auto_split(
     """``--cpu auto``: (processes, one line saying why) for ``script`` on this machine.
 
     Threads follow from the processes (the launcher gives each ``cores // processes``).
-
-    Example:
-        >>> cpu_auto_split("t.py", is_module=False, cores=2,
-        ...                environ={"MULTIGPU_CACHE_DIR": "/nonexistent"})[0]
-        1
     """
     found = find_record(script_key(script, is_module=is_module), cores, environ)
     if found is None:

@@ -19,10 +19,6 @@ def store_port(options: LaunchOptions) -> tuple[str, int] | None:
     c10d rendezvous: the node whose address is the endpoint's hosts it — checked only when it
     surely does (single node, or ``is_host=1`` in ``--rdzv-conf``), because on a multi-node
     test machine the port may rightly be held by another agent of the same job.
-
-    Example:
-        >>> store_port(LaunchOptions(script="t.py", torchrun={"master_port": 29511}))
-        ('--master-port 29511', 29511)
     """
     if options.get("standalone"):
         return None  # torchrun picks a free port
@@ -43,8 +39,7 @@ def store_port(options: LaunchOptions) -> tuple[str, int] | None:
     hosts = options.max_nodes == 1 or any(f"is_host={v}" in conf for v in ("1", "true", "yes"))
     if endpoint and hosts:
         found = _endpoint_port(endpoint)
-        host = endpoint.rsplit(":", 1)[0] if ":" in endpoint else endpoint
-        if found is not None and is_local_address(host):
+        if found is not None and is_local_address(endpoint.rpartition(":")[0]):
             return found
     return None
 
@@ -53,18 +48,11 @@ def _endpoint_port(endpoint: str) -> tuple[str, int] | None:
     _, sep, port_text = endpoint.rpartition(":")
     if not sep or not port_text.isdigit():
         return None  # torchrun's default port applies; it reports a bad endpoint itself
-    port = int(port_text)
-    return f"--rdzv-endpoint {endpoint}", port
+    return f"--rdzv-endpoint {endpoint}", int(port_text)
 
 
 def rendezvous_endpoint(options: LaunchOptions) -> tuple[str, int] | None:
-    """(host, port) this node's agent will connect to on several nodes; None on one node.
-
-    Example:
-        >>> rendezvous_endpoint(LaunchOptions(script="t.py", torchrun={
-        ...     "nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400"}))
-        ('node0', 29400)
-    """
+    """(host, port) this node's agent will connect to on several nodes; None on one node."""
     if options.max_nodes == 1 or options.get("standalone"):
         return None
     endpoint = str(options.get("rdzv_endpoint", "") or "")
@@ -86,12 +74,6 @@ def dialled_store(params: Any) -> tuple[str, int] | None:
 
     Static rendezvous: node rank 0 hosts it. c10d: ``is_host`` in ``--rdzv-conf``, else the node
     whose address the endpoint names (torch's own guess, made the same way: a local address).
-
-    Example:
-        >>> from torch.distributed.elastic.rendezvous import RendezvousParameters
-        >>> dialled_store(RendezvousParameters("c10d", "node0:29400", "job", 2, 2))
-        ('node0', 29400)
-        >>> dialled_store(RendezvousParameters("static", "node0:29500", "job", 2, 2, rank=0))
     """
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 

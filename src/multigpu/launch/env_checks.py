@@ -30,14 +30,6 @@ def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None
         UsageError: a value that is not valid (``MULTIGPU_STRATEGY=bogus``),
             ``MULTIGPU_BACKEND=nccl`` for CPU processes, or a ``MULTIGPU_MESH`` whose sizes do
             not multiply to the planned world size (when the number of nodes is fixed).
-
-    Example:
-        >>> from multigpu.launch.options import LaunchOptions
-        >>> from multigpu.launch.plan import build_plan, request_devices
-        >>> opts = LaunchOptions(script="train.py", cpu=2)
-        >>> request = request_devices(opts, gpu_count=0, cores=2)
-        >>> plan = build_plan(opts, request, environ={}, cores=2)
-        >>> check_worker_environment(plan, {"MULTIGPU_STRATEGY": "fsdp"})
     """
     env = os.environ if environ is None else environ
     variables.check_environment(env)

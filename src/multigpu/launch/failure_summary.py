@@ -55,17 +55,16 @@ class Failure:
 
 def failures_of(error: Any) -> list[Failure]:
     """The failures of torch's ``ChildFailedError`` (``error.failures``: rank -> ProcessFailure)."""
-    found = []
-    for rank, failure in error.failures.items():
-        found.append(
-            Failure(
-                rank=int(rank),
-                exitcode=int(failure.exitcode),
-                error=read(getattr(failure, "error_file_data", None)),
-                timestamp=float(failure.timestamp),
-                error_file=str(failure.error_file),
-            )
+    found = [
+        Failure(
+            rank=int(rank),
+            exitcode=int(failure.exitcode),
+            error=read(getattr(failure, "error_file_data", None)),
+            timestamp=float(failure.timestamp),
+            error_file=str(failure.error_file),
         )
+        for rank, failure in error.failures.items()
+    ]
     ordered = sorted(found, key=Failure.cause_order)
     if ordered and ordered[0].error is not None:
         # The same error on several ranks (a usage error every rank raises): name the lowest

@@ -8,38 +8,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Any, TextIO
 
 NO_GPU = "no GPU found; CPU processes are available with --cpu N"
 
 
-def _as_dict(gpu: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(gpu) and not isinstance(gpu, type):
-        return dataclasses.asdict(gpu)
-    return dict(vars(gpu))
-
-
-def show_gpus(
-    *, as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    """Print the GPUs (``format_gpu_table`` or a JSON list); return the exit code (0).
-
-    Example:
-        >>> show_gpus(as_json=True)  # doctest: +SKIP
-        []
-        0
-    """
+def show_gpus(*, as_json: bool = False) -> int:
+    """Print the GPUs (``format_gpu_table`` or a JSON list); return the exit code (0)."""
     from multigpu.gpus import format_gpu_table, list_gpus
 
-    stdout = sys.stdout if out is None else out
-    stderr = sys.stderr if err is None else err
     gpus = list_gpus()
     if as_json:
-        stdout.write(json.dumps([_as_dict(g) for g in gpus], indent=2, default=str) + "\n")
+        print(json.dumps([dataclasses.asdict(g) for g in gpus], indent=2, default=str))
         if not gpus:
-            stderr.write(NO_GPU + "\n")  # stdout stays valid JSON
-    elif gpus:
-        stdout.write(format_gpu_table(gpus).rstrip("\n") + "\n")
+            print(NO_GPU, file=sys.stderr)  # stdout stays valid JSON
     else:
-        stdout.write(NO_GPU + "\n")
+        print(format_gpu_table(gpus).rstrip("\n") if gpus else NO_GPU)
     return 0

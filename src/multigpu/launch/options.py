@@ -3,8 +3,6 @@
 torchrun's own options are kept as the user gave them (canonical long spelling → value) so that
 they can be passed on to ``torch.distributed.run`` unchanged; multigpu's options (``--gpus``,
 ``--cpu``, ``--backend``, ``--iface``, ``--timeout``, ``--dry-run``) are fields of their own.
-
-Environment variables read: none (torchrun's parser reads its ``PET_*`` defaults itself).
 """
 
 from __future__ import annotations
@@ -35,10 +33,6 @@ RDZV_DESTS = frozenset(
 )
 
 
-def _empty() -> Mapping[str, Any]:
-    return MappingProxyType({})
-
-
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
     """Everything the user asked for on the command line, before any device is chosen."""
@@ -63,7 +57,7 @@ class LaunchOptions:
     """``--timeout SECONDS``: the bound on every wait (None: ``MULTIGPU_TIMEOUT`` or 300 s)."""
     one_process: bool = False
     """One process sees every chosen GPU (``multigpu train --strategy dp``)."""
-    torchrun: Mapping[str, Any] = field(default_factory=_empty)
+    torchrun: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """torchrun options the user gave explicitly: argparse dest → value (nothing defaulted)."""
 
     def given(self, dest: str) -> bool:
@@ -86,12 +80,7 @@ class LaunchOptions:
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
-    """Parse torchrun's ``--nnodes`` (``N`` or ``MIN:MAX``) into ``(min, max)``.
-
-    Example:
-        >>> parse_nnodes("1:2")
-        (1, 2)
-    """
+    """Parse torchrun's ``--nnodes`` (``N`` or ``MIN:MAX``) into ``(min, max)``."""
     parts = text.split(":")
     try:
         low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
@@ -108,19 +97,10 @@ def parse_nnodes(text: str) -> tuple[int, int]:
 def torchrun_argv(
     given: Mapping[str, Any], actions: Iterable[argparse.Action], skip: Iterable[str] = ()
 ) -> list[str]:
-    """Turn torchrun options back into an argument list for ``torch.distributed.run``.
+    """Turn torchrun options (dest → value, as in ``LaunchOptions.torchrun``) back into an
+    argument list for ``torch.distributed.run``, leaving out the dests in ``skip``.
 
     Each option is written in its canonical long form (``--nproc-per-node=2``), flags alone.
-
-    Args:
-        given: argparse dest → value, as in ``LaunchOptions.torchrun``.
-        actions: the actions of torchrun's parser (``get_args_parser()._actions``).
-        skip: dests to leave out (the caller writes them itself).
-
-    Example:
-        >>> from torch.distributed.run import get_args_parser
-        >>> torchrun_argv({"max_restarts": 3}, get_args_parser()._actions)
-        ['--max-restarts=3']
     """
     left_out = set(skip)
     out: list[str] = []

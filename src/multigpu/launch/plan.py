@@ -5,9 +5,8 @@ Everything here is a pure function of the options, the environment and the machi
 
 Environment variables read (from the ``environ`` passed in): ``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them; else
-set to 1 where workers may restart),
-``MULTIGPU_TIMEOUT`` (the default of ``--timeout``); for ``--cpu auto``, the split saved by
-``multigpu bench scaling`` (``MULTIGPU_CACHE_DIR``, ``XDG_CACHE_HOME``: see ``launch.cpu_split``).
+set to 1 where workers may restart), ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``); for
+``--cpu auto``, the split saved by ``multigpu bench scaling`` (see ``launch.cpu_split``).
 """
 
 from __future__ import annotations
@@ -23,12 +22,7 @@ from multigpu.errors import UsageError
 from multigpu.host import loopback_interface
 from multigpu.launch.endpoints import store_port
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
-from multigpu.launch.timeouts import (
-    DEFAULT_TIMEOUT_S,
-    describe_timeout,
-    job_timeout_s,
-    rendezvous_conf,
-)
+from multigpu.launch.timeouts import DEFAULT_TIMEOUT_S, job_timeout_s, rendezvous_conf
 
 if TYPE_CHECKING:
     from multigpu.gpus import GPUInfo
@@ -82,12 +76,7 @@ class LaunchPlan:
     """One-line explanations of defaults that were applied."""
 
     def describe(self) -> str:
-        """The plan as a few human-readable lines (what ``--dry-run`` prints).
-
-        Example:
-            >>> print(plan.describe())  # doctest: +SKIP
-            devices:   cpu (2 processes, 1 thread each)
-        """
+        """The plan as a few human-readable lines (what ``--dry-run`` prints)."""
         if self.device == "cuda":
             names = ", ".join(f"{g.index}: {g.name}" for g in self.gpus) or "none"
             devices = f"cuda GPUs [{names}]"
@@ -103,7 +92,8 @@ class LaunchPlan:
             f"processes: {self.nproc_per_node} per node, {threads}",
             "torchrun:  " + shlex.join(["torchrun", *self.torchrun_args]),
             "env:       " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()) or "-"),
-            "timeout:   " + describe_timeout(self.timeout_s),
+            f"timeout:   {self.timeout_s:g} s for any collective, rendezvous, store call or exit "
+            "barrier (--timeout)",
         ]
         lines += [f"note:      {n}" for n in self.notes]
         return "\n".join(lines)
@@ -116,14 +106,7 @@ def _nproc_given(options: LaunchOptions) -> str | None:
 
 def _workers_may_restart(options: LaunchOptions) -> bool:
     """True when the agent may start workers again: ``--max-restarts`` > 0, or several nodes
-    (a node joining or leaving an elastic job restarts every worker).
-
-    Example:
-        >>> _workers_may_restart(LaunchOptions(script="t.py", cpu=2))
-        False
-        >>> _workers_may_restart(LaunchOptions(script="t.py", torchrun={"max_restarts": 1}))
-        True
-    """
+    (a node joining or leaving an elastic job restarts every worker)."""
     return int(options.get("max_restarts", 0) or 0) > 0 or options.max_nodes > 1
 
 
@@ -140,18 +123,10 @@ def request_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> De
     Default: every free GPU when there are GPUs; on a CPU-only machine ONE process using all
     cores (see ``CPU_DEFAULT_WHY``). ``--nproc-per-node`` keeps torchrun's meaning (N workers,
     or ``cpu``/``gpu``/``auto``) and must agree with ``--cpu``/``--gpus`` when given with them.
-
-    Args:
-        options: the parsed command line.
-        gpu_count: GPUs this machine shows (``len(list_gpus())``); no CUDA is touched.
-        cores: CPU cores this process may use (``len(os.sched_getaffinity(0))``).
+    ``gpu_count`` is ``len(list_gpus())`` (no CUDA touched); ``cores``, those this process may use.
 
     Raises:
         UsageError: contradicting options, GPUs or nccl asked for on a machine without GPUs.
-
-    Example:
-        >>> request_devices(LaunchOptions(script="t.py", cpu=2), gpu_count=0, cores=2).processes
-        2
     """
     nproc_text = _nproc_given(options)
     nproc = _int_or_none(nproc_text)
@@ -238,25 +213,13 @@ def build_plan(
 ) -> LaunchPlan:
     """Build the launch plan from the options and the devices chosen.
 
-    Args:
-        options: the parsed command line.
-        request: what ``request_devices`` returned.
-        environ: the user's environment (read only).
-        cores: CPU cores this process may use.
-        gpus: the GPUs claimed for the run (``GPUClaim.gpus``), for ``cuda``.
-        cuda_visible_devices: ``GPUClaim.cuda_visible_devices``, for ``cuda``.
-        iface_address: the IPv4 address of ``--iface``, advertised by the agent as
-            ``--local-addr`` unless the user gave one.
+    ``gpus`` and ``cuda_visible_devices`` are the ``GPUClaim``'s, for ``cuda``;
+    ``iface_address``, the address of ``--iface``, is advertised by the agent as
+    ``--local-addr`` unless the user gave one.
 
     Raises:
         UsageError: ``--nproc-per-node`` contradicts the number of GPUs chosen; a bad
             ``MULTIGPU_TIMEOUT``.
-
-    Example:
-        >>> opts = LaunchOptions(script="train.py", cpu=2)
-        >>> req = request_devices(opts, gpu_count=0, cores=2)
-        >>> build_plan(opts, req, environ={}, cores=2).env["OMP_NUM_THREADS"]
-        '1'
     """
     env: dict[str, str] = {}
     notes = [request.note] if request.note else []

@@ -21,10 +21,6 @@ def is_local_address(host: str) -> bool:
 
     The test is to bind a socket to each address ``host`` resolves to: only a local address
     can be bound, whatever the interface.
-
-    Example:
-        >>> is_local_address("127.0.0.1")
-        True
     """
     return host.strip("[]") in ("", "localhost") or bool(local_addresses(host))
 
@@ -33,14 +29,8 @@ def check_port_free(port: int, *, option: str) -> None:
     """Raise UsageError when TCP ``port`` cannot be bound on this machine (another server has it).
 
     Binds every interface as torch's TCPStore server does; SO_REUSEADDR keeps ports in TIME_WAIT
-    from a run that just ended from counting as taken (the store sets it too).
-
-    Args:
-        port: the port this node will host the rendezvous store on.
-        option: how the user chose it, for the message (e.g. ``"--master-port 29500"``).
-
-    Example:
-        >>> check_port_free(0, option="--master-port 0")
+    from a run that just ended from counting as taken (the store sets it too). ``option`` says
+    how the user chose the port, for the message (``"--master-port 29500"``).
     """
     if not 0 <= port <= 65535:
         raise UsageError(
@@ -76,9 +66,6 @@ def check_store_answers(host: str, port: int, *, option: str, wait_s: float) -> 
     first connects as a store client itself, in a thread it can give up on. Nothing listening
     yet is fine (the store's node may start later; the rendezvous timeout bounds that wait), and
     a real store answers in milliseconds.
-
-    Example:
-        >>> check_store_answers("127.0.0.1", 1, option="--rdzv-endpoint", wait_s=1)
     """
     try:
         socket.create_connection((host, port), timeout=min(wait_s, 1.0)).close()

@@ -16,9 +16,9 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, TextIO
+from typing import Any
 
 from multigpu.errors import MultiGPUError, UsageError
 from multigpu.host import usable_cores
@@ -36,26 +36,16 @@ from multigpu.launch.failure_summary import (
 from multigpu.launch.network import check_interface
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.orphans import guard_workers, trace_directory
-from multigpu.launch.plan import (
-    LaunchPlan,
-    build_plan,
-    request_devices,
-)
+from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from multigpu.launch.ports import check_port_free, check_store_answers
 from multigpu.launch.slurm import with_slurm_topology
 from multigpu.run_target import check_script as check_script_path
 
 logger = logging.getLogger(__name__)
 
-"""Exit code of a usage error, for the launcher and for workers that refuse their input."""
-
 
 def check_script(options: LaunchOptions) -> None:
-    """Raise UsageError when the script to launch does not exist (before anything starts).
-
-    Example:
-        >>> check_script(LaunchOptions(script="json", torchrun={"module": True}))
-    """
+    """Raise UsageError when the script to launch does not exist (before anything starts)."""
     if options.is_module:
         return  # resolved by the workers' own interpreter and sys.path
     script = options.script
@@ -70,27 +60,17 @@ def check_script(options: LaunchOptions) -> None:
 
 
 @contextmanager
-def prepare(
-    options: LaunchOptions, *, environ: Mapping[str, str] | None = None
-) -> Iterator[LaunchPlan]:
+def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
     """Check everything, claim the GPUs and yield the plan; the claim is held inside the block.
-
-    Args:
-        options: the parsed command line.
-        environ: the user's environment (default ``os.environ``), read only.
 
     Raises:
         UsageError: any bad input (contradicting options, missing script, too few GPUs,
             a port in use, an interface that does not exist); nothing has been started or
             written.
-
-    Example:
-        >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
-        ...     print(plan.describe())
     """
     from multigpu.gpus import claim_gpus, list_gpus, parse_gpu_request, select_gpus
 
-    env = os.environ if environ is None else environ
+    env = os.environ
     options = with_slurm_topology(options, env)  # `srun multigpu run`: one launcher per node
     cores = usable_cores()
     if options.gpus is not None:
@@ -125,20 +105,15 @@ def prepare(
         yield plan
 
 
-def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
+def launch(plan: LaunchPlan) -> int:
     """Start the workers of ``plan`` through ``torch.distributed.run`` and wait for them.
 
     Returns:
-        0 when every worker succeeded; 1 when one failed (torch's failure summary is written
-        to ``err``); 128 + signal when the launcher was stopped by a signal.
-
-    Example:
-        >>> with prepare(LaunchOptions(script="train.py", cpu=2)) as plan:  # doctest: +SKIP
-        ...     code = launch(plan)
+        0 when every worker succeeded; 1 when one failed (its summary line is written to
+        stderr); 128 + signal when the launcher was stopped by a signal.
     """
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import parse_args
 
-    stream = sys.stderr if err is None else err
     args = parse_args(list(plan.torchrun_args))
     quiet_torch_worker_reports()
     # The only write to os.environ in multigpu: workers inherit the agent's environment.
@@ -152,69 +127,47 @@ def launch(plan: LaunchPlan, *, err: TextIO | None = None) -> int:
         os.environ["MULTIGPU_TRACE_DIR"] = traces
         # torchrun's agent with every wait bounded and the nodes checked for agreement
         with multigpu_agent(plan.timeout_s, str(args.nnodes)):
-            return _run_agent(run, args, stream, traces, plan.timeout_s, hint)
+            return _run_agent(args, traces, plan.timeout_s, hint)
 
 
-def _run_agent(
-    run: Callable[[Any], Any],
-    args: Any,
-    stream: TextIO,
-    traces: str,
-    timeout_s: float,
-    hint: str,
-) -> int:
+def _run_agent(args: Any, traces: str, timeout_s: float, hint: str) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
 
     from multigpu.hang.trace import explain_traces
 
     try:
         run(args)
+        return 0
     except ChildFailedError as e:
         failures = failures_of(e)
         code = exit_code(failures)
         if code != USAGE_EXIT_CODE:  # a hang or crash: which rank waited in which collective
             for line in explain_traces(traces):
-                stream.write(line + "\n")
+                sys.stderr.write(line + "\n")
         # One line, last: the cause among the failures, instead of torch's 20-line report
         # (whose traceback the worker already printed above it).
-        stream.write(f"multigpu: error: {summary_line(failures, log_hint=hint)}\n")
-        stream.flush()
-        return code
+        message = summary_line(failures, log_hint=hint)
     except SignalException as e:
         logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
         return 128 + int(e.sigval)
     except MultiGPUError as e:  # ours, from inside the agent (the nodes disagree): one line
-        stream.write(f"multigpu: error: {e}\n")
-        stream.flush()
-        return USAGE_EXIT_CODE if isinstance(e, UsageError) else 1
+        message, code = str(e), USAGE_EXIT_CODE if isinstance(e, UsageError) else 1
     except Exception as e:  # rendezvous and agent errors: one line, not torch's traceback
-        stream.write(f"multigpu: error: {describe_agent_error(e, args, timeout_s)}\n")
-        stream.flush()
         logger.debug("launch failure", exc_info=True)
-        return 1
-    return 0
+        message, code = describe_agent_error(e, args, timeout_s), 1
+    sys.stderr.write(f"multigpu: error: {message}\n")
+    sys.stderr.flush()
+    return code
 
 
-def multigpu_run(
-    options: LaunchOptions,
-    *,
-    out: TextIO | None = None,
-    check: Callable[[LaunchPlan], None] | None = None,
-) -> int:
-    """What ``multigpu run`` does: prepare, log the defaults applied, dry-run or launch.
-
-    Example:
-        >>> multigpu_run(LaunchOptions(script="train.py", cpu=2, dry_run=True))  # doctest: +SKIP
-        0
-    """
-    stream = sys.stdout if out is None else out
+def multigpu_run(options: LaunchOptions, *, check: Callable[[LaunchPlan], None]) -> int:
+    """What ``multigpu run`` does: prepare, check, log the defaults applied, dry-run or launch."""
     with prepare(options) as plan:
-        if check is not None:
-            check(plan)  # a UsageError here: exit code 2, nothing started
+        check(plan)  # a UsageError here: exit code 2, nothing started
         if options.dry_run:  # the notes are part of the plan printed
-            stream.write(plan.describe() + "\n")
-            stream.flush()
+            print(plan.describe(), flush=True)
             return 0
         for note in plan.notes:
             logger.info("%s", note)

@@ -28,12 +28,7 @@ TOPOLOGY_DESTS = ("nnodes", "node_rank", "master_addr", "master_port")
 
 
 def with_slurm_topology(options: LaunchOptions, environ: Mapping[str, str]) -> LaunchOptions:
-    """``options`` with the node topology of the srun step added, unless the user gave any.
-
-    Example:
-        >>> with_slurm_topology(LaunchOptions(script="t.py"), {}).torchrun
-        mappingproxy({})
-    """
+    """``options`` with the node topology of the srun step added, unless the user gave any."""
     if any(options.given(d) for d in (*TOPOLOGY_DESTS, *RDZV_DESTS)):
         return options  # the user's own rendezvous wins
     topology = slurm_topology(environ)

@@ -68,12 +68,7 @@ STORE_GRACE_S = 5.0
 
 
 def job_timeout_s(given: float | None, environ: Mapping[str, str]) -> float:
-    """The job's bound: ``--timeout``, else ``MULTIGPU_TIMEOUT``, else 300 s.
-
-    Example:
-        >>> job_timeout_s(None, {"MULTIGPU_TIMEOUT": "60"}), job_timeout_s(None, {})
-        (60.0, 300.0)
-    """
+    """The job's bound: ``--timeout``, else ``MULTIGPU_TIMEOUT``, else 300 s."""
     return given if given is not None else variables.timeout(environ, DEFAULT_TIMEOUT_S)
 
 
@@ -175,13 +170,3 @@ class StoreCallBound:
                 return 0
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.millis)
         return 1
-
-
-def describe_timeout(timeout_s: float) -> str:
-    """One line for ``--dry-run``.
-
-    Example:
-        >>> describe_timeout(300)
-        '300 s for any collective, rendezvous, store call or exit barrier (--timeout)'
-    """
-    return f"{timeout_s:g} s for any collective, rendezvous, store call or exit barrier (--timeout)"

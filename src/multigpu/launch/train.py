@@ -4,10 +4,7 @@ The command line mixes launch options (``--cpu 2``, ``--max-restarts 1``) and tr
 (``--epochs 3``); launch options are taken out by name, ``--model`` chooses the job's module, and
 everything else goes to the job unchanged and in order. The launcher never imports a job, only
 its parser (``digits_parser``, ``lm_parser``: no torch), with which it refuses the job's
-arguments before any worker starts (``parse_job_args``). What else it needs to know of a job (its
-module, its default batch size) is written here, and tests keep it equal to the job's parser.
-
-Environment variables read: none here (the job's ``--help`` runs with the user's environment).
+arguments before any worker starts (``parse_job_args``); the job's module is written here.
 """
 
 from __future__ import annotations
@@ -82,21 +79,10 @@ def parse_job_args(
         UsageError: what the job's parser refuses (``--epochs 0``, ``--strategy bogus``, an
             unknown or abbreviated option), or an ``--out``/``--checkpoint-dir``/``--save`` that
             cannot be written; one line, before any worker starts.
-
-    Example:
-        >>> parse_job_args("lm", ["--steps", "5"]).steps
-        5
     """
     args = JOB_PARSERS[model]().parse_args(list(job_args))
     check_outputs(args, writes_outputs=single_node)
     return args
-
-
-DEFAULT_BATCH_SIZES = MappingProxyType({"digits": 64, "lm": 32})
-"""Each job's default ``--batch-size`` (kept equal to the job's parser by a test)."""
-
-DEFAULT_BATCH_SIZE = DEFAULT_BATCH_SIZES[DEFAULT_MODEL]
-"""The default job's default ``--batch-size``."""
 
 
 def choose_model(job_args: Sequence[str]) -> tuple[str, list[str]]:
@@ -104,10 +90,6 @@ def choose_model(job_args: Sequence[str]) -> tuple[str, list[str]]:
 
     Raises:
         UsageError: ``--model`` without a value, or a name that is not a built-in job.
-
-    Example:
-        >>> choose_model(["--steps", "5", "--model", "lm"])
-        ('lm', ['--steps', '5'])
     """
     model = DEFAULT_MODEL
     rest: list[str] = []
@@ -135,12 +117,7 @@ def choose_model(job_args: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def option_value(job_args: Sequence[str], name: str) -> str | None:
-    """The last value given to option ``name`` (``--x V`` or ``--x=V``) in ``job_args``.
-
-    Example:
-        >>> option_value(["--out", "a", "--out=b"], "--out")
-        'b'
-    """
+    """The last value given to option ``name`` (``--x V`` or ``--x=V``) in ``job_args``."""
     value: str | None = None
     for i, token in enumerate(job_args):
         if token.startswith(name + "="):
@@ -154,16 +131,10 @@ def check_batch_size(job_args: Sequence[str], processes: int, model: str = DEFAU
     """Refuse, before anything starts, a global ``--batch-size`` the processes cannot share.
 
     Without ``--batch-size`` in ``job_args`` it checks ``model``'s default batch size.
-
-    Raises:
-        UsageError: the batch size does not divide by the number of processes.
-
-    Example:
-        >>> check_batch_size(["--batch-size", "64"], 2)
     """
     value = option_value(job_args, "--batch-size")
     try:
-        batch = int(value) if value is not None else DEFAULT_BATCH_SIZES[model]
+        batch = int(value) if value is not None else JOB_PARSERS[model]().get_default("batch_size")
     except ValueError:
         return  # the job's own parser says what is wrong with it
     if batch > 0 and batch % processes:
@@ -184,9 +155,6 @@ def check_checkpoint_options(job_args: Sequence[str]) -> None:
     Raises:
         UsageError: ``--checkpoint-every`` without ``--out``/``--checkpoint-dir``; ``--resume
             never`` on a directory that holds checkpoints; ``--resume PATH`` that does not exist.
-
-    Example:
-        >>> check_checkpoint_options(["--epochs", "2"])
     """
     every = option_value(job_args, "--checkpoint-every")
     given_dir = option_value(job_args, "--checkpoint-dir")
@@ -227,9 +195,6 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
         UsageError: ``--compression`` (DDP's gradient all-reduce) with ``--strategy`` (or
             ``MULTIGPU_STRATEGY``) single, dp or fsdp (FSDP reduce-scatters shards: there is no
             DDP all-reduce to compress).
-
-    Example:
-        >>> check_strategy_options(["--strategy", "fsdp"])
     """
     digits_parser.check_compression(
         option_value(job_args, "--strategy"), option_value(job_args, "--compression")
@@ -237,28 +202,14 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
 
 
 def check_pipeline_options(job_args: Sequence[str], processes: int, model: str) -> None:
-    """Refuse, before anything starts, ``--strategy pipeline`` options the job cannot build.
-
-    Example:
-        >>> check_pipeline_options(["--strategy", "pipeline"], 2, "lm")
-    """
+    """Refuse, before anything starts, ``--strategy pipeline`` options the job cannot build."""
     if model == "lm":
         lm_parser.check_pipeline(JOB_PARSERS[model]().parse_args(list(job_args)), processes)
 
 
 def wants_one_process(job_args: Sequence[str]) -> bool:
-    """True when the job is asked for ``--strategy dp`` (one process driving every GPU).
-
-    Example:
-        >>> wants_one_process(["--epochs", "2", "--strategy=dp"])
-        True
-    """
-    for i, token in enumerate(job_args):
-        if token == "--strategy=dp" or (
-            token == "--strategy" and i + 1 < len(job_args) and job_args[i + 1] == "dp"
-        ):
-            return True
-    return False
+    """True when the job is asked for ``--strategy dp`` (one process driving every GPU)."""
+    return option_value(job_args, "--strategy") == "dp"
 
 
 def training_help(model: str = DEFAULT_MODEL) -> str:
