@@ -9,7 +9,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from multigpu.gpus.nvml import read_nvml
+from multigpu.gpus.facts import read_facts
+from multigpu.gpus.nvml import open_nvml
 from multigpu.gpus.visible import visible_devices
 
 from .fake_nvml import FakeNVML, LinkedNVML, NoNVML
@@ -28,8 +29,8 @@ def test_names_exist_in_pynvml() -> None:
 
 def test_reads_gpus_and_mig_instances() -> None:
     fake = FakeNVML()
-    inv = read_nvml(fake)
-    assert inv is not None and inv.source == "nvml" and fake.shutdown
+    inv = read_facts(nvml=fake, driver=False, links=False).inventory
+    assert inv.source == "nvml" and fake.shutdown
     g0, g1 = inv.gpus
     assert (g0.uuid, g0.name, g0.pci_bus_id) == (
         "GPU-gpu0",
@@ -55,7 +56,7 @@ def test_missing_library_is_none() -> None:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        assert read_nvml() is None
+        assert open_nvml() is None
     else:
         pynvml.nvmlShutdown()
         pytest.skip("NVML works here")

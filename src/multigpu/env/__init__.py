@@ -16,9 +16,6 @@ tells the truth and the outer one's variables were merely inherited:
   script exported them by hand next to the scheduler's (then they are incomplete, usually no
   per-task ``RANK``, and must agree with the scheduler, which is used). Anything else, such as
   ``WORLD_SIZE=2`` in a 4-task step, is an EnvError naming both, because it would hang.
-
-Environment variables read: those of ``multigpu.env.torchrun``, ``multigpu.env.slurm``,
-``multigpu.env.mpi`` and ``multigpu.env.single``.
 """
 
 from __future__ import annotations
@@ -41,13 +38,8 @@ log = logging.getLogger(__name__)
 def detect(environ: Mapping[str, str] | None = None) -> ClusterEnv:
     """Work out this process's rank, world size, node and rendezvous address.
 
-    A pure function of ``environ``: nothing is written, nothing is asked over the network.
-
-    Args:
-        environ: the environment to read; None means ``os.environ``.
-
-    Returns:
-        The validated position of this process; ``source`` says which launcher it came from.
+    A pure function of ``environ`` (default ``os.environ``): nothing is written, nothing is
+    asked over the network. ``source`` of the answer says which launcher it came from.
 
     Raises:
         EnvError: the variables are incomplete, malformed or contradict each other; the message
@@ -68,26 +60,15 @@ def detect(environ: Mapping[str, str] | None = None) -> ClusterEnv:
 
 
 def _detect(environ: Mapping[str, str]) -> ClusterEnv:
-    if torchrun.is_elastic(environ):
-        return _torchrun(environ)
-    outer = _scheduler(environ)
-    if not torchrun.is_present(environ):
-        return outer or single.from_environ(environ)
-    if outer is None:
-        return _torchrun(environ)
-    if torchrun.is_complete(environ):
-        inner = _torchrun(environ)
+    # torchrun's agent is the innermost launcher: no scheduler is even read then.
+    outer = None if torchrun.is_elastic(environ) else _scheduler(environ)
+    if outer is not None and torchrun.is_present(environ) and not torchrun.is_complete(environ):
+        _check_hints(environ, outer)
+        return outer
+    inner = torchrun.from_environ(environ)
+    if inner is not None and outer is not None:
         _check_nested(inner, outer)
-        return inner
-    _check_hints(environ, outer)
-    return outer
-
-
-def _torchrun(environ: Mapping[str, str]) -> ClusterEnv:
-    found = torchrun.from_environ(environ)
-    if found is None:  # callers checked presence; kept for the type checker, never raised
-        raise EnvError("no torchrun variables found; expected RANK or WORLD_SIZE; use torchrun")
-    return found
+    return inner or outer or single.from_environ(environ)
 
 
 def _scheduler(environ: Mapping[str, str]) -> ClusterEnv | None:
@@ -121,22 +102,16 @@ def _check_nested(inner: ClusterEnv, outer: ClusterEnv) -> None:
 
 def _check_hints(environ: Mapping[str, str], outer: ClusterEnv) -> None:
     """Position variables exported by hand next to a scheduler's must agree with it."""
-    fields = {
-        "RANK": outer.rank,
-        "WORLD_SIZE": outer.world_size,
-        "LOCAL_RANK": outer.local_rank,
-        "LOCAL_WORLD_SIZE": outer.local_world_size,
-    }
     absent = ", ".join(n for n in torchrun.REQUIRED if value(environ, n) is None)
     fix = (
         f"unset it (multigpu reads {outer.source}'s own variables) or set it from them, or "
         f"start the workers with `srun torchrun` / `multigpu run`"
     )
-    for name, expected in fields.items():
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         text = value(environ, name)
         if text is None:
             continue
-        given = to_int(name, text, minimum=0, fix=fix)
+        given, expected = to_int(name, text, minimum=0, fix=fix), getattr(outer, name.lower())
         if given != expected:
             raise EnvError(
                 f"{name}={given} but {outer.source} started this process with "

@@ -3,8 +3,6 @@
 Private: the sources (torchrun, slurm, mpi, single) read through these helpers so that every
 one of them treats empty values, bad integers and impossible positions the same way, and words
 its errors the same way (what was given, what was expected, how to fix it).
-
-Environment variables read: only the names the calling source passes in.
 """
 
 from __future__ import annotations
@@ -66,11 +64,6 @@ def read_int(
     return name, to_int(name, text, minimum=minimum, fix=fix)
 
 
-def master_addr(environ: Mapping[str, str], default: str | None) -> str | None:
-    """``MASTER_ADDR`` when set, else ``default``."""
-    return value(environ, "MASTER_ADDR") or default
-
-
 def master_port(environ: Mapping[str, str], default: int, *, fix: str) -> int:
     """``MASTER_PORT`` (checked to be a TCP port) when set, else ``default``."""
     text = value(environ, "MASTER_PORT")
@@ -100,35 +93,19 @@ def check_local_size(
 
 @dataclass(frozen=True, kw_only=True)
 class Names:
-    """Which variable (or expression) each ClusterEnv field came from, for error messages."""
+    """Which variable (or expression) each ClusterEnv field came from, for error messages:
+    ``rank="SLURM_PROCID"``, ``node_rank="RANK // LOCAL_WORLD_SIZE"``..."""
 
     rank: str
-    """Where ``rank`` came from, e.g. ``"SLURM_PROCID"``."""
     world_size: str
-    """Where ``world_size`` came from."""
     local_rank: str
-    """Where ``local_rank`` came from."""
     local_world_size: str
-    """Where ``local_world_size`` came from."""
     node_rank: str
-    """Where ``node_rank`` came from."""
     num_nodes: str
-    """Where ``num_nodes`` came from."""
 
 
 def check(env: ClusterEnv, names: Names, *, fix: str) -> ClusterEnv:
-    """Return ``env`` if its numbers describe a possible job; EnvError naming the culprits if not.
-
-    Example:
-        >>> names = Names(rank="RANK", world_size="WORLD_SIZE", local_rank="LOCAL_RANK",
-        ...               local_world_size="LOCAL_WORLD_SIZE", node_rank="GROUP_RANK",
-        ...               num_nodes="GROUP_WORLD_SIZE")
-        >>> env = ClusterEnv(source="torchrun", rank=0, local_rank=0, world_size=1,
-        ...                  local_world_size=1, node_rank=0, num_nodes=1,
-        ...                  master_addr="127.0.0.1", master_port=29500)
-        >>> check(env, names, fix="fix it").rank
-        0
-    """
+    """``env`` if its numbers describe a possible job; EnvError naming the culprits if not."""
     pairs = (
         (names.rank, env.rank, names.world_size, env.world_size, "a rank"),
         (names.local_rank, env.local_rank, names.local_world_size, env.local_world_size, "a rank"),

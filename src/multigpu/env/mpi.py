@@ -21,10 +21,7 @@ every rank (``mpirun -x MASTER_ADDR=...`` for Open MPI, ``-genv MASTER_ADDR ...`
 unless the whole job is on one node, where 127.0.0.1 is right. The port is ``MASTER_PORT`` or
 29500.
 
-Environment variables read: ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
-``OMPI_COMM_WORLD_LOCAL_RANK``, ``OMPI_COMM_WORLD_LOCAL_SIZE``, ``PMI_RANK``, ``PMI_SIZE``,
-``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``, ``MV2_COMM_WORLD_RANK``, ``MV2_COMM_WORLD_SIZE``,
-``MV2_COMM_WORLD_LOCAL_RANK``, ``MV2_COMM_WORLD_LOCAL_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+Environment variables read: those of the table, ``MASTER_ADDR``, ``MASTER_PORT``.
 """
 
 from __future__ import annotations
@@ -32,16 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from multigpu.env._common import (
-    DEFAULT_PORT,
-    LOCALHOST,
-    Names,
-    check,
-    master_addr,
-    master_port,
-    to_int,
-    value,
-)
+from multigpu.env._common import DEFAULT_PORT, LOCALHOST, Names, check, master_port, to_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
@@ -53,18 +41,13 @@ FIX = (
 
 @dataclass(frozen=True, kw_only=True)
 class Flavour:
-    """The variable names one MPI implementation's launcher sets."""
+    """The variable names one MPI implementation's launcher sets (``name`` is for messages)."""
 
     name: str
-    """Human name, for messages."""
     rank: str
-    """Global rank variable."""
     size: str
-    """World size variable."""
     local_rank: str
-    """Rank within the node."""
     local_size: str
-    """Processes on the node."""
 
 
 FLAVOURS = (
@@ -154,7 +137,7 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
             f"expected the same number of ranks on every node (node indices are derived from "
             f"it); {FIX}"
         )
-    addr = master_addr(environ, LOCALHOST if local_size == world_size else None)
+    addr = value(environ, "MASTER_ADDR") or (LOCALHOST if local_size == world_size else None)
     if addr is None:
         raise EnvError(
             f"{found.name} job spans {world_size // local_size} nodes ({found.size}="

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from multigpu.env._common import DEFAULT_PORT, LOCALHOST, master_addr, master_port
+from multigpu.env._common import DEFAULT_PORT, LOCALHOST, master_port, value
 from multigpu.env.types import ClusterEnv
 
 FIX = "unset MASTER_PORT or give it a port number in 1..65535"
@@ -35,6 +35,6 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv:
         local_world_size=1,
         node_rank=0,
         num_nodes=1,
-        master_addr=master_addr(environ, LOCALHOST) or LOCALHOST,
+        master_addr=value(environ, "MASTER_ADDR") or LOCALHOST,
         master_port=master_port(environ, DEFAULT_PORT, fix=FIX),
     )

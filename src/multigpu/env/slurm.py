@@ -37,7 +37,7 @@ import logging
 import re
 from collections.abc import Mapping
 
-from multigpu.env._common import Names, check, first, master_addr, master_port, read_int, value
+from multigpu.env._common import Names, check, first, master_port, read_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
@@ -123,31 +123,19 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
             f"inside SLURM step {step} but {', '.join(missing)} not set; expected srun to set "
             f"them for every task; {FIX}"
         )
-    world_name, world_size = found["world_size"]
-    nodes_name, num_nodes = found["num_nodes"]
-    node_rank = found["node_rank"][1]
-    local_name, local_world_size = _local_world_size(
-        environ, world_name, world_size, nodes_name, num_nodes, node_rank
-    )
+    local_name, local_world_size = _local_world_size(environ, found)
     env = ClusterEnv(
         source="slurm",
         rank=found["rank"][1],
         local_rank=found["local_rank"][1],
-        world_size=world_size,
+        world_size=found["world_size"][1],
         local_world_size=local_world_size,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
+        node_rank=found["node_rank"][1],
+        num_nodes=found["num_nodes"][1],
         master_addr=_master_addr(environ),
         master_port=master_port(environ, _derived_port(environ, step), fix=FIX),
     )
-    field_names = Names(
-        rank=found["rank"][0],
-        world_size=world_name,
-        local_rank=found["local_rank"][0],
-        local_world_size=local_name,
-        node_rank=found["node_rank"][0],
-        num_nodes=nodes_name,
-    )
+    field_names = Names(local_world_size=local_name, **{f: n for f, (n, _) in found.items()})
     return check(env, field_names, fix=FIX)
 
 
@@ -236,14 +224,13 @@ def _expand_group(group: str, text: str) -> list[str]:
 
 
 def _local_world_size(
-    environ: Mapping[str, str],
-    world_name: str,
-    world_size: int,
-    nodes_name: str,
-    num_nodes: int,
-    node_rank: int,
+    environ: Mapping[str, str], numbers: Mapping[str, tuple[str, int]]
 ) -> tuple[str, int]:
-    """``(source name, tasks on this node)`` from the tasks-per-node list, or an even split."""
+    """``(source name, tasks on this node)`` from the tasks-per-node list, or an even split;
+    ``numbers`` are ``from_environ``'s (variable, value) by field."""
+    world_name, world_size = numbers["world_size"]
+    nodes_name, num_nodes = numbers["num_nodes"]
+    node_rank = numbers["node_rank"][1]
     found = first(environ, *_TASKS_PER_NODE)
     if found is None:
         if world_size % num_nodes:
@@ -270,7 +257,7 @@ def _local_world_size(
 
 
 def _master_addr(environ: Mapping[str, str]) -> str:
-    given = master_addr(environ, None)
+    given = value(environ, "MASTER_ADDR")
     if given is not None:
         return given
     found = first(environ, *_NODELIST)

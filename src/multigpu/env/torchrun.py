@@ -6,32 +6,19 @@ torchrun 2.x gives every worker ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCA
 do not need). Hand-rolled launchers (``mp.spawn`` wrappers, ``multigpu.testing``) usually set only
 the first four and ``MASTER_*``; both are accepted.
 
-Environment variables read: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
-``TORCHELASTIC_RESTART_COUNT``.
+Environment variables read: the ten above, and ``TORCHELASTIC_USE_AGENT_STORE``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from multigpu.env._common import (
-    Names,
-    check,
-    check_local_size,
-    master_port,
-    read_int,
-    to_int,
-    value,
-)
+from multigpu.env._common import Names, check, check_local_size, master_port, read_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """What ``init_process_group(init_method="env://")`` needs; without any of them it cannot start."""
-
-HINTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-"""The position variables a job script may export by hand next to a scheduler's own."""
 
 FIX = (
     "launch with `multigpu run` or `torchrun`, or export RANK, WORLD_SIZE, MASTER_ADDR and "
@@ -89,8 +76,8 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
             f"torchrun-style environment is incomplete: {', '.join(missing)} not set "
             f"(given: {given or 'nothing else'}); expected all of {', '.join(REQUIRED)}; {FIX}"
         )
-    rank = _int(environ, "RANK", 0)
-    world_size = _int(environ, "WORLD_SIZE", 1)
+    rank = _int(environ, "RANK", minimum=0)
+    world_size = _int(environ, "WORLD_SIZE", minimum=1)
     local = read_int(environ, "LOCAL_RANK", fix=FIX)
     local_size = read_int(environ, "LOCAL_WORLD_SIZE", minimum=1, fix=FIX)
     if local is None and local_size is None:
@@ -120,7 +107,7 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
         num_nodes=num_nodes,
         master_addr=value(environ, "MASTER_ADDR") or "",
         master_port=master_port(environ, 0, fix=FIX),
-        restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0, default=0),
+        restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", minimum=0),
         agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
     names = Names(
@@ -134,13 +121,10 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
     return check(env, names, fix=FIX)
 
 
-def _int(environ: Mapping[str, str], name: str, minimum: int, default: int | None = None) -> int:
-    text = value(environ, name)
-    if text is None:
-        if default is None:  # only reachable for REQUIRED names, which were checked before
-            raise EnvError(f"{name} is not set; expected a whole number >= {minimum}; {FIX}")
-        return default
-    return to_int(name, text, minimum=minimum, fix=FIX)
+def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
+    """``name``'s number, 0 when unset (only optional names are: REQUIRED ones were checked)."""
+    found = read_int(environ, name, minimum=minimum, fix=FIX)
+    return 0 if found is None else found[1]
 
 
 def _nodes(

@@ -59,16 +59,6 @@ class Capacity:
         return f"{self.bytes / GIB:.1f} GiB ({self.source})"
 
 
-def meminfo_available(text: str) -> int | None:
-    """``MemAvailable`` in bytes from ``/proc/meminfo``'s text.
-
-    Example:
-        >>> meminfo_available("MemTotal: 100 kB\\nMemAvailable:  2048 kB\\n")
-        2097152
-    """
-    return _kib_field(text, "MemAvailable")
-
-
 def status_kib(text: str, field: str) -> int:
     """A ``/proc/self/status`` field (``VmSize``, ``VmData``...) in bytes; 0 when absent.
 
@@ -138,7 +128,7 @@ def cpu_capacity(
             for name in ("RLIMIT_AS", "RLIMIT_DATA")
         }
     found: list[Capacity] = []
-    available = meminfo_available(files.get("/proc/meminfo") or "")
+    available = _kib_field(files.get("/proc/meminfo") or "", "MemAvailable")
     if available is not None:
         source = f"MemAvailable {available / GIB:.1f} GiB / {n} process{'es' * (n > 1)}"
         found.append(Capacity(bytes=available // n, source=source))
@@ -177,7 +167,7 @@ def read_memory_files(root: str = CGROUP_ROOT) -> dict[str, str | None]:
     }
     own = _read("/proc/self/cgroup") or ""
     for keys, controller in ((V2, ""), (V1, "memory")):
-        base = Path(root) if not controller else Path(root) / controller
+        base = Path(root, controller)
         chosen: tuple[str | None, ...] = (None, None, None)
         tightest: int | None = None
         for folder in _cgroup_folders(own, controller, base):
@@ -201,10 +191,8 @@ def _cgroup_folders(own: str, controller: str, base: Path) -> list[Path]:
             controller and controller in controllers.split(",")
         ):
             relative = path.strip().lstrip("/")
-    folders = [base]
     parts = [p for p in relative.split("/") if p and p != ".."]
-    for i in range(1, len(parts) + 1):
-        folders.append(base.joinpath(*parts[:i]))
+    folders = [base.joinpath(*parts[:i]) for i in range(len(parts) + 1)]
     return [f for f in folders if f.is_dir()]
 
 
@@ -242,8 +230,16 @@ def gpus_capacity(gpus: Sequence[GPUInfo], processes: int) -> Capacity | None:
     return Capacity(bytes=least.memory_free_mib * MIB, source=source, kind="cuda")
 
 
-def gpu_capacity(device: torch.device) -> Capacity:
-    """The free memory of this rank's GPU (``torch.cuda.mem_get_info``, in a worker)."""
+def device_capacity(device: torch.device, local_processes: int) -> Capacity:
+    """What one rank on ``device`` can hold: its GPU's free memory (``torch.cuda.mem_get_info``,
+    in a worker), or its share of RAM.
+
+    Example:
+        >>> device_capacity(torch.device("cpu"), 2).kind
+        'cpu'
+    """
+    if device.type != "cuda":
+        return cpu_capacity(local_processes)
     free, total = torch.cuda.mem_get_info(device)
     name = torch.cuda.get_device_name(device)
     return Capacity(
@@ -251,15 +247,3 @@ def gpu_capacity(device: torch.device) -> Capacity:
         source=f"GPU {device.index}: {name} {total / GIB:.1f} GiB, {free / GIB:.1f} GiB free",
         kind="cuda",
     )
-
-
-def device_capacity(device: torch.device, local_processes: int) -> Capacity:
-    """What one rank on ``device`` can hold: its GPU's free memory, or its share of RAM.
-
-    Example:
-        >>> device_capacity(torch.device("cpu"), 2).kind
-        'cpu'
-    """
-    if device.type == "cuda":
-        return gpu_capacity(device)
-    return cpu_capacity(local_processes)

@@ -44,7 +44,7 @@ from torch import nn
 from multigpu.errors import UsageError
 from multigpu.estimate import choice, render
 from multigpu.estimate.capacity import Capacity
-from multigpu.estimate.optimizers import STATES_PER_PARAM, optimizer_state_count
+from multigpu.estimate.optimizers import optimizer_state_count
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, unit_sizes
 
 PRECISIONS = ("32", "bf16-mixed")
@@ -55,7 +55,6 @@ STRATEGIES = ("ddp", "fsdp", "fsdp+offload")
 __all__ = [
     "DEFAULT_MIN_BLOCK_PARAMS",
     "PRECISIONS",
-    "STATES_PER_PARAM",
     "STRATEGIES",
     "MemoryEstimate",
     "StrategyMemory",
@@ -181,14 +180,7 @@ class MemoryEstimate:
 
         DDP when its state takes at most ``HEADROOM`` (80 %) of the rank's memory, else FSDP
         (the reason then says whether it fits, and if not what would); ``"single"`` on one
-        process. See ``choice.choose``.
-
-        Example:
-            >>> with torch.device("meta"):
-            ...     net = nn.Sequential(*(nn.Linear(4096, 4096) for _ in range(12)))
-            >>> est = estimate_memory(net, world_size=2)
-            >>> est.choose(Capacity(bytes=3 * 2**30, source="RLIMIT_DATA"))[0]
-            'fsdp'
+        process. See ``choice.choose`` (and ``multigpu.estimate`` for an example).
         """
         capacity = capacity or self.capacity
         if capacity is None:
@@ -226,9 +218,7 @@ def estimate_memory(
 
     Args:
         model: the plain model (wrappers are not looked through).
-        world_size: processes sharing the work (FSDP shards over all of them).
         optimizer: an optimizer or its name (``adamw``, ``adam``, ``sgd``, ``sgd-momentum``...).
-        precision: ``"32"`` or ``"bf16-mixed"``.
         blocks: FSDP's unit classes, as given to ``FSDPStrategy`` (None: its default choice).
         min_block_params: the size threshold of FSDP's default unit choice.
         gradient_as_bucket_view: DDP's option (its buckets are then the gradients themselves).

@@ -9,7 +9,6 @@ When even that fails (a closure-only optimizer such as L-BFGS), Adam's 2 is assu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -91,8 +90,7 @@ def _of_object(optimizer: torch.optim.Optimizer) -> OptimizerStates:
         # amsgrad keeps the running maximum of exp_avg_sq too
         return OptimizerStates(name=name, states=3 if option("amsgrad") else 2)
     if type(optimizer) is torch.optim.RMSprop:
-        states = 1 + option("momentum") + option("centered")
-        return OptimizerStates(name=name, states=states)
+        return OptimizerStates(name=name, states=1 + option("momentum") + option("centered"))
     if type(optimizer).__module__.startswith("torch.optim") and name in STATES_PER_PARAM:
         return OptimizerStates(name=name, states=STATES_PER_PARAM[name])
     measured = _measure(optimizer)
@@ -108,10 +106,9 @@ def _of_object(optimizer: torch.optim.Optimizer) -> OptimizerStates:
 
 def _measure(optimizer: torch.optim.Optimizer) -> int | None:
     """Full-sized state tensors a fresh copy of ``optimizer`` makes for one parameter."""
-    defaults: dict[str, Any] = dict(optimizer.defaults)
     probe = torch.nn.Parameter(torch.ones(8, 8))
     try:
-        fresh = type(optimizer)([probe], **defaults)
+        fresh = type(optimizer)([probe], **optimizer.defaults)
         probe.grad = torch.full_like(probe, 0.5)
         fresh.step()
     except Exception:  # any failure of user code means "cannot ask"; the caller assumes

@@ -8,23 +8,16 @@
 - ``claim_gpus(request)``: select under per-GPU ``flock`` locks, so concurrent jobs never share.
 - ``format_gpu_table(gpus)``: the listing printed by ``multigpu gpus`` and ``--dry-run``.
 
-Device order: NVML and nvidia-smi number GPUs in PCI bus order; CUDA defaults to FASTEST_FIRST.
-The launcher sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for its workers so that indices agree, and
-hands them UUIDs (``GPUInfo.visible_id``), which mean the same GPU in any order.
+Device order: see ``multigpu.gpus.visible``; workers get UUIDs (``GPUInfo.visible_id``), which
+mean the same GPU in any order.
 
 Environment variables read: ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``,
 ``MULTIGPU_LOCK_DIR``, ``PATH`` (see the submodules).
-
-Example:
-    >>> from multigpu.gpus import list_gpus, parse_gpu_request, select_gpus
-    >>> list_gpus({"CUDA_VISIBLE_DEVICES": "-1"})
-    []
 """
 
 from __future__ import annotations
 
-from multigpu.gpus.discover import all_gpus, discover_gpus, list_gpus
-from multigpu.gpus.facts import GPUFacts, read_facts
+from multigpu.gpus.facts import GPUFacts, all_gpus, discover_gpus, list_gpus, read_facts
 from multigpu.gpus.lock import GPUClaim, claim_gpus
 from multigpu.gpus.select import busy_reason, parse_gpu_request, select_gpus
 from multigpu.gpus.table import format_gpu_table

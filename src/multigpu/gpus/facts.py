@@ -1,4 +1,5 @@
-"""``read_facts``: every GPU fact of this machine from one source, NVML first.
+"""Every GPU fact of this machine from one source, NVML first (``read_facts``), and the GPUs a
+process sees (``list_gpus`` / ``all_gpus``).
 
 The facts: each GPU (index, UUID, name, memory total/free/used, utilisation, compute processes,
 MIG instances), the driver (its version and the newest CUDA it supports) and the links between
@@ -9,16 +10,21 @@ GPUs (NVLink or the PCIe path). The sources, in order:
    query fails (``multigpu.gpus.smi``; ``topo -m`` for the links, which have no CSV form);
 3. ``torch.cuda`` in a child process, for the GPUs only (ROCm; no driver, no links).
 
-None of them creates a CUDA context in this process. Tests hand in a stand-in NVML module
-(``nvml=``) and recorded nvidia-smi outputs (``runner=``).
+None of them creates a CUDA context in this process (see ``torch_probe`` for why that matters to
+a launcher that forks workers). On a machine without a GPU the whole chain answers in well under
+a second: NVML fails to load its library, a missing ``nvidia-smi`` is not waited for, and the
+torch probe is skipped without a device node. Tests hand in a stand-in NVML module (``nvml=``)
+and recorded nvidia-smi outputs (``runner=``).
 
-Environment variables read: the mapping given (default ``os.environ``) is passed to the torch
-probe's child; ``PATH`` (for ``nvidia-smi``).
+Environment variables read: ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (from the mapping
+given, default ``os.environ``, which also goes to the torch probe's child); ``PATH`` (for
+``nvidia-smi``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +33,8 @@ from multigpu.gpus.nvml import close_nvml, nvml_driver, nvml_inventory, open_nvm
 from multigpu.gpus.smi import Runner, read_smi, read_smi_driver, run_smi
 from multigpu.gpus.topology import TOPO, Links, nvml_links, parse_topo_matrix
 from multigpu.gpus.torch_probe import read_torch
-from multigpu.gpus.types import DriverFacts, Inventory
+from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory
+from multigpu.gpus.visible import physical_devices, visible_devices
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +62,7 @@ def read_facts(
 ) -> GPUFacts:
     """The machine's GPU facts from the first source that answers (see the module docstring).
 
-    Args:
-        environ: passed to the torch probe's child (default ``os.environ``).
-        nvml: the NVML module to use (default ``pynvml``); tests pass a stand-in.
-        runner: runs nvidia-smi (tests pass recorded outputs).
-        driver: also read the driver (the doctor does; the launcher does not).
-        links: also read the links between GPUs.
-
-    Example:
-        >>> read_facts().inventory.source  # on a machine without GPUs  # doctest: +SKIP
-        'none'
+    ``driver`` and ``links`` ask for those facts too (the doctor does; the launcher does not).
     """
     session = open_nvml(nvml)
     if session is not None:
@@ -80,10 +78,39 @@ def read_facts(
             close_nvml(session)
     smi = read_smi(runner)
     if smi is not None:
-        matrix = parse_topo_matrix(runner(TOPO) or "") if links and len(smi.gpus) > 1 else {}
         return GPUFacts(
             inventory=smi,
             driver=read_smi_driver(runner) if driver else None,
-            links=matrix,
+            links=parse_topo_matrix(runner(TOPO) or "") if links and len(smi.gpus) > 1 else {},
         )
     return GPUFacts(inventory=read_torch(environ) or Inventory())
+
+
+def discover_gpus(environ: Mapping[str, str] | None = None) -> Inventory:
+    """Every GPU of the machine, from the first probe that answers (``source`` says which)."""
+    found = read_facts(environ, driver=False, links=False).inventory
+    logger.debug("GPUs from %s: %s", found.source, len(found.gpus))
+    return found
+
+
+def list_gpus(environ: Mapping[str, str] | None = None) -> list[GPUInfo]:
+    """The GPUs a process with ``environ`` (default ``os.environ``) sees, by logical index.
+
+    ``CUDA_VISIBLE_DEVICES`` is applied as CUDA applies it (``multigpu.gpus.visible``); a
+    MIG-enabled GPU appears as its MIG instances; ``[]`` without any GPU.
+
+    Example:
+        >>> list_gpus({"CUDA_VISIBLE_DEVICES": ""})
+        []
+    """
+    env = os.environ if environ is None else environ
+    return visible_devices(discover_gpus(env), env)
+
+
+def all_gpus() -> list[GPUInfo]:
+    """Every physical GPU, ignoring ``CUDA_VISIBLE_DEVICES``, in physical-index order.
+
+    ``logical_index`` is the index this process sees under its ``CUDA_VISIBLE_DEVICES``, or
+    None for a GPU it hides; MIG instances are not listed separately.
+    """
+    return physical_devices(discover_gpus(os.environ), os.environ)

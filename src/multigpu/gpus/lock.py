@@ -24,7 +24,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 from multigpu.errors import LaunchError, UsageError
 from multigpu.gpus.select import select_gpus
@@ -37,12 +36,7 @@ SELECT_TIMEOUT_S = 30.0
 
 
 class GPUClaim:
-    """GPUs chosen and locked for one job; a context manager that releases them on exit.
-
-    Example:
-        >>> with claim_gpus(parse_gpu_request("2")) as claim:  # doctest: +SKIP
-        ...     env["CUDA_VISIBLE_DEVICES"] = claim.cuda_visible_devices
-    """
+    """GPUs chosen and locked for one job; a context manager that releases them on exit."""
 
     def __init__(self, gpus: Sequence[GPUInfo], fds: Sequence[int] = ()) -> None:
         self.gpus: list[GPUInfo] = list(gpus)
@@ -68,21 +62,11 @@ class GPUClaim:
     def __enter__(self) -> GPUClaim:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
         return f"GPUClaim(gpus={[g.index for g in self.gpus]}, held={self.held})"
-
-
-def lock_dir_for(environ: Mapping[str, str], lock_dir: str | os.PathLike[str] | None) -> Path:
-    """The lock directory: ``lock_dir``, else ``$MULTIGPU_LOCK_DIR``, else /tmp/multigpu-locks."""
-    return Path(lock_dir or environ.get("MULTIGPU_LOCK_DIR") or DEFAULT_LOCK_DIR)
 
 
 def _prepare_dir(path: Path) -> None:
@@ -121,11 +105,9 @@ def _try_lock(fd: int) -> bool:
 
 def _note_owner(fd: int) -> None:
     # For humans and error messages only; the lock itself is the flock, not this text.
-    try:
+    with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass
 
 
 def _owner(path: Path) -> str:
@@ -167,34 +149,19 @@ def claim_gpus(
 ) -> GPUClaim:
     """Choose GPUs for ``request`` that no other multigpu job holds, and lock them.
 
-    Args:
-        request: from ``parse_gpu_request``.
-        environ: the environment to read (``CUDA_VISIBLE_DEVICES``, ``MULTIGPU_LOCK_DIR``);
-            default ``os.environ``.
-        lock_dir: where the lock files live (default ``$MULTIGPU_LOCK_DIR`` or
-            ``/tmp/multigpu-locks``).
-        gpus: the GPUs to choose from (default ``list_gpus(environ)``; tests pass fake ones).
-        busy_utilization: passed to ``select_gpus``.
-        min_free_fraction: passed to ``select_gpus``.
-
-    Returns:
-        The claim; hold it (``with``) for as long as the job runs.
+    ``gpus`` defaults to ``list_gpus(environ)`` (tests pass fake ones); the busy thresholds go
+    to ``select_gpus``. Hold the claim (``with``) for as long as the job runs.
 
     Raises:
         UsageError: too few GPUs that are free of other jobs' locks (see ``select_gpus``).
         LaunchError: the lock directory is unusable, or the global lock stays taken.
-
-    Example:
-        >>> with claim_gpus(parse_gpu_request("auto")) as claim:  # doctest: +SKIP
-        ...     print(claim.cuda_visible_devices)
-        GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77,GPU-cba663e8-9bed-5b7a-b2f1-8fce61bd9e83
     """
     env = os.environ if environ is None else environ
     if gpus is None:
-        from multigpu.gpus.discover import list_gpus
+        from multigpu.gpus.facts import list_gpus
 
         gpus = list_gpus(env)
-    directory = lock_dir_for(env, lock_dir)
+    directory = Path(lock_dir or env.get("MULTIGPU_LOCK_DIR") or DEFAULT_LOCK_DIR)
     _prepare_dir(directory)
     select_fd = _global_lock(directory / "select.lock", SELECT_TIMEOUT_S)
     probed: dict[str, int] = {}

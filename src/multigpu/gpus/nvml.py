@@ -6,8 +6,6 @@ before forking workers. Its device order is PCI bus order, the same as nvidia-sm
 Every reader takes the NVML module as its first argument (``open_nvml()``'s answer, or a
 stand-in with the same functions in tests), so one ``nvmlInit`` serves the inventory, the
 driver and the topology (``multigpu.gpus.topology``).
-
-Environment variables read: none (NVML ignores ``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -15,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory, MigDevice
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 MIB = 1024 * 1024
 
 
@@ -34,10 +31,6 @@ def open_nvml(module: Any | None = None) -> Any | None:
     """``module`` (default: ``pynvml``) after ``nvmlInit``; None when NVML cannot be loaded.
 
     The caller ends the session with ``close_nvml``.
-
-    Example:
-        >>> open_nvml() is None  # on a machine without the NVIDIA driver  # doctest: +SKIP
-        True
     """
     nvml = module
     if nvml is None:
@@ -62,27 +55,10 @@ def close_nvml(nvml: Any) -> None:
         nvml.nvmlShutdown()
 
 
-def read_nvml(module: Any | None = None) -> Inventory | None:
-    """Every GPU NVML reports, in a session of its own (see ``nvml_inventory``).
-
-    Example:
-        >>> [g.name for g in read_nvml().gpus]  # doctest: +SKIP
-        ['NVIDIA A100-SXM4-80GB', 'NVIDIA A100-SXM4-80GB']
-    """
-    nvml = open_nvml(module)
-    if nvml is None:
-        return None
-    try:
-        return nvml_inventory(nvml)
-    finally:
-        close_nvml(nvml)
-
-
 def nvml_inventory(nvml: Any) -> Inventory | None:
     """Every GPU of an open NVML, with utilisation, compute processes and MIG instances.
 
-    Returns:
-        The inventory, or None when a query every GPU answers failed (the next probe is tried).
+    None when a query every GPU answers failed (the next probe is tried).
     """
     try:
         gpus: list[GPUInfo] = []
@@ -103,10 +79,6 @@ def nvml_driver(nvml: Any) -> DriverFacts | None:
     ``nvmlSystemGetCudaDriverVersion_v2`` asks libcuda (``cuDriverGetVersion``: what torch
     will get, forward-compatibility package included); where libcuda is not found, or the
     bindings lack ``_v2``, the plain call answers from the driver's own record.
-
-    Example:
-        >>> nvml_driver(open_nvml())  # doctest: +SKIP
-        DriverFacts(version='570.86.15', cuda='12.8', source='nvml')
     """
     try:
         version = text(nvml.nvmlSystemGetDriverVersion())
@@ -123,7 +95,7 @@ def nvml_driver(nvml: Any) -> DriverFacts | None:
     return DriverFacts(version=version, cuda=cuda, source="nvml")
 
 
-def _optional(nvml: Any, fn: Callable[..., T], *args: Any) -> T | None:
+def _optional(nvml: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, or None when the device does not support the query (MIG, old GPUs, vGPU)."""
     try:
         return fn(*args)
@@ -144,7 +116,6 @@ def _gpu(nvml: Any, handle: Any, index: int) -> GPUInfo:
     pci = _optional(nvml, nvml.nvmlDeviceGetPciInfo, handle)
     return GPUInfo(
         index=index,
-        logical_index=None,
         uuid=uuid,
         name=text(nvml.nvmlDeviceGetName(handle)),
         pci_bus_id=text(pci.busId) if pci is not None else "",

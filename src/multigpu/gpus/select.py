@@ -4,6 +4,7 @@ the indices given.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Collection, Sequence
 
@@ -70,12 +71,7 @@ def busy_reason(
     min_free_fraction: float = 0.1,
     busy_if_processes: bool = False,
 ) -> str | None:
-    """Why ``gpu`` looks taken by someone else (``"util 97%"``), or None when it is idle.
-
-    Example:
-        >>> busy_reason(gpu)  # doctest: +SKIP
-        'util 97%, 1200/81920 MiB free'
-    """
+    """Why ``gpu`` looks taken by someone else (``"util 97%"``), or None when it is idle."""
     why = []
     if gpu.utilization_percent is not None and gpu.utilization_percent >= busy_utilization:
         why.append(f"util {gpu.utilization_percent}%")
@@ -91,8 +87,7 @@ def _names(gpus: Sequence[GPUInfo]) -> str:
 
 
 def _label(gpu: GPUInfo) -> str:
-    shown = gpu.logical_index if gpu.logical_index is not None else gpu.index
-    return f"{shown}: {gpu.name}"
+    return f"{_key(gpu)[0]}: {gpu.name}"
 
 
 def _excluded(gpu: GPUInfo, exclude: Collection[int | str]) -> bool:
@@ -111,8 +106,6 @@ def select_gpus(
     """Choose the GPUs for ``request`` among ``gpus`` (as ``list_gpus`` returns them).
 
     Args:
-        gpus: the visible GPUs.
-        request: from ``parse_gpu_request``.
         busy_utilization: a GPU at or above this utilisation (percent) is busy.
         min_free_fraction: a GPU with less free memory than this fraction of its total is busy.
         exclude: physical indices (or UUIDs, for MIG instances) locked by other jobs; never chosen.
@@ -126,10 +119,6 @@ def select_gpus(
     Raises:
         UsageError: no GPU at all, too few GPUs, an index that does not exist, or one that is
             locked by another job.
-
-    Example:
-        >>> [g.index for g in select_gpus(gpus, parse_gpu_request("2"))]  # doctest: +SKIP
-        [0, 3]
     """
     if not gpus:
         raise UsageError(
@@ -137,19 +126,15 @@ def select_gpus(
             "answered, or CUDA_VISIBLE_DEVICES hides them); use --cpu N for CPU processes"
         )
 
-    def busy(g: GPUInfo) -> str | None:
-        return busy_reason(
-            g,
-            busy_utilization=busy_utilization,
-            min_free_fraction=min_free_fraction,
-            busy_if_processes=busy_if_processes,
-        )
-
-    free = [g for g in gpus if not _excluded(g, exclude)]
-    locked = [g for g in gpus if _excluded(g, exclude)]
-    locked_note = f"; locked by other multigpu jobs: {_names(locked)}" if locked else ""
+    busy = functools.partial(
+        busy_reason,
+        busy_utilization=busy_utilization,
+        min_free_fraction=min_free_fraction,
+        busy_if_processes=busy_if_processes,
+    )
     if request.kind == "indices":
         return _by_indices(gpus, request, exclude, busy)
+    free = [g for g in gpus if not _excluded(g, exclude)]
     idle = [g for g in free if busy(g) is None]
     if request.kind == "auto":
         if not idle:
@@ -166,11 +151,13 @@ def select_gpus(
             f"--gpus {count} asks for {count} GPUs but this machine has {len(gpus)} "
             f"({_names(gpus)}); use --gpus {len(gpus)} or fewer, or --cpu N"
         )
-    if count > len(free):
+    if count > len(free):  # so some GPUs are locked
+        locked = [g for g in gpus if _excluded(g, exclude)]
         raise UsageError(
             f"--gpus {count} asks for {count} GPUs but only {len(free)} of {len(gpus)} are not "
-            f"locked by other multigpu jobs ({_names(free) or 'none'}{locked_note}); "
-            f"use --gpus {len(free)} or fewer, wait for the other job, or use --cpu N"
+            f"locked by other multigpu jobs ({_names(free) or 'none'}; locked by other multigpu "
+            f"jobs: {_names(locked)}); use --gpus {len(free)} or fewer, wait for the other job, "
+            "or use --cpu N"
         )
     by_free = sorted(free, key=lambda g: (busy(g) is not None, -g.memory_free_mib, _key(g)))
     chosen = by_free[:count]
@@ -203,10 +190,9 @@ def _by_indices(
     chosen = []
     for i in request.indices or ():
         if i not in by_logical:
-            last = max(by_logical)
             raise UsageError(
                 f"{request.as_option()} asks for GPU index {i} but this machine shows "
-                f"{len(gpus)} GPU(s) ({_names(gpus)}); use indices 0..{last}, "
+                f"{len(gpus)} GPU(s) ({_names(gpus)}); use indices 0..{max(by_logical)}, "
                 f"--gpus {len(gpus)}, or --cpu N"
             )
         gpu = by_logical[i]

@@ -54,12 +54,7 @@ _GB = re.compile(r"(\d+)gb$", re.IGNORECASE)
 
 
 def run_smi(argv: Sequence[str]) -> str | None:
-    """The default runner: stdout of ``argv``, or None if missing, failing or slower than 10 s.
-
-    Example:
-        >>> run_smi(["nvidia-smi", "-L"])  # doctest: +SKIP
-        'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-...)\\n'
-    """
+    """The default runner: stdout of ``argv``, or None if missing, failing or slower than 10 s."""
     exe = shutil.which(argv[0])
     if exe is None:
         return None  # looked up first so a machine without the driver answers instantly
@@ -108,12 +103,9 @@ def parse_query_gpu(text: str) -> list[GPUInfo]:
     """
     gpus = []
     for row in _rows(text):
-        if len(row) < 8:
-            logger.debug("nvidia-smi row with %s fields skipped: %s", len(row), row)
-            continue
-        index = _number(row[0])
+        index = _number(row[0]) if len(row) >= 8 else None
         if index is None:
-            logger.debug("nvidia-smi row without an index skipped: %s", row)
+            logger.debug("nvidia-smi row skipped (fewer than 8 fields or no index): %s", row)
             continue
         # Memory "[N/A]" (some vGPU and old boards): 0 means unknown, never "busy by memory".
         total, used, free = _number(row[4]) or 0, _number(row[5]), _number(row[6])
@@ -122,7 +114,6 @@ def parse_query_gpu(text: str) -> list[GPUInfo]:
         gpus.append(
             GPUInfo(
                 index=index,
-                logical_index=None,
                 uuid=row[1],
                 name=row[2],
                 pci_bus_id="" if row[3].startswith("[") else row[3],
@@ -130,7 +121,6 @@ def parse_query_gpu(text: str) -> list[GPUInfo]:
                 memory_free_mib=free,
                 memory_used_mib=used,
                 utilization_percent=_number(row[7]),
-                processes=(),
                 visible_id=row[1] if row[1].startswith("GPU-") else str(index),
             )
         )
@@ -192,13 +182,8 @@ def parse_mig_list(text: str, gpus: Sequence[GPUInfo] = ()) -> list[MigDevice]:
 
 
 def read_smi(runner: Runner = run_smi) -> Inventory | None:
-    """Every GPU nvidia-smi reports, with its compute processes and MIG instances.
-
-    Args:
-        runner: runs an argv and returns stdout or None (tests pass recorded outputs).
-
-    Returns:
-        The inventory, or None when nvidia-smi is missing or fails (the next probe is tried).
+    """Every GPU nvidia-smi reports, with its compute processes and MIG instances; None when
+    nvidia-smi is missing or fails (the next probe is tried).
 
     Example:
         >>> read_smi(lambda argv: None) is None
@@ -209,13 +194,9 @@ def read_smi(runner: Runner = run_smi) -> Inventory | None:
         return None
     gpus = parse_query_gpu(text)
     apps = parse_compute_apps(runner(QUERY_APPS) or "") if gpus else {}
-    gpus = [_with_processes(g, apps.get(g.uuid, ())) for g in gpus]
+    gpus = [replace(g, processes=apps[g.uuid]) if g.uuid in apps else g for g in gpus]
     migs = parse_mig_list(runner(LIST) or "", gpus) if gpus else []
     return Inventory(gpus=tuple(gpus), migs=tuple(migs), source="nvidia-smi")
-
-
-def _with_processes(gpu: GPUInfo, pids: tuple[int, ...]) -> GPUInfo:
-    return replace(gpu, processes=pids) if pids else gpu
 
 
 def parse_driver_csv(text: str) -> str | None:

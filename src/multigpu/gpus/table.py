@@ -18,13 +18,7 @@ def _processes(pids: tuple[int, ...], limit: int = 4) -> str:
 
 def format_gpu_table(gpus: Sequence[GPUInfo]) -> str:
     """A left-aligned table: physical index, logical index (``-`` if hidden), name, free/total
-    memory, utilisation (``n/a`` when unsupported) and compute pids.
-
-    Example:
-        >>> print(format_gpu_table(list_gpus()))  # doctest: +SKIP
-        GPU  CUDA  NAME                   FREE/TOTAL MiB  UTIL  PROCESSES
-        0    0     NVIDIA A100-SXM4-80GB  81036/81920     0%    -
-    """
+    memory, utilisation (``n/a`` when unsupported) and compute pids."""
     rows = [HEADER] + [
         (
             str(g.index),

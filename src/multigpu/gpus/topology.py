@@ -10,6 +10,7 @@ one place its human-readable output is read.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -93,10 +94,6 @@ def nvml_links(nvml: Any, gpus: Sequence[GPUInfo]) -> dict[tuple[int, int], str]
     A pair joined by NVLinks is ``NV<n>``: n links between the two, or, on an NVSwitch machine
     (DGX/HGX), the fewer of the two GPUs' links to switches. Otherwise the PCIe level of their
     common ancestor. A pair NVML does not answer for is left out.
-
-    Example:
-        >>> nvml_links(nvml, inventory.gpus)  # doctest: +SKIP
-        {(0, 1): 'NV12'}
     """
     if len(gpus) < 2:
         return {}
@@ -118,19 +115,17 @@ def nvml_links(nvml: Any, gpus: Sequence[GPUInfo]) -> dict[tuple[int, int], str]
                 if index == pair[0]:
                     direct[pair] = direct.get(pair, 0) + 1
     links: dict[tuple[int, int], str] = {}
-    order = sorted(handles)
-    for n, i in enumerate(order):
-        for j in order[n + 1 :]:
-            count = direct.get((i, j)) or min(switched[i], switched[j])
-            if count:
-                links[(i, j)] = f"NV{count}"
-                continue
-            try:
-                level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
-            except nvml.NVMLError as e:
-                logger.debug("NVML topology of GPUs %s, %s not answered: %s", i, j, e)
-                continue
-            links[(i, j)] = _LEVELS.get(int(level), "SYS" if int(level) > 50 else "PIX")
+    for i, j in itertools.combinations(sorted(handles), 2):
+        count = direct.get((i, j)) or min(switched[i], switched[j])
+        if count:
+            links[(i, j)] = f"NV{count}"
+            continue
+        try:
+            level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+        except nvml.NVMLError as e:
+            logger.debug("NVML topology of GPUs %s, %s not answered: %s", i, j, e)
+            continue
+        links[(i, j)] = _LEVELS.get(int(level), "SYS" if int(level) > 50 else "PIX")
     return links
 
 

@@ -55,14 +55,7 @@ def has_gpu_device_node(nodes: Sequence[str] = DEVICE_NODES) -> bool:
 
 
 def parse_torch_probe(text: str) -> list[GPUInfo]:
-    """Turn the child's JSON line into GPUs (no utilisation or processes: torch does not say).
-
-    Example:
-        >>> row = '[{"index": 0, "name": "AMD MI250X", "uuid": "", "free": 1073741824, '
-        >>> row += '"total": 2147483648, "pci": ""}]'
-        >>> parse_torch_probe(row)[0].visible_id
-        '0'
-    """
+    """Turn the child's JSON line into GPUs (no utilisation or processes: torch does not say)."""
     return _gpus(json.loads(text.strip().splitlines()[-1]))
 
 
@@ -75,15 +68,12 @@ def _gpus(rows: Sequence[Mapping[str, Any]]) -> list[GPUInfo]:
         gpus.append(
             GPUInfo(
                 index=int(d["index"]),
-                logical_index=None,
                 uuid=uuid or f"index-{d['index']}",
                 name=str(d["name"]),
                 pci_bus_id=str(d["pci"]),
                 memory_total_mib=int(d["total"]) // (1024 * 1024),
                 memory_free_mib=int(d["free"]) // (1024 * 1024),
                 memory_used_mib=(int(d["total"]) - int(d["free"])) // (1024 * 1024),
-                utilization_percent=None,
-                processes=(),
                 # The launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID, so the physical index is
                 # understood by the workers; HIP accepts indices, not NVIDIA UUIDs.
                 visible_id=str(d["index"]),
@@ -93,12 +83,7 @@ def _gpus(rows: Sequence[Mapping[str, Any]]) -> list[GPUInfo]:
 
 
 def read_torch(environ: Mapping[str, str] | None = None) -> Inventory | None:
-    """GPUs as torch.cuda sees them, probed in a child process; None when there are none.
-
-    Example:
-        >>> read_torch() is None  # on a machine without GPUs  # doctest: +SKIP
-        True
-    """
+    """GPUs as torch.cuda sees them, probed in a child process; None when there are none."""
     if not has_gpu_device_node():
         return None
     try:
@@ -108,7 +93,7 @@ def read_torch(environ: Mapping[str, str] | None = None) -> Inventory | None:
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         logger.debug("torch %s has no CUDA/ROCm support; torch probe skipped", torch.__version__)
         return None
-    env = {k: v for k, v in (os.environ if environ is None else environ).items()}
+    env = dict(os.environ if environ is None else environ)
     for name in _HIDING:
         env.pop(name, None)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

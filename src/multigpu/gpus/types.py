@@ -19,7 +19,7 @@ class GPUInfo:
 
     index: int
     """Physical index: NVML / nvidia-smi order, i.e. PCI bus order (the parent's, for MIG)."""
-    logical_index: int | None
+    logical_index: int | None = None
     """Index as this process sees it under ``CUDA_VISIBLE_DEVICES``; None if hidden from it."""
     uuid: str
     """``GPU-...`` (or ``MIG-...`` for a MIG instance); names the per-GPU lock file."""
@@ -28,22 +28,17 @@ class GPUInfo:
     pci_bus_id: str
     """``00000000:07:00.0``; empty when unknown."""
     memory_total_mib: int
-    """Total memory in MiB."""
     memory_free_mib: int
     """Free memory in MiB at the time of the probe."""
     memory_used_mib: int | None = None
     """Used memory in MiB as the driver counts it (None when not reported)."""
-    utilization_percent: int | None
+    utilization_percent: int | None = None
     """GPU utilisation in percent over the driver's last sample period; None when unsupported."""
     processes: tuple[int, ...] = ()
     """Pids of compute processes on it (any user's)."""
     visible_id: str
     """The token to put in a child's ``CUDA_VISIBLE_DEVICES`` for this GPU (its UUID when known,
     which means the same device whatever ``CUDA_DEVICE_ORDER`` the child uses)."""
-
-    def short(self) -> str:
-        """``"0: NVIDIA A100-SXM4-80GB"`` — the GPU as error messages name it."""
-        return f"{self.index}: {self.name}"
 
 
 @dataclass(frozen=True, kw_only=True)

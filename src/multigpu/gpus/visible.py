@@ -81,12 +81,7 @@ def _resolve(token: str, inventory: Inventory, devices: list[GPUInfo]) -> list[G
 
 
 def visible_devices(inventory: Inventory, environ: Mapping[str, str]) -> list[GPUInfo]:
-    """The devices a process with ``environ`` sees, with ``logical_index`` set, in that order.
-
-    Example:
-        >>> visible_devices(inventory, {"CUDA_VISIBLE_DEVICES": "2,0"})  # doctest: +SKIP
-        [GPUInfo(index=2, logical_index=0, ...), GPUInfo(index=0, logical_index=1, ...)]
-    """
+    """The devices a process with ``environ`` sees, with ``logical_index`` set, in that order."""
     devices = expand(inventory)
     spec = environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:

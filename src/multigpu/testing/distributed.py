@@ -3,21 +3,12 @@
 Each worker is a new process, forked from a server process that imported torch once (the
 ``forkserver`` start method: a fresh interpreter per worker costs ~1.5 s of CPU for ``import
 torch`` alone, most of a small test), with the caller's environment and the torchrun variables
-set (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``), ``GLOO_SOCKET_IFNAME=lo`` and one thread, so ``multigpu.init()`` inside the
-function builds a real gloo process group — on CPU processes even on a machine with GPUs
-(``MULTIGPU_DEVICE=cpu``), unless ``device="cuda"`` asks for one GPU per rank (NCCL). A worker's
-exception is re-raised in the parent with its traceback; a worker that does not finish within
-``timeout`` seconds is killed (by pid) and named in the error.
-
-Example:
-    >>> def work(x):                                   # must be a module-level function
-    ...     import multigpu
-    ...     with multigpu.init() as ctx:
-    ...         return ctx.all_reduce(x * (ctx.rank + 1))
-    >>> run_distributed(work, world_size=2, args=(1.0,))  # doctest: +SKIP
-    [3.0, 3.0]
+set (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``), ``GLOO_SOCKET_IFNAME=lo`` and one thread, so
+``multigpu.init()`` inside the function builds a real gloo process group — on CPU processes even
+on a machine with GPUs (``MULTIGPU_DEVICE=cpu``), unless ``device="cuda"`` asks for one GPU per
+rank (NCCL). A worker's exception is re-raised in the parent with its traceback; a worker that
+does not finish within ``timeout`` seconds is killed (by pid) and named in the error.
 """
 
 from __future__ import annotations
@@ -31,12 +22,6 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-_CHILD_ENV_DEFAULTS = {
-    "GLOO_SOCKET_IFNAME": "lo",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
 
 
 class DistributedTestError(RuntimeError):
@@ -86,7 +71,6 @@ def run_distributed(
 
     Args:
         fn: a module-level (picklable) function.
-        world_size: number of processes.
         args: positional arguments given to ``fn`` on every rank (picklable).
         env: extra environment variables for every worker.
         timeout: seconds for the whole run; past it every worker still running is killed.
@@ -105,8 +89,11 @@ def run_distributed(
     port = free_port()
     procs = []
     for rank in range(world_size):
-        child_env = {**os.environ, **_CHILD_ENV_DEFAULTS}
+        child_env = dict(os.environ)
         child_env.update(
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             WORLD_SIZE=str(world_size),
@@ -132,9 +119,7 @@ def run_distributed(
             try:
                 rank, ok, value = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
-                if any(not p.is_alive() and p.exitcode not in (0, None) for p in procs) and all(
-                    not p.is_alive() for p in procs
-                ):
+                if all(not p.is_alive() for p in procs) and any(p.exitcode for p in procs):
                     break
                 continue
             collected[rank] = (ok, value)

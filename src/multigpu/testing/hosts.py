@@ -17,14 +17,6 @@ A small anchor process per host holds its UTS and mount namespaces; ``Host.run``
 three with ``nsenter``. Everything — processes started in the hosts, anchors, veths, namespaces,
 bridge — is removed when the ``with`` block ends, also on errors. Names carry this process's pid,
 so leftovers of a test run that was killed are recognised and removed by the next one.
-
-Example:
-    >>> from multigpu.testing.hosts import hosts_available, virtual_hosts
-    >>> if hosts_available() is None:                                   # doctest: +SKIP
-    ...     with virtual_hosts(2) as (a, b):
-    ...         out = a.run(["ping", "-c1", b.address]).wait()
-
-Environment variables read: none (``Host.run`` passes the ``env`` it is given).
 """
 
 from __future__ import annotations
@@ -48,20 +40,13 @@ from multigpu.testing import netns
 from multigpu.testing.netns import HostsError
 
 INTERFACE = "eth0"
-"""The name of each host's network interface (inside its namespace)."""
 
 _COUNTER = itertools.count()
 
 
 @functools.lru_cache(maxsize=1)
 def hosts_available() -> str | None:
-    """None when ``virtual_hosts`` can work here; otherwise the reason it cannot (for a skip).
-
-    Example:
-        >>> reason = hosts_available()
-        >>> reason is None or isinstance(reason, str)
-        True
-    """
+    """None when ``virtual_hosts`` can work here; otherwise the reason it cannot (for a skip)."""
     if not hasattr(os, "geteuid") or not Path("/proc/self/ns/net").exists():
         return "test hosts need Linux namespaces"
     if os.geteuid() != 0:
@@ -105,15 +90,8 @@ class Host:
     ) -> subprocess.Popen[Any]:
         """Start ``argv`` inside this host (its network, hostname and hosts file).
 
-        Args:
-            argv: the command.
-            env: its whole environment (default: this process's).
-            cwd: its working directory (default: this process's).
-            **popen: more ``subprocess.Popen`` arguments (``stdout``, ``text``, ...).
-
-        Example:
-            >>> host.run(["hostname"], stdout=subprocess.PIPE).communicate()  # doctest: +SKIP
-            (b'node0\\n', None)
+        ``env`` is its whole environment and ``cwd`` its directory (default: this process's);
+        ``popen`` holds more ``subprocess.Popen`` arguments (``stdout``, ``text``...).
         """
         if self.anchor is None or self.anchor.poll() is not None:
             raise HostsError(f"host {self.name} is not running (its anchor process ended)")
@@ -146,11 +124,9 @@ class Host:
             if not found:
                 break
             for pid in found:
-                try:
+                with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.05)
         for proc in self.started:
             if proc.poll() is None:
@@ -171,17 +147,6 @@ class Host:
         netns.ip("link", "set", self.veth, "up")
 
 
-def _token() -> str:
-    # Interface names have at most 15 characters: "mg" + pid in hex + "x" + counter + suffix.
-    return f"mg{os.getpid():x}x{next(_COUNTER)}"
-
-
-def _hosts_file(hosts: Sequence[Host]) -> str:
-    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-    lines += [f"{h.address} {h.name}" for h in hosts]
-    return "\n".join(lines) + "\n"
-
-
 @contextmanager
 def virtual_hosts(
     n: int = 2, *, subnet: str | None = None, names: Sequence[str] | None = None
@@ -196,11 +161,6 @@ def virtual_hosts(
 
     Raises:
         HostsError: not possible here (see ``hosts_available``) or an ``ip`` command failed.
-
-    Example:
-        >>> with virtual_hosts(2) as hosts:                            # doctest: +SKIP
-        ...     print([(h.name, h.address) for h in hosts])
-        [('node0', '10.231.7.11'), ('node1', '10.231.7.12')]
     """
     reason = hosts_available()
     if reason is not None:
@@ -212,7 +172,8 @@ def virtual_hosts(
         raise HostsError(f"names={names!r}; expected {n} distinct hostnames")
     netns.remove_stale()
     net = ipaddress.ip_network(subnet) if subnet else netns.free_subnet()
-    token = _token()
+    # Interface names have at most 15 characters: "mg" + pid in hex + "x" + counter + suffix.
+    token = f"mg{os.getpid():x}x{next(_COUNTER)}"
     bridge = f"{token}b"
     hosts = [
         Host(
@@ -226,8 +187,10 @@ def virtual_hosts(
     with ExitStack() as cleanup:
         workdir = Path(tempfile.mkdtemp(prefix="multigpu-hosts-"))
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        lines += [f"{h.address} {h.name}" for h in hosts]
         hosts_file = workdir / "hosts"
-        hosts_file.write_text(_hosts_file(hosts))
+        hosts_file.write_text("\n".join(lines) + "\n")
         cleanup.callback(netns.ip_quiet, "link", "del", bridge)
         netns.ip("link", "add", bridge, "type", "bridge")
         netns.ip("link", "set", bridge, "up")
