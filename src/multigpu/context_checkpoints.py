@@ -1,7 +1,7 @@
 """What a Context offers for checkpoints: a ``Checkpointer``, or ``save``/``load`` at a path.
 
-A mixin of ``Context`` (kept apart to keep each file to one concept). The strategy is the state
-adapter: it produces and loads the model and optimizer state as its wrapping holds it.
+The strategy is the state adapter: it produces and loads the model and optimizer state as its
+wrapping holds it.
 """
 
 from __future__ import annotations
@@ -82,9 +82,6 @@ class Checkpointing:
         temp dir renamed once complete, with a manifest and checksums); models and optimizers
         are sharded through DCP, so it loads on any world size under any strategy. RNG states
         are not saved (use a ``Checkpointer`` for exact resume).
-
-        Example:
-            >>> ctx.save("runs/final", {"model": model, "opt": opt, "epoch": 3})  # doctest: +SKIP
         """
         return save_state(
             path,
@@ -103,10 +100,5 @@ class Checkpointing:
         directory, or a ``Checkpointer``'s directory (its newest complete checkpoint). Models
         and optimizers are loaded into the objects (resharded to this run), plain values are
         replaced in ``state``. Collective: every rank calls it.
-
-        Example:
-            >>> state = {"model": model, "optimizer": opt, "epoch": 0}       # doctest: +SKIP
-            >>> rest = ctx.load("runs/final", state); state["epoch"]          # doctest: +SKIP
-            3
         """
         return load_state(path, state, rank=self.rank, adapter=self.strategy)

@@ -1,16 +1,12 @@
 """``multigpu ckpt convert``: between one plain file and a sharded (DCP) checkpoint.
 
-- to a file: the chosen model of any checkpoint — sharded by N ranks under any strategy, or a
-  format-1 one, or a DataParallel/DDP/compiled/CUDA-saved state dict — becomes one plain state
-  dict (CPU tensors, no prefixes) that ``model.load_state_dict(torch.load(DST,
-  weights_only=True))`` takes, or a ``.safetensors`` file;
-- to DCP (``--to dcp``): a plain state dict (``.pt`` or ``.safetensors``) becomes a complete
-  checkpoint directory (DCP shards, manifest, ``COMMITTED``) holding it as one model object,
-  which ``ctx.load`` and a ``Checkpointer`` tracking that model resume on any world size
-  under any strategy.
+- to a file: the chosen model of any checkpoint becomes one plain state dict (CPU tensors, no
+  wrapper prefixes) for ``model.load_state_dict``, or a ``.safetensors`` file;
+- to DCP (``--to dcp``): a plain state dict becomes a complete checkpoint directory holding it
+  as one model object, which ``ctx.load`` and a ``Checkpointer`` resume.
 
-Both read everything into one process's memory (the model only: an optimizer is not read) and
-write atomically: nothing is left at the destination when they fail.
+Both read the model (never an optimizer) into one process's memory and write atomically:
+nothing is left at the destination when they fail.
 """
 
 from __future__ import annotations

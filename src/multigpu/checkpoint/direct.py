@@ -1,11 +1,7 @@
 """``ctx.save(path, state)`` and ``ctx.load(path, state)``: one checkpoint at a path of your own.
 
-For scripts that want no ``Checkpointer``: ``state`` is a dict of models, optimizers, loaders,
-schedulers (anything with ``state_dict``/``load_state_dict``) and plain values (numbers,
-strings, tensors, lists and dicts of them). The checkpoint is the same kind of directory a
-``Checkpointer`` writes — sharded through DCP, atomic, with a manifest and checksums — so it
-loads on any world size under any strategy, and ``multigpu ckpt`` reads it. RNG states are not
-part of it (a ``Checkpointer`` saves them, for exact resume).
+The checkpoint is the same kind of directory a ``Checkpointer`` writes (sharded through DCP,
+atomic, with a manifest and checksums), without RNG states.
 """
 
 from __future__ import annotations
@@ -22,13 +18,13 @@ from multigpu.checkpoint.layout import (
     STATE_FILE,
     TMP_PREFIX,
     find_latest,
+    read_manifest,
     verify_checkpoint,
 )
-from multigpu.checkpoint.legacy import restore_whole
-from multigpu.checkpoint.objects import kind_of, load_into
-from multigpu.checkpoint.restore import load_part, read_manifest
+from multigpu.checkpoint.objects import epoch_of, kind_of
+from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
 from multigpu.checkpoint.saving import SaveJob, save
-from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
+from multigpu.checkpoint.snapshot import StateAdapter
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 
 log = logging.getLogger(__name__)
@@ -60,10 +56,7 @@ def save_state(
 ) -> Path:
     """Write ``state`` as a complete checkpoint at ``path`` (collective); return the path.
 
-    Raises:
-        UsageError: ``state`` is not a dict of named entries, or ``path`` exists and is not a
-            multigpu checkpoint (it would be replaced).
-        CheckpointError: the save failed on some rank (nothing is left at ``path``).
+    An existing ``path`` is replaced only when it is a multigpu checkpoint.
     """
     _check_names(state, "save")
     final = Path(path)
@@ -76,13 +69,12 @@ def save_state(
     problem = dist.broadcast(problem, src=0)
     if problem:
         raise UsageError(problem)
-    loaders = [o for o in state.values() if kind_of(o) == "loader"]
     step = state.get("step")
     job = SaveJob(
         final=final,
         stale=f"{TMP_PREFIX}{final.name}-*",
         step=step if isinstance(step, int) and not isinstance(step, bool) else 0,
-        epoch=int(loaders[0].epoch) if loaders else None,
+        epoch=epoch_of(state),
         rank=rank,
         world_size=world_size,
         objects=state,
@@ -122,14 +114,8 @@ def load_state(
 ) -> dict[str, Any]:
     """Fill ``state`` from the checkpoint at ``path`` (collective); return what it did not ask for.
 
-    Objects are loaded in place (models and optimizers resharded to this run's strategy and
-    world size); plain values are replaced in ``state``. The return value holds the saved plain
-    values and small objects' states that ``state`` has no entry for (saved model and optimizer
-    states not asked for stay on disk).
-
-    Raises:
-        CheckpointError: no complete checkpoint at ``path``, an entry of ``state`` is not in it,
-            or does not fit it.
+    The return value holds the saved plain values and small objects' states that ``state`` has
+    no entry for (saved model and optimizer states not asked for stay on disk).
     """
     _check_names(state, "load")
     choice = dist.broadcast(_resolve(path) if rank == 0 else None, src=0)
@@ -137,10 +123,8 @@ def load_state(
         raise CheckpointError(str(choice)[len("error: ") :])
     where = Path(choice)
     manifest = read_manifest(where)
-    saved_objects: dict[str, Any] = manifest.get("objects", {})
     small_saved = load_part(where / STATE_FILE).get("objects", {})
-    legacy = int(manifest.get("version", 1)) < 2
-    available = set(small_saved) if legacy else set(saved_objects)
+    available = saved_names(manifest, small_saved)
     missing = sorted(k for k in state if k not in available)
     if missing:
         raise CheckpointMismatchError(
@@ -156,15 +140,7 @@ def load_state(
             "gives plain values for them; pass the objects to load them into"
         )
     stateful = {k: v for k, v in state.items() if kind_of(v) != "value"}
-    small = {k: v for k, v in stateful.items() if legacy or kind_of(v) not in SHARDED_KINDS}
-    if legacy:
-        restore_whole(where, small, small_saved)
-    else:
-        restore_sharded(
-            where, {k: v for k, v in stateful.items() if k not in small}, saved_objects, adapter
-        )
-        for name, obj in small.items():
-            load_into(name, obj, small_saved[name])
+    restore_objects(where, stateful, manifest, small_saved, adapter)
     for name, value in state.items():
         if kind_of(value) == "value":
             state[name] = small_saved[name]

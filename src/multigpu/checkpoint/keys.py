@@ -31,12 +31,7 @@ def _copy(state: Mapping[str, Any]) -> OrderedDict[str, Any]:
 
 def strip_prefix(state: Mapping[str, Any], prefix: str) -> OrderedDict[str, Any] | None:
     """A copy of ``state`` with ``prefix`` removed from every key that has it, or None when two
-    keys would collide.
-
-    Example:
-        >>> dict(strip_prefix({"module.w": 1, "b": 2}, "module."))
-        {'b': 2, 'w': 1}
-    """
+    keys would collide."""
     out = _copy(state)
     consume_prefix_in_state_dict_if_present(out, prefix)
     return out if len(out) == len(state) else None

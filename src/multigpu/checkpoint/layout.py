@@ -31,9 +31,12 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from multigpu.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -49,44 +52,23 @@ _CHUNK = 1 << 20
 
 
 def step_dir_name(step: int) -> str:
-    """The directory name of the checkpoint of ``step``.
-
-    Example:
-        >>> step_dir_name(100)
-        'step-00000100'
-    """
+    """The directory name of the checkpoint of ``step``."""
     return f"step-{step:08d}"
 
 
 def rank_file_name(rank: int) -> str:
-    """The file holding ``rank``'s own state (its RNG) inside a checkpoint.
-
-    Example:
-        >>> rank_file_name(1)
-        'rank-00001.pt'
-    """
+    """The file holding ``rank``'s own state (its RNG) inside a checkpoint."""
     return f"rank-{rank:05d}.pt"
 
 
 def parse_step(name: str) -> int | None:
-    """The step of a checkpoint directory name, or None when it is not one.
-
-    Example:
-        >>> parse_step("step-00000100"), parse_step(".tmp-step-00000100-ab12")
-        (100, None)
-    """
+    """The step of a checkpoint directory name (``step-XXXXXXXX``), or None when it is not one."""
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
 
 
 class HashingWriter:
-    """A binary file wrapper that counts and hashes what goes through it (no re-read).
-
-    Example:
-        >>> import io
-        >>> w = HashingWriter(io.BytesIO()); _ = w.write(b"abc"); w.size
-        3
-    """
+    """A binary file wrapper that counts and hashes what goes through it (no re-read)."""
 
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
@@ -103,12 +85,11 @@ class HashingWriter:
 
     @property
     def sha256(self) -> str:
-        """Hex SHA-256 of everything written so far."""
         return self._digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file's content, read in 1 MiB chunks."""
+    """Hex SHA-256 of a file's content."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(_CHUNK):
@@ -136,11 +117,9 @@ class CheckpointStatus:
 
 
 def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -> CheckpointStatus:
-    """Check one checkpoint directory against its manifest and commit marker.
+    """Check one ``step-XXXXXXXX`` directory against its manifest and commit marker.
 
-    Args:
-        path: a ``step-XXXXXXXX`` directory.
-        checksums: also compare every file's SHA-256 (reads every byte); sizes are always checked.
+    ``checksums``: also compare every file's SHA-256 (reads every byte); sizes are always checked.
 
     Example:
         >>> verify_checkpoint("/nonexistent/step-00000001").problems
@@ -151,7 +130,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -
     if not directory.is_dir():
         return CheckpointStatus(directory, step, False, ("not a directory",), None)
     problems: list[str] = []
-    manifest = _read_manifest(directory, problems)
+    manifest = _check_manifest(directory, problems)
     commit = directory / COMMIT_FILE
     if not commit.is_file():
         problems.append(f"no {COMMIT_FILE} marker (the save was interrupted)")
@@ -164,7 +143,18 @@ def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -
     return CheckpointStatus(directory, step, not problems, tuple(problems), manifest)
 
 
-def _read_manifest(directory: Path, problems: list[str]) -> dict[str, Any] | None:
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint directory (an error if it cannot be read)."""
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path / MANIFEST_FILE}: {e}") from e
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path / MANIFEST_FILE} is not a manifest")
+    return manifest
+
+
+def _check_manifest(directory: Path, problems: list[str]) -> dict[str, Any] | None:
     path = directory / MANIFEST_FILE
     if not path.is_file():
         problems.append(f"{MANIFEST_FILE} missing")
@@ -210,20 +200,17 @@ def _check_files(
 def list_checkpoints(
     directory: str | os.PathLike[str], *, checksums: bool = True
 ) -> list[CheckpointStatus]:
-    """Every ``step-*`` directory under ``directory``, ascending by step (temp dirs ignored).
+    """Every ``step-*`` directory under ``directory``, ascending by step (temp dirs ignored)."""
+    return [verify_checkpoint(p, checksums=checksums) for _, p in _step_dirs(Path(directory))]
 
-    Example:
-        >>> list_checkpoints("/nonexistent")
-        []
-    """
-    root = Path(directory)
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """The ``step-*`` directories under ``root`` with their steps, ascending."""
     if not root.is_dir():
         return []
-    found = [(parse_step(p.name), p) for p in root.iterdir() if p.is_dir()]
-    return [
-        verify_checkpoint(p, checksums=checksums)
-        for step, p in sorted((s, p) for s, p in found if s is not None)
-    ]
+    return sorted(
+        (s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -242,22 +229,13 @@ class Scan:
 
 
 def scan(directory: str | os.PathLike[str]) -> Scan:
-    """The newest complete checkpoint under ``directory`` and the newer broken ones (no logging).
-
-    Example:
-        >>> scan("/nonexistent").chosen is None
-        True
-    """
+    """The newest complete checkpoint under ``directory`` and the newer broken ones (no logging)."""
     root = Path(directory)
     if not root.is_dir():
         return Scan(None, (), ())
-    steps = sorted(
-        ((s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None),
-        reverse=True,
-    )
     chosen: CheckpointStatus | None = None
     skipped: list[CheckpointStatus] = []
-    for _, path in steps:
+    for _, path in reversed(_step_dirs(root)):
         status = verify_checkpoint(path)
         if status.complete:
             chosen = status
@@ -267,7 +245,7 @@ def scan(directory: str | os.PathLike[str]) -> Scan:
     unfinished = tuple(
         path
         for path in sorted(root.iterdir())
-        if (match := _TMP_DIR.match(path.name)) and int(match.group(1)) > newest and path.is_dir()
+        if (step := unfinished_step(path)) is not None and step > newest and path.is_dir()
     )
     return Scan(chosen, tuple(skipped), unfinished)
 
@@ -284,22 +262,26 @@ def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
     Newer directories that are incomplete or corrupt are skipped with a WARNING naming each one
     and what is wrong with it, and the one used instead; so are newer temporary directories
     (``.tmp-step-*``: a save that was interrupted, or one still being written).
-
-    Example:
-        >>> find_latest("/nonexistent") is None
-        True
     """
     found = scan(directory)
-    for status in found.skipped:
-        log.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
-    for path in found.unfinished:
-        log.warning(
-            "skipping %s: a save of step %s that did not finish (no %s; it is removed by the "
-            "next save)",
-            path,
-            unfinished_step(path),
-            COMMIT_FILE,
-        )
-    if found.chosen is not None and (found.skipped or found.unfinished):
-        log.warning("using the previous complete checkpoint %s", found.chosen.path)
+    warn_skipped(
+        log,
+        found,
+        found.unfinished,
+        "skipping %s: a save of step %s that did not finish (no %s; it is removed by the next "
+        "save)",
+    )
     return found.chosen
+
+
+def warn_skipped(
+    logger: logging.Logger, found: Scan, unfinished: Sequence[Path], said: str
+) -> None:
+    """Warn of each checkpoint skipped, each unfinished save (``said``: its fate, formatted with
+    its path, step and the marker's name) and, if any, the checkpoint used instead."""
+    for status in found.skipped:
+        logger.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
+    for path in unfinished:
+        logger.warning(said, path, unfinished_step(path), COMMIT_FILE)
+    if found.chosen is not None and (found.skipped or unfinished):
+        logger.warning("using the previous complete checkpoint %s", found.chosen.path)

@@ -9,13 +9,11 @@ advised for). The structure of the file tells them apart without running any of 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pickle
 import pickletools
 import re
 import zipfile
-from collections import Counter
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -32,22 +30,11 @@ from multigpu.checkpoint.layout import (
 from multigpu.checkpoint.sharded import METADATA_FILE
 from multigpu.errors import CheckpointError, UsageError
 
-log = logging.getLogger(__name__)
-
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
-    """The file to read for ``path``: a checkpoint root → its newest complete ``state.pt``.
-
-    Example:
-        >>> resolve("runs/ckpt")  # doctest: +SKIP
-        PosixPath('runs/ckpt/step-00000300/state.pt')
-
-    Raises:
-        UsageError: the path does not exist or is a directory that holds no checkpoint.
-        CheckpointError: the checkpoint is incomplete or corrupt (its problems named).
-    """
+    """The file to read for ``path``: a checkpoint root → its newest complete ``state.pt``."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
@@ -145,22 +132,13 @@ def load_file(
 
     Every storage in a ``torch.save`` file carries the device it was saved from ("cuda:0");
     a ``map_location`` callable sees that string, which is how a CUDA-saved file is detected.
-
-    Example:
-        >>> obj, mapped = load_file(Path("model.pt"))  # doctest: +SKIP
-        >>> mapped  # doctest: +SKIP
-        {'cuda:0': 'cpu'}
-
-    Raises:
-        CheckpointError: not a PyTorch file, or a legacy pickle without ``trust``.
     """
-    seen: Counter[str] = Counter()
+    seen: set[str] = set()
     target = str(torch.device(map_location))
-
     placing: list[Exception] = []
 
     def restore(storage: Any, location: str) -> Any:
-        seen[location] += 1
+        seen.add(location)
         try:
             # What torch.load itself does for a string map_location.
             return torch.serialization.default_restore_location(storage, target)

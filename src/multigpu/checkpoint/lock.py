@@ -4,10 +4,9 @@ Two runs writing one directory collide (one's temporary manifest under the other
 "resumed from" naming the other's checkpoint). Rank 0 of a run holds an exclusive ``flock`` on
 ``DIRECTORY/.multigpu.lock`` while its ``Checkpointer`` is open (removed when it closes); the
 kernel drops the lock when the process dies, however it dies, so a killed run never blocks the
-next (its file stays, unlocked, and is reused). The file holds the
-holder's pid, host and start time, read back for the error a second run gets. ``flock`` works
-across machines on NFSv4 and Lustre (mounted with ``flock``), where checkpoints of many nodes
-live.
+next (its file stays, unlocked, and is reused). The file holds the holder's pid, host and start
+time, read back for the error a second run gets. ``flock`` works across machines on NFSv4 and
+Lustre (mounted with ``flock``), where checkpoints of many nodes live.
 
 A process that already holds a directory's lock (a second ``Checkpointer`` on the same
 directory in the same run) shares it rather than blocking itself.
@@ -21,7 +20,7 @@ import fcntl
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from multigpu.errors import CheckpointLockedError
@@ -33,19 +32,14 @@ POLL_S = 0.2
 @dataclass
 class _Held:
     fd: int
-    users: int = field(default=1)
+    users: int = 1
 
 
 _HELD: dict[Path, _Held] = {}  # resolved directory -> this process's lock on it
 
 
 class DirectoryLock:
-    """This process's hold on a checkpoint directory; ``release()`` (idempotent) lets it go.
-
-    Example:
-        >>> lock = DirectoryLock.acquire("ckpt", wait_s=0)  # doctest: +SKIP
-        >>> lock.release()                                   # doctest: +SKIP
-    """
+    """This process's hold on a checkpoint directory; ``release()`` (idempotent) lets it go."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -53,16 +47,8 @@ class DirectoryLock:
 
     @classmethod
     def acquire(cls, directory: str | os.PathLike[str], *, wait_s: float = 0.0) -> DirectoryLock:
-        """Hold ``directory`` (created if missing) for this process.
-
-        Args:
-            directory: the checkpoint directory.
-            wait_s: how long to wait for another run to let it go (0: not at all).
-
-        Raises:
-            CheckpointLockedError: another process holds it after ``wait_s`` seconds: the
-                message names its pid, host and start time.
-        """
+        """Hold ``directory`` (created if missing) for this process, waiting up to ``wait_s``
+        seconds for another run to let it go (else ``CheckpointLockedError``, naming it)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         key = path.resolve()

@@ -1,12 +1,8 @@
 """``Checkpointer``: atomic, verified checkpoints every N steps, and exact resume at any world size.
 
 Create it with ``ctx.checkpointer(directory, every_steps=..., keep=..., model=..., ...)``. A save
-is collective — every rank calls it at the same step (``step()`` does this by itself); the
-protocol is in ``multigpu.checkpoint.saving``, the layout in ``multigpu.checkpoint.layout``:
-models and optimizers through ``torch.distributed.checkpoint`` (each rank writes its own shards;
-they reload on any number of processes under any strategy), small objects in ``state.pt``, each
-rank's RNGs in its own file, a manifest with every file's SHA-256, ``COMMITTED`` last, then an
-atomic rename.
+is collective: every rank calls it at the same step (``step()`` does this by itself). The
+protocol is in ``multigpu.checkpoint.saving``, the layout in ``multigpu.checkpoint.layout``.
 
 The directory must be on a file system every rank sees (one machine, or NFS/Lustre/... across
 machines): each rank writes its own files there and reads what it needs from there on resume.
@@ -28,11 +24,10 @@ import torch
 from multigpu import dist
 from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, step_dir_name
 from multigpu.checkpoint.lock import DirectoryLock
-from multigpu.checkpoint.objects import check_trackable, kind_of
+from multigpu.checkpoint.objects import check_trackable, epoch_of
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
 from multigpu.checkpoint.saving import PendingSave, SaveJob, save
 from multigpu.checkpoint.snapshot import StateAdapter
-from multigpu.checkpoint.writer import prune
 from multigpu.errors import CheckpointError, UsageError
 
 log = logging.getLogger(__name__)
@@ -41,14 +36,7 @@ SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Checkpointer:
-    """Saves and restores a training run; see the module doc for the protocol.
-
-    Example:
-        >>> ckpt = ctx.checkpointer("ckpt", every_steps=100, keep=3,
-        ...                         model=model, optimizer=opt, loader=loader)  # doctest: +SKIP
-        >>> ckpt.resume()           # newest complete checkpoint, or None  # doctest: +SKIP
-        >>> ...; ctx.step(opt); ckpt.step()  # saves every 100 steps        # doctest: +SKIP
-    """
+    """Saves and restores a training run; see the module doc for the protocol."""
 
     def __init__(
         self,
@@ -169,7 +157,7 @@ class Checkpointer:
             final=final,
             stale=f"{TMP_PREFIX}step-*",
             step=step,
-            epoch=self._epoch(),
+            epoch=epoch_of(self._shared),
             rank=self.rank,
             world_size=self.world_size,
             objects=self._shared,
@@ -177,7 +165,7 @@ class Checkpointer:
             adapter=self._adapter,
             timeout=self._timeout,
             strategy=self._describe() if self._describe else {},
-            after_commit=self._prune,
+            keep=self.keep,
         )
         self._saved_step = step
         try:
@@ -190,21 +178,11 @@ class Checkpointer:
             raise
         return final
 
-    def _prune(self, newest: Path) -> None:
-        prune(self.directory, self.keep, newest)
-
     def _async_group(self) -> Any:
         if self._group is None and dist.is_initialized():
-            self._group = dist.new_gloo_group(
-                self._timeout
-            )  # collective: every rank saves at this step
+            # Collective: every rank saves at this step.
+            self._group = dist.new_gloo_group(self._timeout)
         return self._group
-
-    def _epoch(self) -> int | None:
-        for obj in self._shared.values():
-            if kind_of(obj) == "loader":
-                return int(obj.epoch)
-        return None
 
     def wait(self) -> None:
         """Wait for an asynchronous save; re-raise its error, if any, as a CheckpointError."""
@@ -227,18 +205,11 @@ class Checkpointer:
         are removed: the directory's lock says their run is gone. A path: that checkpoint, which
         must be complete. Rank 0 chooses, every rank loads the same one. The checkpoint may come
         from another world size and another strategy: models and optimizers are resharded.
-
-        Raises:
-            CheckpointError: the given checkpoint is incomplete, or a tracked object is missing
-                from it or does not fit its saved state.
         """
         self.wait()
-        choice: str | None = None
-        if self.rank == 0:
-            # Rank 0 holds the directory (its lock): a temp dir no save of ours writes is a
-            # dead run's, never to be completed.
-            choice = choose_checkpoint(self.directory, path, remove_unfinished=True)
-        choice = dist.broadcast(choice, src=0)
+        # Rank 0 chooses: it holds the directory's lock (see choose_checkpoint).
+        mine = choose_checkpoint(self.directory, path) if self.rank == 0 else None
+        choice = dist.broadcast(mine, src=0)
         if choice is None:
             log.info("no checkpoint in %s: starting from step 0", self.directory)
             return None

@@ -18,16 +18,9 @@ from torch import nn
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.wrappers import unwrap_module
 
-KINDS = ("module", "optimizer", "scheduler", "loader", "scaler", "object", "value")
-
 
 def kind_of(obj: Any) -> str:
-    """The manifest's kind of a tracked object.
-
-    Example:
-        >>> kind_of(torch.nn.Linear(1, 1)), kind_of(object.__new__(torch.amp.GradScaler))
-        ('module', 'scaler')
-    """
+    """The manifest's kind of a tracked object."""
     if isinstance(obj, nn.Module):
         return "module"
     if isinstance(obj, torch.optim.Optimizer):
@@ -39,11 +32,21 @@ def kind_of(obj: Any) -> str:
     # multigpu's DistributedLoader (duck-typed: checkpoint/ sits beside data/, not above it).
     if hasattr(obj, "global_batch_size") and hasattr(obj, "sampler"):
         return "loader"
-    if callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    ):
+    if _stateful(obj):
         return "object"
     return "value"  # a plain value of ctx.save's state: saved as it is
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def epoch_of(objects: Mapping[str, Any]) -> int | None:
+    """The epoch of the first tracked loader, for the manifest (None: no loader)."""
+    loaders = [o for o in objects.values() if kind_of(o) == "loader"]
+    return int(loaders[0].epoch) if loaders else None
 
 
 def check_trackable(name: str, obj: Any, taken: Mapping[str, Any]) -> None:
@@ -55,10 +58,7 @@ def check_trackable(name: str, obj: Any, taken: Mapping[str, Any]) -> None:
             f"checkpoint name {name!r} is already tracked ({type(taken[name]).__name__}); "
             "give each object its own name"
         )
-    if not (
-        callable(getattr(obj, "state_dict", None))
-        and callable(getattr(obj, "load_state_dict", None))
-    ):
+    if not _stateful(obj):
         raise UsageError(
             f"checkpoint object {name}={type(obj).__name__} has no state_dict()/load_state_dict(); "
             "expected a module, optimizer, scheduler, loader or an object that has both"

@@ -10,12 +10,11 @@ plain state dicts, state dicts nested under a usual key (``state_dict``, ``model
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
-from multigpu.checkpoint.layout import FORMAT, MANIFEST_FILE
+from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.sharded import read_whole
 from multigpu.errors import CheckpointError, UsageError
@@ -120,21 +119,16 @@ _NOT_WEIGHTS = frozenset({"optimizer", "scheduler", "scaler", "loader", "value"}
 """Kinds of checkpoint objects that never hold a model's weights."""
 
 
-def _manifest(state_file: Path) -> dict[str, Any]:
-    try:
-        found = json.loads((state_file.parent / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def _from_our_checkpoint(
     obj: Mapping[str, Any], state_file: Path, key: str | None, trust: bool = False
 ) -> tuple[Mapping[str, Any], str]:
     """The model of a multigpu checkpoint: from ``state.pt`` (format 1, small objects) or, for
     what the manifest says is in the DCP part (format 2), read whole from the shards."""
-    manifest = _manifest(state_file)
-    described: dict[str, Any] = manifest.get("objects", {}) if manifest else {}
+    try:
+        manifest = read_manifest(state_file.parent)
+    except CheckpointError:  # a state.pt away from its manifest: it describes itself
+        manifest = {}
+    described: dict[str, Any] = manifest.get("objects", {})
     small, step = obj["objects"], obj.get("step")
     names = list(described) or list(small)
     kinds = {n: described.get(n, {}).get("kind", "?") for n in names}
@@ -179,12 +173,6 @@ def _from_our_checkpoint(
     return _as_state_dict(small[key], where), source
 
 
-def _shown(obj: Any, file: Path) -> Path:
-    """What a report names: a multigpu checkpoint's directory, else the file read."""
-    ours = isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj
-    return file.parent if ours else file
-
-
 def extract_state_dict(
     obj: Any, state_file: Path, key: str | None, trust: bool = False
 ) -> tuple[Mapping[str, Any], str]:
@@ -193,10 +181,6 @@ def extract_state_dict(
     Example:
         >>> extract_state_dict({"epoch": 3, "state_dict": {"w": torch.ones(1)}}, Path("x"), None)
         ({'w': tensor([1.])}, "dict key 'state_dict'")
-
-    Raises:
-        UsageError: ``key`` is not there or holds no state dict, or the choice is ambiguous
-            (the candidates named).
     """
     if isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj:
         return _from_our_checkpoint(obj, state_file, key, trust)
@@ -227,6 +211,21 @@ def extract_state_dict(
     )
 
 
+def _read(
+    path: str | os.PathLike[str], key: str | None, trust: bool, map_location: str | torch.device
+) -> tuple[Mapping[str, Any], LoadReport]:
+    """The model state dict in ``path`` as saved, and the report of reading it (naming a
+    multigpu checkpoint's directory, else the file read)."""
+    file = resolve(path)
+    obj, mapped = load_file(file, trust=trust, map_location=map_location)
+    found, source = extract_state_dict(obj, file, key, trust)
+    ours = isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj
+    shown = file.parent if ours else file
+    return found, LoadReport(
+        path=shown, source=source, tensors=len(found), devices_mapped=mapped, trusted=trust
+    )
+
+
 def read_weights(
     path: str | os.PathLike[str],
     *,
@@ -237,25 +236,10 @@ def read_weights(
     """The model state dict in ``path`` (prefixes shared by all keys stripped) and a report.
 
     Without a model to match, only a prefix that EVERY key has is stripped (repeatedly).
-
-    Example:
-        >>> state, report = read_weights("ddp.pt")  # doctest: +SKIP
-        >>> print(report)  # doctest: +SKIP
-        4 tensors from plain state dict (ddp.pt); stripped 'module.'
     """
-    file = resolve(path)
-    obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    found, source = extract_state_dict(obj, file, key, trust)
-    state, stripped = strip_common_prefixes(found)
-    report = LoadReport(
-        path=_shown(obj, file),
-        source=source,
-        tensors=len(state),
-        prefixes_stripped=stripped,
-        devices_mapped=mapped,
-        trusted=trust,
-    )
-    return state, report
+    found, report = _read(path, key, trust, map_location)
+    state, stripped = strip_common_prefixes(found)  # renames keys, never drops one
+    return state, replace(report, prefixes_stripped=stripped)
 
 
 def _check_fit(
@@ -304,7 +288,6 @@ def load_weights(
     is copied. The report is logged at INFO.
 
     Args:
-        model: the model (DDP/DP/compiled wrappers are looked through).
         path: a multigpu checkpoint directory / ``step-*`` directory / ``state.pt``, or a file
             holding a state dict, plain or nested under a usual key.
         key: which object or dict key holds the model, when several could.
@@ -312,28 +295,12 @@ def load_weights(
         trust: allow a legacy pickle (``weights_only=False``), or a DCP index naming classes
             beyond the allow-list: only for files you trust.
         map_location: where tensors go (default CPU, so CUDA-saved files load anywhere).
-
-    Returns:
-        A LoadReport saying where the weights came from and what was changed.
-
-    Raises:
-        CheckpointError: the file is unreadable, a legacy pickle without ``trust``, or its keys
-            or shapes do not fit ``model``.
-        UsageError: the path is not a checkpoint, or which model to take is ambiguous.
-
-    Example:
-        >>> report = multigpu.load_weights(model, "runs/ckpt")   # doctest: +SKIP
-        >>> print(report)  # doctest: +SKIP
-        4 tensors from multigpu checkpoint step 300, object 'model' (runs/ckpt/step-00000300/...)
     """
     target = unwrap_module(model)
-    file = resolve(path)
-    obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    found, source = extract_state_dict(obj, file, key, trust)
+    found, report = _read(path, key, trust, map_location)
     current = target.state_dict()
-    state, stripped = match_keys(found, set(current))
-    shown = _shown(obj, file)
-    _check_fit(state, current, strict, shown, type(target).__name__)
+    state, stripped = match_keys(found, set(current))  # renames keys, never drops one
+    _check_fit(state, current, strict, report.path, type(target).__name__)
     casts = Counter(
         f"{str(v.dtype).removeprefix('torch.')} -> {str(current[k].dtype).removeprefix('torch.')}"
         for k, v in state.items()
@@ -345,18 +312,15 @@ def load_weights(
         result = target.load_state_dict(state, strict=strict)
     except RuntimeError as e:
         raise CheckpointError(
-            f"the weights in {shown} do not fit {type(target).__name__}: {' '.join(str(e).split())}"
+            f"the weights in {report.path} do not fit {type(target).__name__}: "
+            f"{' '.join(str(e).split())}"
         ) from e
-    report = LoadReport(
-        path=shown,
-        source=source,
-        tensors=len(state),
+    report = replace(
+        report,
         prefixes_stripped=stripped,
-        devices_mapped=mapped,
         missing_keys=tuple(result.missing_keys),
         unexpected_keys=tuple(result.unexpected_keys),
         dtype_casts=tuple(f"{pair} ({n} tensors)" for pair, n in sorted(casts.items())),
-        trusted=trust,
     )
     log.info("load_weights: %s", report)
     return report

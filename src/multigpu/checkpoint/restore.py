@@ -1,54 +1,64 @@
-"""Choosing the checkpoint to resume from, and putting every tracked object back."""
+"""Choosing the checkpoint to resume from, and putting every tracked object back.
+
+Format-1 checkpoints (before DCP) hold whole models and optimizers in ``state.pt``. They load
+under any strategy through torch's full-state-dict path: each rank reads the whole tensors and
+keeps what it holds (all of them, or its FSDP shards). A format-1 optimizer state is keyed by
+parameter *position*; the live optimizer's parameters, in the same order, give the names
+torch's loader wants.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from multigpu.checkpoint.layout import (
     COMMIT_FILE,
-    MANIFEST_FILE,
     STATE_FILE,
     TMP_PREFIX,
     CheckpointStatus,
-    find_latest,
     rank_file_name,
+    read_manifest,
     scan,
     unfinished_step,
     verify_checkpoint,
+    warn_skipped,
 )
-from multigpu.checkpoint.legacy import restore_whole
 from multigpu.checkpoint.objects import kind_of, load_into
 from multigpu.checkpoint.rng import restore_rng
+from multigpu.checkpoint.sharded import first_line
 from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
 from multigpu.checkpoint.writer import remove_stale
 from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.seed import seed_everything
+from multigpu.wrappers import unwrap_module
 
 log = logging.getLogger(__name__)
 
 
-def choose_checkpoint(
-    directory: Path, path: str | os.PathLike[str], *, remove_unfinished: bool = False
-) -> str | None:
+def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> str | None:
     """Rank 0's choice: the path to resume from, None for none, or ``"error: ..."``.
 
     The error comes back as text so that rank 0 can broadcast it: every rank then raises it,
     instead of the others waiting for a broadcast that never comes.
 
-    ``remove_unfinished``: the caller holds the directory (its lock: no other run writes there),
-    so the temp dirs of saves no save of this process is writing belong to a dead run and can
-    never be completed; they are removed, and said so.
+    The caller holds ``directory``'s lock, so the temp dirs no save of this process is writing
+    are a dead run's, never to be completed: they are removed, and said so.
     """
     try:
         if str(path) == "auto":
-            return _choose_latest(directory, remove_unfinished)
+            return _choose_latest(directory)
         status = verify_checkpoint(path)
         if not status.complete:
             return f"error: checkpoint {path} is not usable: {'; '.join(status.problems)}"
@@ -57,10 +67,7 @@ def choose_checkpoint(
         return f"error: cannot read checkpoints in {path}: {e}"
 
 
-def _choose_latest(directory: Path, remove_unfinished: bool) -> str | None:
-    if not remove_unfinished:
-        status = find_latest(directory)
-        return str(status.path) if status is not None else None
+def _choose_latest(directory: Path) -> str | None:
     removed = remove_stale(directory, f"{TMP_PREFIX}step-*") if directory.is_dir() else []
     found = scan(directory)
     if found.chosen is None:
@@ -68,17 +75,12 @@ def _choose_latest(directory: Path, remove_unfinished: bool) -> str | None:
         return None
     newest = found.chosen.step if found.chosen.step is not None else -1
     newer = [p for p in removed if (unfinished_step(p) or -1) > newest]
-    for status in found.skipped:
-        log.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
-    for path in newer:
-        log.warning(
-            "removed %s: a save of step %s that did not finish (no %s) by a run that is gone",
-            path,
-            unfinished_step(path),
-            COMMIT_FILE,
-        )
-    if found.skipped or newer:
-        log.warning("using the previous complete checkpoint %s", found.chosen.path)
+    warn_skipped(
+        log,
+        found,
+        newer,
+        "removed %s: a save of step %s that did not finish (no %s) by a run that is gone",
+    )
     return str(found.chosen.path)
 
 
@@ -90,30 +92,15 @@ def _say_nothing_complete(
     found += [f"{p.name} (no {COMMIT_FILE} marker: a save that did not finish)" for p in removed]
     if not found:
         return
-    gone = (
-        f"; the {len(removed)} unfinished save(s) of a run that is gone were removed"
-        if removed
-        else ""
-    )
+    gone = f"; the {len(removed)} unfinished save(s) of a run that is gone were removed"
     log.warning(
         "checkpoint directory %s holds %d incomplete checkpoint(s): %s; nothing is complete; "
         "training starts from the beginning (step 0)%s",
         directory,
         len(found),
         ", ".join(found),
-        gone,
+        gone if removed else "",
     )
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of a complete checkpoint directory."""
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path / MANIFEST_FILE}: {e}") from e
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{path / MANIFEST_FILE} is not a manifest")
-    return manifest
 
 
 def restore_checkpoint(
@@ -123,27 +110,21 @@ def restore_checkpoint(
     shared: Mapping[str, Any],
     per_rank: Mapping[str, Any],
     adapter: StateAdapter,
-    rng: bool = True,
 ) -> int:
     """Load ``path`` into the tracked objects and this rank's RNGs; return the saved step.
 
-    Collective (the sharded part is read by every rank together).
-
-    Raises:
-        CheckpointError: a tracked object is missing from the checkpoint (a partial restore is
-            an error, never a warning) or does not fit its saved state; a file does not load.
+    Collective. A tracked object missing from the checkpoint is an error, never a warning.
     """
     manifest = read_manifest(path)
     state = load_part(path / STATE_FILE)
-    saved_objects: dict[str, Any] = manifest.get("objects", {})
     step, saved_world = int(state["step"]), int(state["world_size"])
-    legacy = int(manifest.get("version", 1)) < 2
     # ctx.save and `ckpt convert` write no rank files: no RNG states to restore, none to seed.
-    per_rank_files = legacy or any(n.startswith("rank-") for n in manifest.get("files", {}))
+    files = manifest.get("files", {})
+    per_rank_files = _legacy(manifest) or any(n.startswith("rank-") for n in files)
     mine = load_part(path / rank_file_name(rank)) if per_rank_files and rank < saved_world else None
     per_rank_saved = (mine or {}).get("objects", {})
     in_state = state.get("objects", {})
-    available = set(in_state) if legacy else set(saved_objects)
+    available = saved_names(manifest, in_state)
     missing = [n for n in shared if n not in available]
     if mine is not None or not per_rank_files:
         missing += [n for n in per_rank if n not in per_rank_saved]
@@ -155,18 +136,39 @@ def restore_checkpoint(
     extra = sorted(available - set(shared) - set(per_rank))
     if extra:
         log.warning("checkpoint %s also holds %s, which this run does not track", path, extra)
-    small = {n: o for n, o in shared.items() if legacy or kind_of(o) not in SHARDED_KINDS}
-    if legacy:
-        restore_whole(path, small, in_state)
-    else:
-        sharded = {n: o for n, o in shared.items() if n not in small}
-        restore_sharded(path, sharded, saved_objects, adapter)
-        for name, obj in small.items():
-            load_into(name, obj, in_state[name])
-    _restore_rank(path, rank, step, saved_world, mine, per_rank, rng and per_rank_files)
+    restore_objects(path, shared, manifest, in_state, adapter)
+    _restore_rank(path, rank, step, saved_world, mine, per_rank, per_rank_files)
     if rank == 0:
         log.info("resumed from %s (step %d, saved by %d ranks)", path, step, saved_world)
     return step
+
+
+def _legacy(manifest: Mapping[str, Any]) -> bool:
+    return int(manifest.get("version", 1)) < 2
+
+
+def saved_names(manifest: Mapping[str, Any], in_state: Mapping[str, Any]) -> set[str]:
+    """The names of the objects a checkpoint holds (``in_state``: ``state.pt``'s objects)."""
+    return set(in_state) if _legacy(manifest) else set(manifest.get("objects", {}))
+
+
+def restore_objects(
+    path: Path,
+    objects: Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    in_state: Mapping[str, Any],
+    adapter: StateAdapter,
+) -> None:
+    """Load ``objects``: models and optimizers from the DCP part (format 1: whole, from
+    ``state.pt``), the others from ``in_state``. Collective."""
+    if _legacy(manifest):
+        restore_whole(path, objects, in_state)
+        return
+    sharded = {n: o for n, o in objects.items() if kind_of(o) in SHARDED_KINDS}
+    restore_sharded(path, sharded, manifest.get("objects", {}), adapter)
+    for name, obj in objects.items():
+        if name not in sharded:
+            load_into(name, obj, in_state[name])
 
 
 def _restore_rank(
@@ -176,15 +178,15 @@ def _restore_rank(
     saved_world: int,
     mine: dict[str, Any] | None,
     per_rank: Mapping[str, Any],
-    rng: bool,
+    rank_files: bool,
 ) -> None:
     if mine is not None:
         for name, obj in per_rank.items():
             load_into(name, obj, mine["objects"][name])
-        if rng and mine.get("rng") is not None:
+        if mine.get("rng") is not None:
             restore_rng(mine["rng"])
         return
-    if not rng:
+    if not rank_files:  # no RNG states were saved: none to seed either
         return
     # More ranks than saved: no RNG state of their own. Seeded from (step, rank) so the run is
     # still reproducible, and distinct per rank.
@@ -211,3 +213,53 @@ def load_part(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint part")
     return loaded
+
+
+_FULL = StateDictOptions(full_state_dict=True)
+
+
+def restore_whole(path: Path, objects: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
+    """Load the format-1 states ``saved`` (``state.pt``'s objects) into ``objects``."""
+    modules = {n: unwrap_module(o) for n, o in objects.items() if isinstance(o, nn.Module)}
+    for name, obj in objects.items():
+        try:
+            if isinstance(obj, nn.Module):
+                set_model_state_dict(modules[name], dict(saved[name]), options=_FULL)
+            elif isinstance(obj, torch.optim.Optimizer):
+                model = _owner(obj, modules.values())
+                state = _by_name(obj, model, saved[name])
+                set_optimizer_state_dict(model, obj, state, options=_FULL)
+            else:
+                load_into(name, obj, saved[name])
+        except CheckpointError:
+            raise
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            raise CheckpointError(
+                f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved "
+                f"state of {path}: {first_line(e)}"
+            ) from e
+
+
+def _owner(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> nn.Module:
+    ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for model in models:
+        if ids <= {id(p) for p in model.parameters()}:
+            return model
+    raise CheckpointError(
+        "a format-1 optimizer state loads by parameter name, which needs the model it "
+        "optimizes tracked too (e.g. model=model)"
+    )
+
+
+def _by_name(
+    optimizer: torch.optim.Optimizer, model: nn.Module, saved: Mapping[str, Any]
+) -> dict[str, Any]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    live = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    position = dict(enumerate(live))
+    return {
+        "state": {position[int(i)]: dict(s) for i, s in saved["state"].items()},
+        "param_groups": [
+            {**g, "params": [position[int(i)] for i in g["params"]]} for g in saved["param_groups"]
+        ],
+    }

@@ -17,12 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def capture_rng() -> dict[str, Any]:
-    """This process's RNG states, ready for ``torch.save``.
-
-    Example:
-        >>> sorted(capture_rng())[:3]
-        ['cuda', 'numpy', 'python']
-    """
+    """This process's RNG states, ready for ``torch.save``."""
     version, internal, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
     assert isinstance(np_state, dict)  # legacy=False always gives the dict form

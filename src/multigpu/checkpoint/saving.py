@@ -14,8 +14,7 @@ collectives: they would interleave with the training's), and rank 0's thread com
 A failed save leaves nothing: rank 0 removes the temp dir once no rank writes into it any more
 (DCP raises its failure on every rank only after every rank's writes ended; the rank files are
 reported by a gather, or by ``.done`` files that rank 0 waits for, failed or not). A full disk
-is said in one line, the same on every rank (``multigpu.checkpoint.space``); rank 0 also refuses
-a save whose estimated size exceeds the free space before anything is written.
+is said in one line, the same on every rank (``multigpu.checkpoint.space``).
 """
 
 from __future__ import annotations
@@ -23,9 +22,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +51,15 @@ from multigpu.checkpoint.writer import (
     FileInfo,
     commit,
     hash_file,
-    manifest_of,
     new_temp_dir,
+    prune,
     remove_temp_dir,
     report_done,
     wait_for_ranks,
     write_torch_file,
 )
 from multigpu.errors import CheckpointError
+from multigpu.versions import local_versions
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +87,16 @@ class SaveJob:
     """Seconds rank 0's background thread waits for the other ranks' parts."""
     strategy: Mapping[str, Any] = field(default_factory=dict)
     """The strategy's description, for the manifest."""
-    after_commit: Callable[[Path], None] | None = None
-    """Run by rank 0 after the rename (pruning)."""
+    keep: int | None = None
+    """How many complete checkpoints rank 0 keeps in ``final.parent`` after the rename (None:
+    all; see ``writer.prune``)."""
 
 
 def save(job: SaveJob) -> Path:
     """Save ``job`` now (collective: every rank calls it). Returns the final path.
 
-    Raises:
-        DiskFullError: the directory's file system has no room for it (checked before writing,
-            and met while writing); the partial save is removed, earlier checkpoints are kept.
-        CheckpointError: any rank failed; nothing is committed and the temp dir is removed.
+    A failed save (``DiskFullError`` when the disk is full) leaves nothing: its temp dir is
+    removed, earlier checkpoints are kept.
     """
     started = time.perf_counter()
     sharded, info = sharded_state(job.objects, job.adapter)
@@ -177,8 +177,7 @@ class PendingSave:
                 reported = wait_for_ranks(tmp, range(1, job.world_size), job.timeout)
                 if own is not None:
                     raise own
-                for part in reported.values():  # each rank's {file name: size and hash}
-                    files.update(part)
+                files.update(reported)
                 files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
                 _commit(job, tmp, info, files)
             except Exception as e:
@@ -197,18 +196,17 @@ class PendingSave:
     ) -> tuple[dict[str, FileInfo], Exception | None]:
         """This rank's files, reported to rank 0 (by the other ranks); the error, if any."""
         job = self.job
-        name = rank_file_name(job.rank)
         try:
             files = _write_own_files(job, tmp, mine)
         except Exception as e:
-            (tmp / name).unlink(missing_ok=True)  # its space back, for the report below
+            # Its space back, for the report below.
+            (tmp / rank_file_name(job.rank)).unlink(missing_ok=True)
             if job.rank != 0:
-                report_done(
-                    tmp, job.rank, name, None, _said(e, space), disk_full=ran_out_of_space(e)
-                )
+                report = {"error": _said(e, space), "disk_full": ran_out_of_space(e)}
+                report_done(tmp, job.rank, report)
             return {}, e
         if job.rank != 0:
-            report_done(tmp, job.rank, name, files, None)
+            report_done(tmp, job.rank, {"files": files})
         return files, None
 
     def wait(self) -> None:
@@ -322,19 +320,23 @@ def _finish(
 def _commit(
     job: SaveJob, tmp: Path, info: dict[str, dict[str, Any]], files: dict[str, FileInfo]
 ) -> None:
-    objects = {
-        **{n: {"kind": kind_of(o), "storage": "state"} for n, o in job.objects.items()},
-        **info,
-        **{n: {"kind": kind_of(o), "storage": "rank"} for n, o in job.per_rank.items()},
+    versions = local_versions()
+    manifest = {  # described in multigpu.checkpoint.layout
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "step": job.step,
+        "epoch": job.epoch,
+        "world_size": job.world_size,
+        "torch_version": versions["torch"],
+        "multigpu_version": versions["multigpu"],
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "strategy": dict(job.strategy),
+        "objects": {
+            **{n: {"kind": kind_of(o), "storage": "state"} for n, o in job.objects.items()},
+            **info,
+            **{n: {"kind": kind_of(o), "storage": "rank"} for n, o in job.per_rank.items()},
+        },
+        "files": dict(sorted(files.items())),
     }
-    manifest = manifest_of(
-        step=job.step,
-        epoch=job.epoch,
-        world_size=job.world_size,
-        objects=objects,
-        files=files,
-        strategy=job.strategy,
-    )
     commit(tmp, manifest, job.final)
-    if job.after_commit is not None:
-        job.after_commit(job.final)
+    prune(job.final.parent, job.keep, job.final)

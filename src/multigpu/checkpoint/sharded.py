@@ -1,9 +1,7 @@
 """The sharded part of a checkpoint: models and optimizers on ``torch.distributed.checkpoint``.
 
-Every rank writes its own shards in parallel (DCP's ``FileSystemWriter``: ``__<rank>_<n>.distcp``;
-rank 0 adds the ``.metadata`` index); replicated tensors (DDP) are written once, by whichever rank
-DCP assigns. Loading reads whatever pieces this rank's current shards need, so a checkpoint
-written by N processes under one strategy loads on M processes under another.
+Every rank writes its own shards in parallel; loading reads whatever pieces this rank's current
+shards need, so a checkpoint written by N processes under one strategy loads on M under another.
 
 Safety: DCP reads its ``.metadata`` with plain ``pickle`` and non-tensor values with
 ``torch.load(weights_only=False)``; both would run any code a hostile file holds. Here the
@@ -56,11 +54,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata(directory: str | os.PathLike[str], *, trust: bool = False) -> Metadata:
-    """The DCP index of ``directory`` (its ``.metadata``), read with the allow-list.
-
-    Raises:
-        CheckpointError: no metadata, unreadable, or (without ``trust``) naming other globals.
-    """
+    """The DCP index of ``directory`` (its ``.metadata``), read with the allow-list."""
     path = Path(directory) / METADATA_FILE
     try:
         with path.open("rb") as fh:
@@ -158,11 +152,8 @@ def save_sharded(state: Mapping[str, Any], directory: Path) -> None:
 
 
 def save_sharded_async(state: Mapping[str, Any], directory: Path, group: Any) -> Future[Any]:
-    """Copy ``state`` to CPU memory now and write it in DCP's background thread.
-
-    ``group`` is a gloo process group used by nothing else: the background thread's collectives
-    must not interleave with the training's on the default group.
-    """
+    """Copy ``state`` to CPU memory now and write it in DCP's background thread, over ``group``:
+    a gloo group of its own, so that its collectives do not interleave with the training's."""
     with _quiet():
         return dcp.async_save(  # type: ignore[return-value]
             dict(state),
@@ -213,19 +204,17 @@ def check_fits(
         )
 
 
-def load_sharded(targets: dict[str, Any], directory: Path) -> None:
-    """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place.
-
-    Raises:
-        CheckpointError: a piece could not be read or was refused (DCP's multi-rank report
-            unwrapped to its first failure).
-    """
+def load_sharded(
+    targets: dict[str, Any], directory: Path, *, trust: bool = False, alone: bool = False
+) -> None:
+    """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place;
+    ``alone``: in this process only, whatever process group there is."""
     with _quiet(), one_line_failures():
         dcp.load(
             targets,
-            storage_reader=SafeReader(directory),
+            storage_reader=SafeReader(directory, trust=trust),
             planner=SafeLoadPlanner(),
-            no_dist=not _distributed(),
+            no_dist=alone or not _distributed(),
         )
 
 
@@ -240,9 +229,13 @@ def one_line_failures() -> Iterator[None]:
         ours = [f for f in failures if isinstance(f, CheckpointError)]
         if ours:
             raise ours[0] from e
-        first = failures[0] if failures else e
-        text = " ".join(str(first).strip().split("\n", 1)[0].split())
-        raise CheckpointError(f"{type(first).__name__}: {text[:300]}") from e
+        raise CheckpointError(first_line(failures[0] if failures else e)) from e
+
+
+def first_line(error: BaseException) -> str:
+    """``error``'s type and the first line of its message, whitespace collapsed."""
+    text = " ".join(str(error).strip().split("\n", 1)[0].split())
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 def read_whole(
@@ -265,13 +258,7 @@ def read_whole(
         if isinstance(info, TensorStorageMetadata):
             value = torch.empty(tuple(info.size), dtype=info.properties.dtype)
         _place(target, path, value)
-    with _quiet(), one_line_failures():
-        dcp.load(
-            target,
-            storage_reader=SafeReader(Path(directory), trust=trust),
-            planner=SafeLoadPlanner(),
-            no_dist=True,
-        )
+    load_sharded(target, Path(directory), trust=trust, alone=True)
     return target
 
 

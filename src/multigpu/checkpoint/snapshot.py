@@ -1,12 +1,8 @@
-"""What goes where in a checkpoint, and putting it back: sharded state, replicated objects, RNGs.
+"""Models' and optimizers' state for the DCP part of a checkpoint, and putting it back.
 
-- models and optimizers → the DCP part (``sharded``), as the *strategy* produces their state
-  (plain tensors, or this rank's shards under FSDP), optimizers keyed by parameter names;
-- schedulers, loaders, scalers and other small objects → ``state.pt``, written by rank 0;
-- each rank's RNG states and per-rank objects → ``rank-XXXXX.pt``.
-
-The strategy is reached through ``StateAdapter`` (``multigpu.strategies.Strategy`` is one), so
-nothing here knows DDP from FSDP.
+The state is what the *strategy* produces (plain tensors, or this rank's shards under FSDP),
+optimizers keyed by parameter names. The strategy is reached through ``StateAdapter``
+(``multigpu.strategies.Strategy`` is one), so nothing here knows DDP from FSDP.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import torch
 from torch import nn
 
 from multigpu.checkpoint.objects import kind_of
-from multigpu.checkpoint.sharded import check_fits, load_sharded, read_metadata
+from multigpu.checkpoint.sharded import check_fits, first_line, load_sharded, read_metadata
 from multigpu.errors import CheckpointError, UsageError
 
 SHARDED_KINDS = frozenset({"module", "optimizer"})
@@ -47,13 +43,8 @@ class StateAdapter(StateSource, Protocol):
 
 
 def pair_optimizers(objects: Mapping[str, Any]) -> dict[str, nn.Module]:
-    """``{optimizer name: the tracked module whose parameters it steps}``.
-
-    Optimizer state is saved by parameter *name*, which only the model knows.
-
-    Raises:
-        UsageError: an optimizer steps parameters of no tracked model.
-    """
+    """``{optimizer name: the tracked module whose parameters it steps}``: optimizer state is
+    saved by parameter *name*, which only the model knows."""
     modules = [(n, o) for n, o in objects.items() if isinstance(o, nn.Module)]
     owners = {id(p): n for n, m in modules for p in m.parameters()}
     pairs: dict[str, nn.Module] = {}
@@ -116,13 +107,8 @@ def restore_sharded(
     saved_objects: Mapping[str, Mapping[str, Any]],
     adapter: StateAdapter,
 ) -> None:
-    """Load the DCP part of checkpoint ``path`` into the tracked models and optimizers.
-
-    ``saved_objects`` is the manifest's ``objects``. Collective (every rank calls it).
-
-    Raises:
-        CheckpointError: the saved shapes or keys do not fit the live objects.
-    """
+    """Load the DCP part of checkpoint ``path`` into the tracked models and optimizers
+    (collective); ``saved_objects`` is the manifest's ``objects``."""
     pairs = pair_optimizers(objects)
     targets: dict[str, Any] = {}
     for name, obj in objects.items():
@@ -142,7 +128,7 @@ def restore_sharded(
     except CheckpointError:
         raise
     except Exception as e:
-        raise CheckpointError(f"cannot load the sharded state of {path}: {_first_line(e)}") from e
+        raise CheckpointError(f"cannot load the sharded state of {path}: {first_line(e)}") from e
     for name, obj in objects.items():
         _apply(adapter, name, obj, pairs.get(name), targets.get(name))
 
@@ -156,10 +142,5 @@ def _apply(adapter: StateAdapter, name: str, obj: Any, model: nn.Module | None, 
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         raise CheckpointError(
             f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved state: "
-            f"{_first_line(e)}"
+            f"{first_line(e)}"
         ) from e
-
-
-def _first_line(error: BaseException) -> str:
-    text = " ".join(str(error).strip().split("\n", 1)[0].split())
-    return f"{type(error).__name__}: {text[:300]}"

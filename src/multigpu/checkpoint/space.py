@@ -1,18 +1,16 @@
 """Disk space of a save: what it needs, what is free, and one line when the disk is full.
 
-A save needs about the bytes of its tensors (models and optimizers, each piece written once:
-a DTensor's global size, a replicated tensor once) plus small files. Rank 0 compares that with
-the free space of the checkpoint directory's file system before anything is written and refuses
-early; a disk that fills while writing (other writers, an estimate too low) is recognised by the
-``ENOSPC``/``EDQUOT`` error somewhere in the exception's chain — torch's own writer turns it into
-"unexpected pos", keeping the ``OSError`` only as the context — and said in the same line.
+Rank 0 compares a save's estimated size with the free space of the checkpoint directory's file
+system before anything is written and refuses early; a disk that fills while writing (other
+writers, an estimate too low) is recognised by the ``ENOSPC``/``EDQUOT`` error anywhere in the
+exception's chain, and said in the same line.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,12 +96,9 @@ def tensor_bytes(state: Any) -> int:
     size (its shards together), plain tensors as they are."""
     if isinstance(state, torch.Tensor):  # a DTensor's numel() is its global count
         return state.numel() * state.element_size()
-    values: Iterable[Any] = ()
     if isinstance(state, Mapping):
-        values = state.values()
-    elif isinstance(state, list | tuple):
-        values = state
-    return sum(tensor_bytes(v) for v in values)
+        state = list(state.values())
+    return sum(tensor_bytes(v) for v in state) if isinstance(state, list | tuple) else 0
 
 
 def estimate(sharded: Mapping[str, Any], world_size: int) -> int:

@@ -25,21 +25,24 @@ from multigpu.checkpoint.sharded import read_metadata
 from multigpu.errors import CheckpointError, UsageError
 
 
+def _row(name: str, shape: Any, dtype: torch.dtype, pieces: int = 1) -> dict[str, Any]:
+    numel = math.prod(shape)
+    return {
+        "name": name,
+        "shape": list(shape),
+        "dtype": str(dtype).removeprefix("torch."),
+        "numel": numel,
+        "bytes": numel * dtype.itemsize,
+        "pieces": pieces,
+    }
+
+
 def _tensor_rows(state: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
-    rows = []
-    for name, value in state.items():
-        if isinstance(value, torch.Tensor):
-            rows.append(
-                {
-                    "name": prefix + str(name),
-                    "shape": list(value.shape),
-                    "dtype": str(value.dtype).removeprefix("torch."),
-                    "numel": value.numel(),
-                    "bytes": value.numel() * value.element_size(),
-                    "pieces": 1,
-                }
-            )
-    return rows
+    return [
+        _row(prefix + str(name), value.shape, value.dtype)
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+    ]
 
 
 def _status_fields(path: Path) -> dict[str, Any]:
@@ -81,25 +84,15 @@ def _sharded_part(
         if not isinstance(info, TensorStorageMetadata):
             total["values"] += 1  # hyperparameters, extra state: small pickled values
             continue
-        numel = math.prod(info.size)
-        size = numel * info.properties.dtype.itemsize
+        row = _row(f"{name}/{rest}", info.size, info.properties.dtype, len(info.chunks))
         total["tensors"] += 1
-        total["numel"] += numel
-        total["bytes"] += size
+        total["numel"] += row["numel"]
+        total["bytes"] += row["bytes"]
         if len(parts) > 3 and parts[1] == "state":  # an optimizer's state.<param>.<stat>
             stats = total.setdefault("stats", {})
             stats[parts[-1]] = stats.get(parts[-1], 0) + 1
         elif storage.get(name) == "dcp" and rest and parts[1] != "param_groups":
-            rows.append(
-                {
-                    "name": f"{name}/{rest}",
-                    "shape": list(info.size),
-                    "dtype": str(info.properties.dtype).removeprefix("torch."),
-                    "numel": numel,
-                    "bytes": size,
-                    "pieces": len(info.chunks),
-                }
-            )
+            rows.append(row)
     return rows, sizes, _shard_files(metadata, paths)
 
 
@@ -139,14 +132,6 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
     entries), and for an optimizer ``stats``: {"exp_avg": 4, ...}) and ``shards`` (per
     ``__<rank>_<n>.distcp`` file: ``pieces`` and ``objects``: {name: pieces}); for a root
     ``checkpoints`` (name, step, complete, problems) and ``newest_complete``.
-
-    Example:
-        >>> summarize("runs/ckpt")["newest_complete"]  # doctest: +SKIP
-        'step-00000300'
-
-    Raises:
-        UsageError: the path does not exist or holds no checkpoint.
-        CheckpointError: a legacy pickle without ``trust``, or an unreadable file.
     """
     p = Path(path)
     if not p.exists():

@@ -1,8 +1,7 @@
 """Writing one checkpoint directory: files with their checksums, manifest, marker, rename, prune.
 
-Every function here works on the file system only (no collectives), so the same steps serve
-the synchronous save (coordinated with collectives) and the asynchronous one (a background
-thread per rank, coordinated through ``.done`` files).
+No collectives here: the synchronous and the asynchronous save (coordinated through ``.done``
+files) share these steps.
 
 Durability: each file is fsynced as it is closed; the temp directory is fsynced before the
 rename and the parent after it, so after a crash the ``step-*`` name exists only for a
@@ -11,15 +10,13 @@ directory whose every byte is on disk.
 
 from __future__ import annotations
 
-import datetime as _dt
-import importlib.metadata
 import json
 import logging
 import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +24,6 @@ import torch
 
 from multigpu.checkpoint.layout import (
     COMMIT_FILE,
-    FORMAT,
-    FORMAT_VERSION,
     MANIFEST_FILE,
     TMP_PREFIX,
     HashingWriter,
@@ -95,58 +90,25 @@ def hash_file(path: Path) -> FileInfo:
 
 def write_torch_file(path: Path, payload: Any) -> FileInfo:
     """``torch.save(payload)`` to ``path``, fsynced; return its size and SHA-256."""
-    with path.open("wb") as fh:
-        writer = HashingWriter(fh)
-        torch.save(payload, writer)  # type: ignore[arg-type]  # write() is all torch needs
-        fh.flush()
-        os.fsync(fh.fileno())
-    return {"bytes": writer.size, "sha256": writer.sha256}
+    # write() is all torch needs of a file
+    return _write(path, lambda fh: torch.save(payload, fh))  # type: ignore[arg-type]
 
 
 def write_small(path: Path, text: str) -> FileInfo:
-    """Write a small text file, fsynced (temp files of the same directory are fine to leave)."""
-    data = text.encode()
+    """Write a small text file, fsynced; return its size and SHA-256."""
+    return _write(path, lambda fh: fh.write(text.encode()))
+
+
+def _write(path: Path, fill: Callable[[HashingWriter], Any]) -> FileInfo:
     with path.open("wb") as fh:
         writer = HashingWriter(fh)
-        writer.write(data)
+        fill(writer)
         fh.flush()
         os.fsync(fh.fileno())
     return {"bytes": writer.size, "sha256": writer.sha256}
 
 
-def manifest_of(
-    *,
-    step: int,
-    epoch: int | None,
-    world_size: int,
-    objects: Mapping[str, Mapping[str, Any]],
-    files: Mapping[str, FileInfo],
-    strategy: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The manifest dictionary (see ``multigpu.checkpoint.layout``)."""
-    return {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "step": step,
-        "epoch": epoch,
-        "world_size": world_size,
-        "torch_version": torch.__version__,
-        "multigpu_version": _multigpu_version(),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "strategy": dict(strategy or {}),
-        "objects": {name: dict(info) for name, info in objects.items()},
-        "files": dict(sorted(files.items())),
-    }
-
-
-def _multigpu_version() -> str:
-    try:
-        return importlib.metadata.version("multigpu")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return "unknown"
-
-
-def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> Path:
+def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> None:
     """Write the manifest and the marker into ``tmp``, then rename it to ``final``.
 
     A complete checkpoint already at ``final`` is replaced (moved aside first, removed after the
@@ -164,17 +126,16 @@ def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> Path:
     fsync_dir(tmp.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
-def prune(root: Path, keep: int | None, protect: Path) -> list[Path]:
+def prune(root: Path, keep: int | None, protect: Path) -> None:
     """Keep the ``keep`` newest complete checkpoints; remove older ones and older broken ones.
 
     Incomplete checkpoints newer than the newest complete one are left for a person to look at.
-    ``protect`` (the one just written) is never removed. Returns what was removed.
+    ``protect`` (the one just written) is never removed.
     """
     if keep is None:
-        return []
+        return
     statuses = list_checkpoints(root, checksums=False)  # sizes + marker: cheap
     complete = [s for s in statuses if s.complete]
     keep_paths = {s.path for s in complete[-keep:]} | {protect}
@@ -188,7 +149,6 @@ def prune(root: Path, keep: int | None, protect: Path) -> list[Path]:
         removed.append(status.path)
     if removed:
         log.info("pruned %s", ", ".join(p.name for p in removed))
-    return removed
 
 
 def done_file(tmp: Path, rank: int) -> Path:
@@ -197,16 +157,12 @@ def done_file(tmp: Path, rank: int) -> Path:
 
 
 def wait_for_ranks(tmp: Path, ranks: Iterable[int], timeout: float) -> dict[str, FileInfo]:
-    """Wait until each of ``ranks`` has written its ``.done`` file; return what each reports
-    (``{rank file name: {file name: size and SHA-256}}``: its rank file and DCP files).
+    """Wait until each of ``ranks`` has written its ``.done`` file; return the files they
+    report (``{file name: size and SHA-256}``: their rank files and DCP files).
 
     Every rank is waited for, also after one reported a failure, so that when this returns or
-    raises none of them is still writing into ``tmp``.
-
-    Raises:
-        DiskFullError: a rank ran out of space (its one line, as it said it).
-        CheckpointError: a rank failed (the first, named) or did not report within ``timeout``
-            seconds.
+    raises none of them is still writing into ``tmp``. A full disk is raised before other
+    failures.
     """
     deadline = time.monotonic() + timeout
     files: dict[str, FileInfo] = {}
@@ -221,7 +177,7 @@ def wait_for_ranks(tmp: Path, ranks: Iterable[int], timeout: float) -> dict[str,
                 if "error" in report:
                     errors.append((rank, report))
                 else:
-                    files[report["name"]] = report["info"]
+                    files.update(report["files"])
                 pending.discard(rank)
         if pending:
             if time.monotonic() > deadline:
@@ -241,22 +197,10 @@ def wait_for_ranks(tmp: Path, ranks: Iterable[int], timeout: float) -> dict[str,
     return files
 
 
-def report_done(
-    tmp: Path,
-    rank: int,
-    name: str,
-    info: FileInfo | None,
-    error: str | None,
-    *,
-    disk_full: bool = False,
-) -> None:
-    """Write rank ``rank``'s ``.done`` file (atomically: written under a temp name, renamed)."""
-    body: dict[str, Any] = (
-        {"error": error, "disk_full": disk_full}
-        if error is not None
-        else {"name": name, "info": info}
-    )
+def report_done(tmp: Path, rank: int, report: Mapping[str, Any]) -> None:
+    """Write rank ``rank``'s ``.done`` file, ``{"files": {name: FileInfo}}`` or ``{"error": line,
+    "disk_full": bool}`` (atomically: written under a temp name, renamed)."""
     path = done_file(tmp, rank)
     part = path.with_suffix(".part")
-    write_small(part, json.dumps(body))
+    write_small(part, json.dumps(report))
     os.replace(part, path)
