@@ -25,8 +25,8 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
+from multigpu.examples import job_cli
 from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
-from multigpu.examples.job_cli import run_job
 from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang.recorder import active_log
 from multigpu.hang.stragglers import SLOW, slowest
@@ -106,7 +106,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"micro-step(s)), precision {ctx.precision.name}, gradient compression {compression}"
         )
         run = RunState()
-        checkpointer, resumed = _checkpointing(ctx, args, model, optimizer, loader, run)
+        checkpointer, resumed = job_cli.checkpointer(
+            ctx,
+            args,
+            every=max(1, len(loader) // args.accumulation_steps),  # default: once an epoch
+            per_rank={"run": run},  # each rank's own loss sums of the epoch in progress
+            note=lambda: f" ({len(run.history)} of {args.epochs} epochs recorded)",
+            model=model,
+            optimizer=optimizer,
+            loader=loader,
+        )
         if resumed is not None and compression == "powersgd":
             ctx.print(
                 "note: PowerSGD's error feedback and warm start are not in checkpoints; they "
@@ -215,51 +224,6 @@ def _finish_epoch(
     return record
 
 
-def _checkpointing(
-    ctx: Context, args: Any, model: nn.Module, optimizer: Any, loader: Any, run: RunState
-) -> tuple[Any, int | None]:
-    """The checkpointer of ``--checkpoint-every`` / ``--checkpoint-dir`` and the resumed step."""
-    directory = args.checkpoint_dir or (Path(args.out) / "checkpoints" if args.out else None)
-    if args.checkpoint_every is None and args.checkpoint_dir is None:
-        if args.resume not in ("auto", "never"):
-            raise multigpu.UsageError(
-                f"--resume {args.resume} needs checkpointing; expected --checkpoint-every N "
-                "(and --out or --checkpoint-dir)"
-            )
-        return None, None
-    if directory is None:
-        raise multigpu.UsageError(
-            "--checkpoint-every was given without a place for the checkpoints; expected "
-            "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
-        )
-    every = args.checkpoint_every or max(1, len(loader) // args.accumulation_steps)
-    checkpointer = ctx.checkpointer(
-        directory,
-        every_steps=every,
-        keep=args.keep_checkpoints,
-        model=model,
-        optimizer=optimizer,
-        loader=loader,
-    )
-    checkpointer.track_per_rank(run=run)  # each rank's own loss sums of the epoch in progress
-    if args.resume == "never":
-        latest = checkpointer.latest()
-        if latest is not None:
-            raise multigpu.UsageError(
-                f"--resume never, but {directory} already holds {latest.name}; expected an "
-                "empty checkpoint directory: use --resume auto to continue that run, or "
-                "another --checkpoint-dir / --out"
-            )
-        return checkpointer, None
-    resumed = checkpointer.resume(args.resume)
-    if resumed is not None:
-        ctx.print(
-            f"resumed from {checkpointer.latest() if args.resume == 'auto' else args.resume} "
-            f"at step {resumed} ({len(run.history)} of {args.epochs} epochs recorded)"
-        )
-    return checkpointer, resumed
-
-
 def _epoch_line(record: dict[str, Any], epochs: int) -> str:
     ratio = record.get("slowest_ratio", 0.0)
     straggler = (
@@ -306,7 +270,7 @@ def _write_outputs(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m multigpu.examples.digits``."""
-    return run_job(build_parser(), train, argv)
+    return job_cli.run_job(build_parser(), train, argv)
 
 
 if __name__ == "__main__":

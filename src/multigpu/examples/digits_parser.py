@@ -2,9 +2,6 @@
 
 No torch: the launcher parses the job's arguments with it before any worker starts, and the job
 (``multigpu.examples.digits``) parses them again the same way.
-
-Environment variables read: none (``--strategy`` and ``--compression`` default to
-``MULTIGPU_STRATEGY`` and ``MULTIGPU_COMPRESSION``, read by ``multigpu.init``).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from multigpu import variables
 from multigpu.arguments import Parser, positive
 from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
+from multigpu.examples.job_cli import add_checkpoint_options
 
 NO_DDP = ("single", "dp", "fsdp")
 """Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
@@ -27,9 +25,6 @@ def check_compression(
 ) -> str:
     """The strategy the job will run (``--strategy``, else ``MULTIGPU_STRATEGY``, else auto),
     refused when ``--compression`` asks to compress an all-reduce it does not have.
-
-    Raises:
-        UsageError: ``--compression`` other than none with single, dp or fsdp.
 
     Example:
         >>> check_compression(None, "fp16", {"MULTIGPU_STRATEGY": "ddp"})
@@ -46,12 +41,7 @@ def check_compression(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The training options of the digits job (``multigpu train``'s default).
-
-    Example:
-        >>> build_parser().parse_args(["--epochs", "2"]).batch_size
-        64
-    """
+    """The training options of the digits job (``multigpu train``'s default)."""
     p = Parser(
         prog="multigpu train",
         description="Train a small CNN on scikit-learn's handwritten digits on all local devices.",
@@ -84,22 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=COMPRESSIONS,
         help="compress DDP's gradient all-reduce (default MULTIGPU_COMPRESSION, else none)",
     )
-    p.add_argument("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
-    p.add_argument(
-        "--checkpoint-every",
-        type=positive(int),
-        help="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",
-    )
-    p.add_argument(
-        "--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)"
-    )
-    p.add_argument(
-        "--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)"
-    )
-    p.add_argument(
-        "--resume",
-        default="auto",
-        help="auto: continue from the newest complete checkpoint when there is one (default); "
+    add_checkpoint_options(
+        p,
+        every="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",
+        resume="auto: continue from the newest complete checkpoint when there is one (default); "
         "never: start over (refused if checkpoints exist); or the path of one checkpoint",
     )
     p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")

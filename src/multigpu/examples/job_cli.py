@@ -1,12 +1,10 @@
-"""What the built-in jobs' command lines share: their parser, positive numbers, writable outputs,
-and how a job ends.
+"""What the built-in jobs' command lines share: writable outputs, checkpoint options, and how a
+job ends.
 
 A job (``multigpu.examples.digits``, ``multigpu.examples.lm``) parses its options, trains, and
 ends with exit code 0, or 2 and one line on a usage error — said once, by rank 0, since every
 rank refuses the same input. No torch here: ``multigpu train`` parses a job's arguments with the
 job's own parser (``digits_parser``, ``lm_parser``) before it starts any worker.
-
-Environment variables read: ``RANK`` (only rank 0 prints a usage error).
 """
 
 from __future__ import annotations
@@ -15,10 +13,11 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from multigpu.arguments import positive
 from multigpu.errors import UsageError
 
 
@@ -44,19 +43,23 @@ def directory_problem(path: Path) -> str | None:
     return None
 
 
+def add_checkpoint_options(p: argparse.ArgumentParser, *, every: str, resume: str) -> None:
+    """``--out`` and the checkpoint options that ``checkpointer`` reads (``every`` and ``resume``:
+    the help of ``--checkpoint-every`` and ``--resume``, in the job's words)."""
+    add = p.add_argument
+    add("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
+    add("--checkpoint-every", type=positive(int), help=every)
+    add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
+    add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")
+    add("--resume", default="auto", help=resume)
+
+
 def check_outputs(args: argparse.Namespace, *, writes_outputs: bool = True) -> None:
     """Refuse, before training, a ``--out`` / ``--checkpoint-dir`` / ``--save`` it cannot write.
 
     Every rank writes its part of a checkpoint, so the checkpoint directory is checked
     everywhere; ``metrics.json`` and the model only rank 0 writes: ``writes_outputs=False``
     (another rank, a node that may not host rank 0) leaves ``--out`` and ``--save`` to it.
-
-    Raises:
-        UsageError: a path that is a file where a directory is wanted (or the reverse), or under
-            a directory this process cannot write in.
-
-    Example:
-        >>> check_outputs(argparse.Namespace(out=None, checkpoint_dir=None))
     """
     out = getattr(args, "out", None)
     checkpoint_dir = getattr(args, "checkpoint_dir", None)
@@ -81,6 +84,55 @@ def check_outputs(args: argparse.Namespace, *, writes_outputs: bool = True) -> N
                 f"--save {save}: {problem}; expected the path of a file in a directory this "
                 "user can write; give another --save"
             )
+
+
+def checkpointer(
+    ctx: Any,
+    args: argparse.Namespace,
+    *,
+    every: int,
+    per_rank: Mapping[str, Any] | None = None,
+    note: Callable[[], str] | None = None,
+    **objects: Any,
+) -> tuple[Any, int | None]:
+    """``ctx.checkpointer`` of ``--checkpoint-every`` / ``--checkpoint-dir`` (None without them)
+    and the step it resumed at (None: a fresh start).
+
+    ``every``: the period without ``--checkpoint-every``; ``per_rank``: objects tracked per rank;
+    ``note()``: said after the step resumed at. The launcher checks the same options before it
+    starts anything; this is for ``python -m`` users.
+    """
+    directory = args.checkpoint_dir or (Path(args.out) / "checkpoints" if args.out else None)
+    if args.checkpoint_every is None and args.checkpoint_dir is None:
+        if args.resume not in ("auto", "never"):
+            raise UsageError(
+                f"--resume {args.resume} needs checkpointing; expected --checkpoint-every N "
+                "(and --out or --checkpoint-dir)"
+            )
+        return None, None
+    if directory is None:
+        raise UsageError(
+            "--checkpoint-every was given without a place for the checkpoints; expected "
+            "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
+        )
+    ckpt = ctx.checkpointer(
+        directory, every_steps=args.checkpoint_every or every, keep=args.keep_checkpoints, **objects
+    )
+    ckpt.track_per_rank(**(per_rank or {}))
+    if args.resume == "never":
+        latest = ckpt.latest()
+        if latest is not None:
+            raise UsageError(
+                f"--resume never, but {directory} already holds {latest.name}; expected an "
+                "empty checkpoint directory: use --resume auto to continue that run, or "
+                "another --checkpoint-dir / --out"
+            )
+        return ckpt, None
+    step = ckpt.resume(args.resume)
+    if step is not None:
+        where = ckpt.latest() if args.resume == "auto" else args.resume
+        ctx.print(f"resumed from {where} at step {step}{note() if note else ''}")
+    return ckpt, step
 
 
 def run_job(

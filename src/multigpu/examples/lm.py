@@ -3,9 +3,7 @@
 Reads like nanoGPT on purpose: the model, then a training loop written against multigpu's public
 API as a user would write it. Run it through the launcher (``multigpu train --model lm --cpu 2
 [--strategy fsdp]``) or directly (``python -m multigpu.examples.lm``). The corpus needs no
-download (``lm_data``); options and checkpoints are in ``lm_options``, reports in ``lm_log``.
-
-Environment variables read: none here (``multigpu.init`` reads the launcher's ``RANK``, ...).
+download (``lm_data``); options are in ``lm_options``, reports in ``lm_log``.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import multigpu
-from multigpu.examples import lm_data, lm_options
+from multigpu.examples import job_cli, lm_data, lm_options
 from multigpu.examples.lm_log import RunLog
 
 
@@ -29,16 +27,11 @@ from multigpu.examples.lm_log import RunLog
 class GPTConfig:
     """The shape of the model (defaults: the model of ``multigpu train --model lm``)."""
 
-    vocab_size: int = lm_data.VOCAB_SIZE
-    """Tokens are bytes."""
-    block_size: int = 64
-    """Context length in tokens."""
-    n_layer: int = 4
-    """Transformer blocks."""
-    n_head: int = 4
-    """Attention heads per block (must divide ``n_embd``)."""
-    n_embd: int = 128
-    """Width of the residual stream."""
+    vocab_size: int = lm_data.VOCAB_SIZE  # tokens are bytes
+    block_size: int = 64  # context length in tokens
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block (must divide n_embd)
+    n_embd: int = 128  # width of the residual stream
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -176,9 +169,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loader = ctx.loader(
             train_set, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps
         )
-        ckpt, step = lm_options.checkpointer(
-            ctx, args, model=model, optimizer=optimizer, schedule=schedule, loader=loader
-        )
+        tracked = {"model": model, "optimizer": optimizer, "schedule": schedule, "loader": loader}
+        # without --checkpoint-every (only --checkpoint-dir): one checkpoint, at the end
+        ckpt, resumed = job_cli.checkpointer(ctx, args, every=args.steps, **tracked)
+        step = resumed or 0
         run = RunLog(ctx, args, baseline, corpus, start_step=step)
         ctx.print(run.header(ctx.unwrap(model), loader.batch_size))
         batches = lm_data.forever(loader)  # epoch after epoch, each in its own order

@@ -38,23 +38,14 @@ SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 class Corpus:
     """A byte corpus split once into train and validation bytes."""
 
-    train: torch.Tensor
-    """Training bytes, ``uint8``."""
-    val: torch.Tensor
-    """Validation bytes (the corpus' tail), ``uint8``."""
-    files: int
-    """Number of source files the bytes came from."""
-    sha256: str
-    """Digest of all the bytes, to check that every rank reads the same corpus."""
+    train: torch.Tensor  # uint8
+    val: torch.Tensor  # uint8, the corpus' tail
+    files: int  # source files the bytes came from
+    sha256: str  # of all the bytes: every rank must read the same corpus
 
 
 def stdlib_sources(root: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Every ``.py`` file under ``root`` (default: this Python's standard library), in walk order.
-
-    Example:
-        >>> stdlib_sources()[0].name
-        '__future__.py'
-    """
+    """Every ``.py`` file under ``root`` (default: this Python's stdlib), in walk order."""
     top = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
     found: list[Path] = []
     for directory, subdirs, names in os.walk(top):
@@ -66,16 +57,7 @@ def stdlib_sources(root: str | os.PathLike[str] | None = None) -> list[Path]:
 def load_corpus(
     size: int, *, val_fraction: float = 0.1, root: str | os.PathLike[str] | None = None
 ) -> Corpus:
-    """The first ``size`` bytes of ``stdlib_sources(root)``, split into (train, validation).
-
-    Raises:
-        UsageError: ``size`` or ``val_fraction`` out of range, or fewer bytes than asked for.
-
-    Example:
-        >>> c = load_corpus(10_000)
-        >>> len(c.train), len(c.val)
-        (9000, 1000)
-    """
+    """The first ``size`` bytes of ``stdlib_sources(root)``, split into (train, validation)."""
     if size < 2 or not 0.0 < val_fraction < 1.0:
         raise UsageError(
             f"a corpus of {size} bytes with val_fraction={val_fraction}; expected at least 2 "
@@ -161,10 +143,6 @@ def evenly_spaced(data: torch.Tensor, block_size: int, count: int, multiple_of: 
     """``count`` windows spread evenly over ``data`` (all of them if fewer), rounded down to a
     multiple of ``multiple_of``: then every rank evaluates the same number of batches, which
     sharded models need (each forward all-gathers the parameters, a collective).
-
-    Example:
-        >>> len(evenly_spaced(torch.zeros(101, dtype=torch.uint8), 10, count=5, multiple_of=2))
-        4
     """
     every = Windows(data, block_size)
     total = len(every)
@@ -179,12 +157,6 @@ def evenly_spaced(data: torch.Tensor, block_size: int, count: int, multiple_of: 
 
 
 def forever(loader: Iterable[T]) -> Iterator[T]:
-    """The loader's batches, pass after pass (a training run counted in steps, not epochs).
-
-    Example:
-        >>> from itertools import islice
-        >>> list(islice(forever([1, 2]), 5))
-        [1, 2, 1, 2, 1]
-    """
+    """The loader's batches, pass after pass (a training run counted in steps, not epochs)."""
     while True:
         yield from loader

@@ -26,16 +26,8 @@ from multigpu.examples.lm_data import Corpus
 class RunLog:
     """What the LM job reports: a header, a line per evaluation, a summary and metrics.json.
 
-    Args:
-        ctx: the run's context (for the all-reduce of the losses and rank-0 printing).
-        args: the job's options.
-        baseline: the unigram baseline, nats per byte, printed beside every validation loss.
-        corpus: the corpus trained on (sizes and digest go to the metrics).
-        start_step: the step the run starts at (above 0 when resumed).
-
-    Example:
-        >>> log = RunLog(ctx, args, 3.1, corpus, start_step=0)  # doctest: +SKIP
-        >>> log.add(loss); log.pause(); log.evaluated(100, 2.2)  # doctest: +SKIP
+    ``baseline`` is the unigram baseline (nats per byte), printed beside every validation loss;
+    ``start_step`` is above 0 when the run resumed.
     """
 
     def __init__(

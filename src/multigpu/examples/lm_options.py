@@ -1,9 +1,7 @@
-"""The options of ``multigpu train --model lm`` and what they turn into: a strategy, a checkpointer.
+"""The options of ``multigpu train --model lm`` and what they turn into: a strategy, a schedule.
 
 Kept out of ``lm.py`` so that the example file shows the model and the training loop only; the
 parser itself is ``lm_parser`` (no torch: the launcher uses it too).
-
-Environment variables read: ``RANK`` (only rank 0 prints a usage error).
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,21 +24,12 @@ from multigpu.examples.lm_parser import build_parser
 
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
-    """The ``GPTConfig`` fields the options set.
-
-    Example:
-        >>> model_shape(build_parser().parse_args(["--n-layer", "2"]))["n_layer"]
-        2
-    """
+    """The ``GPTConfig`` fields the options set."""
     return {k: getattr(args, k) for k in ("block_size", "n_layer", "n_head", "n_embd")}
 
 
 def strategy(args: argparse.Namespace, block: type[nn.Module]) -> Any:
-    """``--strategy`` as ``multigpu.init`` takes it: FSDP shards each ``block`` on its own.
-
-    Raises:
-        multigpu.UsageError: ``--activation-checkpointing`` without ``--strategy fsdp``.
-    """
+    """``--strategy`` as ``multigpu.init`` takes it: FSDP shards each ``block`` on its own."""
     if args.strategy == "pipeline":
         lm_parser.check_pipeline(args, int(os.environ.get("WORLD_SIZE", "1")))
         return multigpu.PipelineStrategy(  # traced with one batch of token ids
@@ -60,45 +48,6 @@ def strategy(args: argparse.Namespace, block: type[nn.Module]) -> Any:
     return multigpu.FSDPStrategy(
         blocks=(block,), activation_checkpointing=args.activation_checkpointing
     )
-
-
-def checkpointer(ctx: Context, args: argparse.Namespace, **objects: Any) -> tuple[Any, int]:
-    """The checkpointer of ``--checkpoint-every`` / ``--checkpoint-dir`` and the step to start at.
-
-    Raises:
-        multigpu.UsageError: checkpoint options that do not fit together (the launcher checks
-            the same before it starts anything; this is for ``python -m`` users).
-    """
-    directory = args.checkpoint_dir or (Path(args.out) / "checkpoints" if args.out else None)
-    if args.checkpoint_every is None and args.checkpoint_dir is None:
-        if args.resume not in ("auto", "never"):
-            raise multigpu.UsageError(
-                f"--resume {args.resume} needs checkpointing; expected --checkpoint-every N "
-                "(and --out or --checkpoint-dir)"
-            )
-        return None, 0
-    if directory is None:
-        raise multigpu.UsageError(
-            "--checkpoint-every was given without a place for the checkpoints; expected "
-            "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
-        )
-    every = args.checkpoint_every or args.steps  # only --checkpoint-dir: save at the end
-    ckpt = ctx.checkpointer(directory, every_steps=every, keep=args.keep_checkpoints, **objects)
-    if args.resume == "never":
-        latest = ckpt.latest()
-        if latest is not None:
-            raise multigpu.UsageError(
-                f"--resume never, but {directory} already holds {latest.name}; expected an "
-                "empty checkpoint directory: use --resume auto to continue that run, or "
-                "another --checkpoint-dir / --out"
-            )
-        return ckpt, 0
-    step = ckpt.resume(args.resume)
-    if step is not None:
-        ctx.print(
-            f"resumed from {args.resume if args.resume != 'auto' else ckpt.latest()} at step {step}"
-        )
-    return ckpt, step or 0
 
 
 def warmup_cosine(args: argparse.Namespace) -> Callable[[int], float]:
@@ -123,12 +72,7 @@ def warmup_cosine(args: argparse.Namespace) -> Callable[[int], float]:
 
 
 def check_data(ctx: Context, args: argparse.Namespace, corpus: Corpus) -> None:
-    """Refuse to train on corpora that differ between ranks, or too small for the options.
-
-    Raises:
-        multigpu.UsageError: the ranks' corpus digests differ (nodes with different Pythons);
-            fewer training windows than one global batch; fewer validation windows than ranks.
-    """
+    """Refuse to train on corpora that differ between ranks, or too small for the options."""
     digests = ctx.gather(corpus.sha256)
     if len(set(digests)) > 1:
         ranks = [r for r, d in enumerate(digests) if d != digests[0]]

@@ -11,6 +11,7 @@ import argparse
 from multigpu.arguments import Parser, positive
 from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
+from multigpu.examples.job_cli import add_checkpoint_options
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
@@ -19,12 +20,7 @@ STRATEGIES = ("auto", "single", "ddp", "fsdp", "pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The training options of the LM job.
-
-    Example:
-        >>> build_parser().parse_args(["--strategy", "fsdp"]).n_layer
-        4
-    """
+    """The training options of the LM job."""
     p = Parser(
         prog="multigpu train --model lm",
         description="Train a small GPT on the bytes of Python's standard library (no download) "
@@ -95,18 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=256,
         help="validation windows per evaluation, spread evenly over the split (256)",
     )
-    add("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
-    add(
-        "--checkpoint-every",
-        type=positive(int),
-        help="save a checkpoint every N steps (to --checkpoint-dir or OUT/checkpoints)",
-    )
-    add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
-    add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")
-    add(
-        "--resume",
-        default="auto",
-        help="auto: continue from the newest complete checkpoint (default); never: start over "
+    add_checkpoint_options(
+        p,
+        every="save a checkpoint every N steps (to --checkpoint-dir or OUT/checkpoints)",
+        resume="auto: continue from the newest complete checkpoint (default); never: start over "
         "(refused if checkpoints exist); or the path of one checkpoint",
     )
     add(
@@ -119,15 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_pipeline(args: argparse.Namespace, processes: int) -> None:
-    """Refuse, before anything starts, a pipeline the job cannot build on ``processes``.
-
-    Raises:
-        UsageError: pipeline options without ``--strategy pipeline``; a batch that does not split
-            into the micro-batches; fewer than 2 processes; more stages than blocks.
-
-    Example:
-        >>> check_pipeline(build_parser().parse_args(["--strategy", "pipeline"]), 2)
-    """
+    """Refuse, before anything starts, a pipeline the job cannot build on ``processes``."""
     if args.strategy != "pipeline":
         return
     if args.batch_size % args.microbatches:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 
+def _empty() -> dict[str, Any]:
+    return {"loss_sum": 0.0, "micro": 0, "steps": 0, "seconds": 0.0, "samples": 0}
+
+
+@dataclass
 class RunState:
     """Per-epoch records plus the running sums of the epoch in progress.
 
@@ -25,15 +31,10 @@ class RunState:
         (1, 1)
     """
 
-    def __init__(self) -> None:
-        self.history: list[dict[str, Any]] = []
-        self.train_seconds = 0.0
-        self.train_samples = 0
-        self.current = self._empty()
-
-    @staticmethod
-    def _empty() -> dict[str, Any]:
-        return {"loss_sum": 0.0, "micro": 0, "steps": 0, "seconds": 0.0, "samples": 0}
+    history: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    train_samples: int = 0
+    current: dict[str, Any] = field(default_factory=_empty)
 
     def add_step(self, loss: float, *, stepped: bool, seconds: float, samples: int) -> None:
         """Count one micro-batch of the epoch in progress."""
@@ -46,19 +47,14 @@ class RunState:
 
     def close_epoch(self) -> dict[str, Any]:
         """Return the running sums of the finished epoch and start the next one."""
-        done, self.current = self.current, self._empty()
+        done, self.current = self.current, _empty()
         self.train_seconds += done["seconds"]
         self.train_samples += done["samples"]
         return done
 
     def state_dict(self) -> dict[str, Any]:
         """Everything, as plain Python values (loads with ``weights_only=True``)."""
-        return {
-            "history": [dict(r) for r in self.history],
-            "train_seconds": self.train_seconds,
-            "train_samples": self.train_samples,
-            "current": dict(self.current),
-        }
+        return asdict(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
@@ -72,10 +68,6 @@ def parameter_sha256(state: nn.Module | Mapping[str, torch.Tensor]) -> str:
     """SHA-256 over the names and raw bytes of a state dict (or a model's), in order.
 
     Two runs have bitwise-equal weights exactly when their checksums match, whatever the device.
-
-    Example:
-        >>> len(parameter_sha256(torch.nn.Linear(2, 2)))
-        64
     """
     digest = hashlib.sha256()
     tensors = state.state_dict() if isinstance(state, nn.Module) else state

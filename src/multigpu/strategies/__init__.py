@@ -1,15 +1,14 @@
 """Strategies: how a model is placed and wrapped (single, dp, ddp, fsdp, tp) and how ``auto`` picks.
 
-Environment variables read: ``MULTIGPU_COMPRESSION`` (by ``resolve_strategy``: the gradient
-compression of a ``ddp`` strategy that was not given one in code), ``MULTIGPU_MESH`` (the mesh
-of an ``fsdp`` strategy that was not given one in code).
+``resolve_strategy`` reads ``MULTIGPU_COMPRESSION`` and ``MULTIGPU_MESH`` for the strategies whose
+code did not set them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from multigpu import variables
 from multigpu.choices import STRATEGY_NAMES
@@ -59,22 +58,19 @@ def resolve_strategy(
         log.debug(
             "%s=%s ignored: strategy %s has no DDP all-reduce", COMPRESSION_ENV, compression, name
         )
-    chosen: Strategy
-    if name == "single":
-        chosen = SingleDeviceStrategy()
-    elif name == "dp":
-        chosen = DataParallelStrategy()
-    elif name == "ddp":
-        chosen = DDPStrategy(compression=compression)
-    elif name == "fsdp":
-        chosen = FSDPStrategy()
-    elif name == "pipeline":
-        chosen = PipelineStrategy()  # split evenly; setup asks for the example batch
-    else:
+    factories: dict[str, Callable[[], Strategy]] = {
+        "single": SingleDeviceStrategy,
+        "dp": DataParallelStrategy,
+        "ddp": lambda: DDPStrategy(compression=compression),
+        "fsdp": FSDPStrategy,
+        "pipeline": PipelineStrategy,  # split evenly; setup asks for the example batch
+    }
+    if name not in factories:
         raise UsageError(
             f"strategy={strategy!r} is not known; expected one of {STRATEGY_NAMES} "
             "or a Strategy instance"
         )
+    chosen = factories[name]()
     chosen.auto = auto
     return _with_env_mesh(chosen, world_size, env)
 
@@ -98,15 +94,13 @@ def _with_env_mesh(strategy: Strategy, world_size: int, env: Mapping[str, str]) 
     from_env = MeshShape.parse(spec).resolve(world_size)
     from_code = strategy.shape.resolve(world_size)
     if from_env != from_code:
+        axes = zip(from_code.axis_names, from_code.sizes, strict=True)
         raise UsageError(
             f"MULTIGPU_MESH={raw} (from the environment) differs from the mesh the script's "
-            f"strategy sets ({_spelled(from_code)}); unset MULTIGPU_MESH or make them equal"
+            f"strategy sets ({','.join(f'{a}={n}' for a, n in axes)}); unset MULTIGPU_MESH or "
+            "make them equal"
         )
     return strategy
-
-
-def _spelled(shape: MeshShape) -> str:
-    return ",".join(f"{a}={n}" for a, n in zip(shape.axis_names, shape.sizes, strict=True))
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -24,6 +24,11 @@ from multigpu.strategies.optimizers import parameter_names, repoint_optimizers
 from multigpu.wrappers import unwrap_module
 
 __all__ = ["Strategy", "unwrap_module"]
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an integer >= 1 (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 class Strategy(ABC):

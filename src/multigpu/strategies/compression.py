@@ -1,32 +1,16 @@
-"""Gradient compression for DDP: torch's communication hooks, chosen by name.
+"""Gradient compression for DDP: torch's communication hooks, chosen by name (docs/strategies.md).
 
-DDP all-reduces every gradient each optimizer step; on a slow link between machines that
-transfer is the step time. A communication hook (``torch.distributed.algorithms.ddp_comm_hooks``)
-changes what is sent:
+- ``"fp16"`` / ``"bf16"``: each gradient bucket is divided by the world size (so the sum cannot
+  overflow), cast, all-reduced and cast back. torch refuses its ``bf16_compress_hook`` on a build
+  without CUDA/NCCL (a ``TypeError`` naming CUDA 11+ and NCCL 2.10+) although gloo all-reduces
+  bfloat16 correctly; on gloo the same few lines run under another name (``_bf16_gloo_hook``).
+- ``"powersgd"``: ``powerSGD_hook``, each gradient matrix sent as two rank-r factors, with error
+  feedback and warm start; the first ``start_iter`` steps go uncompressed (torch needs at least 2:
+  DDP rebuilds its buckets after the first). torch's ``batched_powerSGD_hook`` is not offered: in
+  torch 2.13 it fails on every device with an ``AssertionError`` in ``_orthogonalize``.
 
-- ``"fp16"``: each gradient bucket is cast to float16 (divided by the world size first, so the sum
-  cannot overflow), all-reduced and cast back: half the bytes, about 3 decimal digits kept.
-  Gradients beyond ±65504 become inf.
-- ``"bf16"``: the same with bfloat16 (float32's range, about 2 decimal digits). torch refuses its
-  ``bf16_compress_hook`` on a build without CUDA/NCCL (a ``TypeError`` naming CUDA 11+ and NCCL
-  2.10+) although gloo all-reduces bfloat16 correctly; on gloo the same few lines of hook run
-  under another name (``_bf16_gloo_hook``), on other backends torch's own.
-- ``"powersgd"``: PowerSGD (Vogels et al., 2019), ``powerSGD_hook``: each gradient matrix M (n×m) is
-  sent as two rank-r factors P (n×r) and Q (m×r), with error feedback (what the approximation
-  missed is added to the next step's gradient) and warm start (last step's Q is reused). Vectors
-  such as biases go uncompressed. The first ``start_iter`` steps all-reduce uncompressed (torch
-  needs at least 2: DDP rebuilds its buckets after the first). torch's ``batched_powerSGD_hook``
-  is not offered: in torch 2.13 it fails on every device with an ``AssertionError`` in
-  ``_orthogonalize`` (it passes a 2-D tensor where a batch of matrices is expected).
-
-Compressed gradients differ from the exact mean, so results no longer match between world sizes
-(at world size 1 there is nothing to send and nothing is compressed). PowerSGD's error feedback
-and warm start live in the hook's state, which checkpoints do not hold: a resumed run starts them
-afresh (and the first ``start_iter`` steps after it are uncompressed again), so it ends close to,
-not bitwise equal to, an uninterrupted run.
-
-Environment variables read: none here; ``MULTIGPU_COMPRESSION`` (``COMPRESSION_ENV``) is read by
-``multigpu.strategies.resolve_strategy``.
+PowerSGD's error feedback and warm start live in the hook's state, which checkpoints do not hold:
+a resumed run starts them afresh, so it ends close to, not bitwise equal to, an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -42,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.choices import COMPRESSIONS
 from multigpu.errors import UsageError
+from multigpu.strategies.base import is_count
 from multigpu.torch_compat import powersgd_hook_for
 
 log = logging.getLogger(__name__)
@@ -51,14 +36,9 @@ COMPRESSION_ENV = "MULTIGPU_COMPRESSION"
 
 
 def parse_compression(value: str | None, *, given_as: str = "compression") -> str:
-    """The canonical name of a compression; None and ``""`` mean ``"none"``.
+    """The canonical name of a compression (case and spaces ignored); None and ``""`` mean none.
 
-    Args:
-        value: what the user gave (case and surrounding spaces do not matter).
-        given_as: how the user gave it, for the error message (``MULTIGPU_COMPRESSION``...).
-
-    Raises:
-        UsageError: ``value`` is not one of ``COMPRESSIONS``.
+    ``given_as`` names where the value came from in the error message.
 
     Example:
         >>> parse_compression(" BF16 "), parse_compression(None)
@@ -74,20 +54,13 @@ def parse_compression(value: str | None, *, given_as: str = "compression") -> st
 
 
 def check_powersgd_options(rank: int, start_iter: int) -> None:
-    """Refuse PowerSGD settings torch would reject later, inside the first backward pass.
-
-    Raises:
-        UsageError: ``rank`` < 1, or ``start_iter`` < 2.
-
-    Example:
-        >>> check_powersgd_options(1, 10)
-    """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+    """Refuse PowerSGD settings torch would reject later, inside the first backward pass."""
+    if not is_count(rank):
         raise UsageError(
             f"powersgd_rank={rank!r}; expected an integer >= 1 (the rank of the gradient "
             "approximation: 1 sends least, 2-4 keep more accuracy)"
         )
-    if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
+    if not is_count(start_iter) or start_iter < 2:
         raise UsageError(
             f"powersgd_start_iter={start_iter!r}; expected an integer >= 2: PowerSGD's error "
             "feedback cannot start before DDP has rebuilt its buckets after the first step"
@@ -102,30 +75,11 @@ def register_compression(
     powersgd_start_iter: int = 10,
     backend: str | None = None,
 ) -> powerSGD_hook.PowerSGDState | None:
-    """Register the communication hook of compression ``name`` on ``ddp``; return its state.
+    """Register the hook of compression ``name`` on a freshly wrapped ``ddp``; return its state.
 
-    Called right after wrapping (``ctx.setup``), so a combination that cannot work is refused
-    there, before the first step, not in the middle of training.
-
-    Args:
-        ddp: a freshly wrapped model (no hook registered yet).
-        name: one of ``COMPRESSIONS`` (``"none"`` registers nothing).
-        powersgd_rank: PowerSGD's approximation rank.
-        powersgd_start_iter: steps all-reduced uncompressed before PowerSGD starts.
-        backend: the backend to choose the hook for (default: that of ``ddp``'s group).
-
-    Returns:
-        The ``PowerSGDState`` for ``"powersgd"`` (``compression_stats()`` gives the numbers of
-        gradient elements before and after compression), else None.
-
-    Raises:
-        UsageError: torch refuses the hook on this build or backend.
-
-    Example:
-        >>> state = register_compression(ddp, "powersgd", powersgd_start_iter=2)  # doctest: +SKIP
-        >>> # ... 60 steps of Linear(32, 64), ReLU, Linear(64, 4) (2,372 parameters), then:
-        >>> state.compression_stats()  # doctest: +SKIP
-        (10.224137931034482, 137576, 13456)
+    Called right after wrapping (``ctx.setup``), so a combination torch refuses on this build or
+    backend (default: that of ``ddp``'s group) is refused before the first step. The state is
+    the ``PowerSGDState`` for ``"powersgd"`` (``compression_stats()``), else None.
     """
     name = parse_compression(name)
     if name == "none":
@@ -175,11 +129,7 @@ def comm_hook(name: str, backend: str) -> Callable[..., Any]:
 def _bf16_gloo_hook(
     process_group: tdist.ProcessGroup | None, bucket: tdist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """torch's ``bf16_compress_hook`` under another name, for gloo (see the module docstring).
-
-    torch refuses the original by its name when the build lacks CUDA and NCCL; gloo itself
-    all-reduces bfloat16 (checked by the tests on 2 real processes).
-    """
+    """torch's ``bf16_compress_hook`` under another name, for gloo (see the module docstring)."""
     group = process_group if process_group is not None else tdist.group.WORLD
     buffer = bucket.buffer()
     # Divide before the sum, as torch does: the reduced value is then the mean.

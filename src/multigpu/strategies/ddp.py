@@ -28,10 +28,6 @@ class DDPStrategy(Strategy):
     """Wrap the model in ``DistributedDataParallel``; options pass through to it.
 
     Args:
-        bucket_cap_mb: gradient bucket size in MiB (torch's default 25).
-        find_unused_parameters: set when some parameters get no gradient in a step.
-        static_graph: the set of used parameters never changes (lets DDP skip work).
-        gradient_as_bucket_view: gradients alias the communication buckets (saves memory).
         broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0 each forward
             (torch's default, True, when not given).
         compression: compress the gradient all-reduce: ``"fp16"``, ``"bf16"``, ``"powersgd"`` or
@@ -39,11 +35,6 @@ class DDPStrategy(Strategy):
             ``MULTIGPU_COMPRESSION``, else none.
         powersgd_rank: rank of PowerSGD's approximation (1 sends least; 2-4 keep more).
         powersgd_start_iter: steps all-reduced uncompressed before PowerSGD starts (>= 2).
-        **ddp_kwargs: anything else ``DistributedDataParallel`` accepts.
-
-    Example:
-        >>> ctx = multigpu.init(strategy=DDPStrategy(find_unused_parameters=True))  # doctest: +SKIP
-        >>> ctx = multigpu.init(strategy=DDPStrategy(compression="powersgd"))  # doctest: +SKIP
     """
 
     name = "ddp"

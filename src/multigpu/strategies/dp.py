@@ -55,11 +55,9 @@ class DataParallelStrategy(Strategy):
                 self.device,
             )
             return module
-        ids = (
-            self.device_ids
-            if self.device_ids is not None
-            else list(range(torch.cuda.device_count()))
-        )
+        ids = self.device_ids
+        if ids is None:
+            ids = list(range(torch.cuda.device_count()))
         if len(ids) < 2:
             warn_once(log, "strategy='dp' with %d GPU: nothing to parallelise", len(ids))
         return nn.DataParallel(module, device_ids=ids, output_device=ids[0] if ids else None)

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from multigpu.errors import EnvError, UsageError
 from multigpu.log import warn_once
-from multigpu.strategies.base import Strategy
+from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, shard_units
 from multigpu.strategies.materialize import check_initializable, has_meta_tensors, materialize
 from multigpu.strategies.mesh import MeshShape
@@ -51,30 +51,20 @@ class FSDPStrategy(Strategy):
 
     Args:
         blocks: module classes to shard as units of their own (e.g. ``(TransformerBlock,)``).
-            None: every direct child holding at least ``min_block_params`` parameters, looking
-            through ``ModuleList``/``ModuleDict``/``Sequential`` (see ``fsdp_units``). The root
-            module is always a unit.
-        min_block_params: the size threshold of the default unit choice (100,000).
-        reshard_after_forward: free each unit's gathered parameters after its forward and
-            gather them again for the backward (ZeRO-3, least memory; the default); False keeps
-            them until the backward (ZeRO-2-like: less communication, more memory). The root
-            unit stays gathered either way, as in FSDP2 (its backward comes first).
-        cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU RAM and
-            step on the CPU (``CPUOffloadPolicy``): GPU only; on CPU processes they already live
-            there and the option is ignored with a one-line warning.
-        activation_checkpointing: recompute each unit's activations in the backward instead of
-            keeping them (``torch.utils.checkpoint``): less memory, about a third more compute.
-        replicate: ranks that hold whole replicas of the sharded model (HSDP: shard within a
-            group of ``world_size / replicate`` ranks, e.g. one node, average across groups);
-            1 (default): shard across every rank.
+            None: every direct child holding at least ``min_block_params`` parameters (see
+            ``fsdp_units``). The root module is always a unit.
+        reshard_after_forward: False keeps each unit's gathered parameters from its forward to
+            its backward (ZeRO-2-like: less communication, more memory). The root unit stays
+            gathered either way, as in FSDP2 (its backward comes first).
+        cpu_offload: keep the sharded state in CPU RAM and step there (``CPUOffloadPolicy``):
+            GPU only, ignored with a warning on CPU processes.
+        activation_checkpointing: recompute each unit's activations in the backward
+            (``torch.utils.checkpoint``): less memory, about a third more compute.
+        replicate: HSDP: ranks holding whole replicas (each shards within ``world_size /
+            replicate`` ranks, e.g. one node; gradients are averaged across the replicas).
         mesh_shape: the mesh as ``"replicate=2,shard=4"``, a dict or a ``MeshShape`` (instead
             of ``replicate``); None: ``MULTIGPU_MESH`` when set, else ``replicate``. A ``tp``
             axis needs a tensor-parallel plan: ``TensorParallelStrategy``.
-
-    Example:
-        >>> ctx = multigpu.init(strategy="fsdp")                             # doctest: +SKIP
-        >>> fsdp = FSDPStrategy(blocks=(nn.TransformerEncoderLayer,), activation_checkpointing=True)
-        >>> ctx = multigpu.init(strategy=fsdp)                               # doctest: +SKIP
     """
 
     name = "fsdp"
@@ -101,11 +91,7 @@ class FSDPStrategy(Strategy):
                 f"FSDPStrategy(blocks={blocks!r}): expected a sequence of nn.Module classes, "
                 "e.g. blocks=(TransformerBlock,)"
             )
-        if (
-            isinstance(min_block_params, bool)
-            or not isinstance(min_block_params, int)
-            or (min_block_params < 1)
-        ):
+        if not is_count(min_block_params):
             raise UsageError(
                 f"FSDPStrategy(min_block_params={min_block_params!r}): expected a positive "
                 "number of parameters, e.g. 100_000"
@@ -132,11 +118,7 @@ class FSDPStrategy(Strategy):
     def set_mesh_shape(
         self, spec: str | Mapping[str, int] | MeshShape, *, given_as: str = "mesh_shape"
     ) -> None:
-        """Use the mesh ``spec`` (checked against the world size in ``bind``).
-
-        Raises:
-            UsageError: a bad spec, or a ``tp`` axis (FSDP alone has no tensor-parallel plan).
-        """
+        """Use the mesh ``spec`` (checked against the world size in ``bind``); no ``tp`` axis."""
         shape = MeshShape.parse(spec, given_as=given_as)
         if shape.tp != 1:
             raise UsageError(

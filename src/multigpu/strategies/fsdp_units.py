@@ -1,14 +1,10 @@
 """Which submodules FSDP shards as units of their own (each all-gathered on its own, in turn).
 
-A unit's parameters are gathered whole just before its forward (and backward) and freed after,
-so the peak memory of a rank is its shard of everything plus the largest unit or two whole. The
-root module is always a unit: it holds every parameter no other unit took.
-
-The default, when no block classes are given: every *direct child* of the model that holds at
-least ``min_block_params`` parameters, looking through containers (``ModuleList``,
-``ModuleDict``, ``Sequential``), so a transformer's ``blocks[i]`` and a ``Sequential`` of layers
-are sharded per block. With ``blocks=(Block,)``: every module of those classes (the outermost,
-where they nest).
+A rank's peak memory is its shard of everything plus the largest unit or two whole. The root is
+always a unit: it holds every parameter no other unit took. By default the units are the direct
+children holding at least ``min_block_params`` parameters, looking through ``ModuleList``,
+``ModuleDict`` and ``Sequential`` (a transformer's ``blocks[i]``); with ``blocks=(Block,)``, the
+outermost modules of those classes.
 """
 
 from __future__ import annotations
@@ -45,12 +41,7 @@ def _of_classes(
 
 
 def count_params(module: nn.Module) -> int:
-    """The number of parameters of ``module`` (shared ones once).
-
-    Example:
-        >>> count_params(nn.Linear(3, 2))
-        8
-    """
+    """The number of parameters of ``module`` (shared ones once)."""
     return sum(p.numel() for p in module.parameters())
 
 

@@ -33,18 +33,12 @@ log = logging.getLogger(__name__)
 
 
 def has_meta_tensors(module: nn.Module) -> bool:
-    """Whether any parameter or buffer of ``module`` is on the meta device.
-
-    Example:
-        >>> with torch.device("meta"):
-        ...     net = nn.Linear(2, 2)
-        >>> has_meta_tensors(net), has_meta_tensors(nn.Linear(2, 2))
-        (True, False)
-    """
+    """Whether any parameter or buffer of ``module`` is on the meta device."""
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
-def _post_order(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+def _post_order(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """Every submodule once, children before their parent (the order their constructors ran)."""
     seen: set[int] = set()
 
     def walk(mod: nn.Module, path: str) -> Iterator[tuple[str, nn.Module]]:
@@ -55,7 +49,7 @@ def _post_order(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.M
             yield from walk(child, f"{path}.{name}" if path else name)
         yield path, mod
 
-    yield from walk(module, prefix)
+    yield from walk(module, "")
 
 
 def _own_tensors(module: nn.Module) -> list[tuple[str, str]]:
@@ -77,11 +71,7 @@ def _initializer(module: nn.Module) -> Callable[[], object] | None:
 
 
 def check_initializable(module: nn.Module) -> None:
-    """Refuse a meta model some of whose tensors no ``reset_parameters()`` would initialise.
-
-    Raises:
-        UsageError: naming the modules (and their tensors) that lack one.
-    """
+    """Refuse a meta model some of whose tensors no ``reset_parameters()`` would initialise."""
     lacking = [
         f"{path or '<root>'} ({type(mod).__name__}: {', '.join(n for _, n in own)})"
         for path, mod in _post_order(module)
@@ -104,16 +94,12 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     Call it after the module is wrapped or sharded: only what this rank holds is allocated.
     Initial values come from the CPU generator, drawn as ``reset_parameters()`` would draw them
     in a plain one-process build (see the module doc).
-
-    Raises:
-        UsageError: a module owns tensors but has no ``reset_parameters()``.
     """
     check_initializable(module)
     module.to_empty(device=device)
     with torch.no_grad():
         for _path, mod in _post_order(module):
-            own = _own_tensors(mod)
-            if own:
+            if own := _own_tensors(mod):
                 _initialise_whole(mod, own)
 
 

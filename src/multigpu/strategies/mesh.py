@@ -1,23 +1,18 @@
 """The parallel dimensions of a job, and the named ``DeviceMesh`` built from them.
 
-A small, self-validating description in the spirit of torchtitan's ``ParallelDims``: the world
-is a grid whose axes are named by what they parallelise. Data parallelism has two axes:
-``dp_replicate`` (whole copies of the model, gradients all-reduced across them: DDP, or HSDP's
-replicas across nodes) and ``dp_shard`` (the model's state split across ranks: FSDP). Tensor
-parallelism adds ``tp`` (each layer's matrices split across ranks), innermost: its ranks are
-neighbours (the GPUs of one node, where the links are fastest). The product of the sizes is the
-world size. How a user spells a shape (``"dp=2,tp=2"``, ``{"replicate": 2}``) is
-``multigpu.mesh_spec``.
+In the spirit of torchtitan's ``ParallelDims``: the world is a grid whose axes (``dp_replicate``,
+``dp_shard``, ``tp``, outermost first; spelled as ``multigpu.mesh_spec`` says) multiply to the
+world size. ``tp`` is innermost, so its ranks are neighbours (one node's GPUs, the fastest links).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from multigpu.errors import UsageError
-from multigpu.mesh_spec import AXES, check_size, parse_mesh, resolve_sizes
+from multigpu.mesh_spec import AXES, parse_mesh, resolve_sizes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,29 +39,14 @@ class MeshShape:
     def parse(
         cls, spec: str | Mapping[str, int] | MeshShape, *, given_as: str = "mesh_shape"
     ) -> MeshShape:
-        """A shape from ``"dp=2,tp=2"``, ``{"replicate": 2, "shard": 2}`` or a MeshShape.
-
-        Raises:
-            UsageError: an unknown axis or a size that is not a positive integer.
-        """
+        """A shape from ``"dp=2,tp=2"``, ``{"replicate": 2, "shard": 2}`` or a MeshShape."""
         if isinstance(spec, MeshShape):
             return spec
         return cls(**parse_mesh(spec, given_as=given_as))
 
     def resolve(self, world_size: int) -> MeshShape:
-        """This shape with ``-1`` filled in, checked against ``world_size``.
-
-        Raises:
-            UsageError: an axis is not a positive size (or -1), or the sizes do not multiply to
-                the world size.
-        """
-        for axis in AXES:
-            check_size(axis, getattr(self, axis))
-        return MeshShape(**resolve_sizes(self.as_dict(), world_size))
-
-    def as_dict(self) -> dict[str, int]:
-        """``{axis: size}`` of every axis (unresolved ones as given)."""
-        return {axis: getattr(self, axis) for axis in AXES}
+        """This shape with ``-1`` filled in, checked against ``world_size`` (UsageError)."""
+        return MeshShape(**resolve_sizes(asdict(self), world_size))
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -85,12 +65,7 @@ class MeshShape:
 
     def data_rank(self, rank: int) -> int:
         """Which of the ``data_parallel`` data shards ``rank`` reads (TP is the innermost axis:
-        ranks ``r`` and ``r + 1`` of one TP group read the same batch).
-
-        Example:
-            >>> [MeshShape(dp_shard=2, tp=2).data_rank(r) for r in range(4)]
-            [0, 0, 1, 1]
-        """
+        ranks ``r`` and ``r + 1`` of one TP group read the same batch)."""
         return rank // self.tp
 
     def build(self, device_type: str) -> Any:

@@ -11,8 +11,6 @@ one process per stage with micro-batches in flight (docs/tensor-parallel.md show
 
 Stages follow the order modules are registered in (``named_modules``), which is their order in
 ``forward`` for the usual models (layers defined in the order they run).
-
-Environment variables read: none.
 """
 
 from __future__ import annotations
@@ -30,9 +28,6 @@ from multigpu.errors import UsageError
 def stage_of(model: nn.Module, split_points: Sequence[str]) -> dict[str, int]:
     """The stage of every named submodule: 0 before the first split point, ``i`` from the
     ``i``-th on (in registration order).
-
-    Raises:
-        UsageError: a split point names no submodule, or the points are not in the model's order.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
@@ -77,9 +72,6 @@ def place_stages(
         devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]`` (``["cpu", "cpu"]`` runs
             the same code without GPUs). The output is on ``devices[-1]``: move the labels there.
 
-    Raises:
-        UsageError: the devices are not one per stage, or a split point is unknown.
-
     Example:
         >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
         >>> net = place_stages(net, ["2"], ["cpu", "cpu"])
@@ -106,13 +98,11 @@ def _whole_units(model: nn.Module, stages: dict[str, int]) -> list[tuple[str, nn
     units: list[tuple[str, nn.Module]] = []
 
     def visit(prefix: str, module: nn.Module) -> None:
-        subtree = {s for n, s in stages.items() if not prefix or n == prefix or _inside(n, prefix)}
+        subtree = {s for n, s in stages.items() if not prefix or f"{n}.".startswith(f"{prefix}.")}
         if len(subtree) == 1:
             units.append((prefix, module))
             return
-        if any(True for _ in module.parameters(recurse=False)) or any(
-            True for _ in module.buffers(recurse=False)
-        ):
+        if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
             raise UsageError(
                 f"module {prefix or '<root>'!r} ({type(module).__name__}) has parameters of its "
                 "own but its submodules span several stages; split at whole modules"
@@ -132,7 +122,3 @@ def _mover(device: torch.device) -> Any:
         return move_to_device(args, device), move_to_device(kwargs, device)
 
     return move
-
-
-def _inside(name: str, parent: str) -> bool:
-    return name.startswith(parent + ".")

@@ -18,12 +18,7 @@ from multigpu.errors import UsageError
 
 
 def parameter_names(model: nn.Module) -> dict[int, str]:
-    """``{id(parameter): name}`` of ``model``'s parameters (taken before wrapping).
-
-    Example:
-        >>> parameter_names(nn.Linear(2, 1)).values()
-        dict_values(['weight', 'bias'])
-    """
+    """``{id(parameter): name}`` of ``model``'s parameters (taken before wrapping)."""
     return {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
 
 
@@ -34,12 +29,6 @@ def repoint_optimizers(
 
     ``names`` maps the ids of the parameters the optimizers were built on to their names (from
     ``parameter_names`` before wrapping); ``model`` is the plain (unwrapped) model after it.
-
-    Parameters that are not the model's (a learned loss weight, say) are left as they are.
-
-    Raises:
-        UsageError: an optimizer already has state for parameters that were replaced (load
-            optimizer state after ``setup``).
     """
     current = dict(model.named_parameters(remove_duplicate=False))
     live = {id(p) for p in current.values()}

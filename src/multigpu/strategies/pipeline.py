@@ -25,7 +25,7 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.strategies import state
-from multigpu.strategies.base import Strategy
+from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.materialize import place
 from multigpu.strategies.optimizers import parameter_names
 from multigpu.strategies.pipeline_model import PipelinedModel
@@ -60,15 +60,6 @@ class PipelineStrategy(Strategy):
             the bubble small; the batch must divide by it).
         stages_per_process: stages each process holds (>1 with ``"interleaved-1f1b"`` only);
             used when ``split_points`` is None.
-
-    Example:
-        >>> strategy = PipelineStrategy(example_input=x, split_points=["blocks.2"],
-        ...                             schedule="1f1b", microbatches=4)     # doctest: +SKIP
-        >>> with multigpu.init(strategy=strategy) as ctx:                    # doctest: +SKIP
-        ...     model, opt = ctx.setup(model, opt)
-        ...     for x, y in ctx.loader(dataset, batch_size=32):
-        ...         loss = ctx.forward_backward(model, x, target=y, loss_fn=F.cross_entropy)
-        ...         ctx.step(opt)
     """
 
     name = "pipeline"
@@ -87,11 +78,7 @@ class PipelineStrategy(Strategy):
         super().__init__()
         self.schedule = check_schedule(schedule)
         self.microbatches = check_microbatches(microbatches)
-        if (
-            isinstance(stages_per_process, bool)
-            or not isinstance(stages_per_process, int)
-            or (stages_per_process < 1)
-        ):
+        if not is_count(stages_per_process):
             raise UsageError(
                 f"PipelineStrategy(stages_per_process={stages_per_process!r}): expected a "
                 "positive integer (2 or more with schedule='interleaved-1f1b')"
@@ -221,14 +208,10 @@ class PipelineStrategy(Strategy):
     def full_model_state(self, module: nn.Module) -> dict[str, Any]:
         """Every stage's state gathered on rank 0, in the unsplit model's order (collective)."""
         mine = {k: v.detach().cpu() for k, v in state.model_state(module).items()}
-        parts: list[Any] = [None] * self.world_size if dist.get_rank() == 0 else []
-        dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
-        if dist.get_rank() != 0:
-            return {}
-        whole: dict[str, Any] = {}
-        for part in parts:
-            whole.update(part)
-        return whole
+        parts: list[Any] = [None] * self.world_size
+        main = dist.get_rank() == 0
+        dist.gather_object(mine, parts if main else None, dst=0)
+        return {k: v for part in parts for k, v in part.items()} if main else {}
 
     def optimizer_state(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False

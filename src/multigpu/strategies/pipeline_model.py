@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,7 +47,7 @@ class _Runner:
     compute_s: float = 0.0
     wall_s: float = 0.0
     steps: int = 0
-    loss_fn: list[LossFn | None] = field(default_factory=lambda: [None])
+    loss_fn: LossFn | None = None  # the one of the step being run
 
 
 class PipelinedModel(nn.Module):
@@ -93,7 +93,7 @@ class PipelinedModel(nn.Module):
         (the same as ``loss_fn`` over the whole batch when it averages).
         """
         runner = self._runner(inputs, training=True)
-        runner.loss_fn[0] = loss_fn
+        runner.loss_fn = loss_fn
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         runner.schedule.step(
@@ -177,20 +177,17 @@ class PipelinedModel(nn.Module):
             )
         stages = [pipe.build_stage(i, self.device) for i in self.stage_indices]
         del pipe  # the other stages' graphs are freed with it
-        holder: list[LossFn | None] = [None]
-
-        def loss(output: Any, target: Any) -> torch.Tensor:
-            fn = holder[0]
-            assert fn is not None
-            return fn(output, target)
-
         runner = _Runner(
             stages=stages,
             schedule=None,
             has_first=0 in self.stage_indices,
             has_last=self.num_stages - 1 in self.stage_indices,
-            loss_fn=holder,
         )
+
+        def loss(output: Any, target: Any) -> torch.Tensor:
+            assert runner.loss_fn is not None
+            return runner.loss_fn(output, target)
+
         runner.schedule = self._schedule(stages, chunks, loss if training else None)
         if training:
             for stage in stages:

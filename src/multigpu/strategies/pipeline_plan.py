@@ -1,8 +1,7 @@
 """Where a pipeline splits a model, and what its schedule costs: names checked, stages counted.
 
 Pure functions of the model's module names and the numbers of stages, processes and
-micro-batches: the launcher checks ``multigpu train --strategy pipeline`` with them before any
-worker starts (on a meta-device model), and ``PipelineStrategy`` checks them again in ``setup``.
+micro-batches, for ``PipelineStrategy``.
 """
 
 from __future__ import annotations
@@ -13,25 +12,25 @@ from torch import nn
 
 from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
-
-SCHEDULES = PIPELINE_SCHEDULES
+from multigpu.strategies.base import is_count
 
 INTERLEAVED = "interleaved-1f1b"
 
 
 def check_schedule(schedule: object) -> str:
-    """``schedule`` as one of ``SCHEDULES`` (case-insensitive), or a UsageError naming them."""
+    """``schedule`` as one of ``PIPELINE_SCHEDULES`` (case-insensitive), or a UsageError."""
     name = str(schedule).lower()
-    if name not in SCHEDULES:
+    if name not in PIPELINE_SCHEDULES:
         raise UsageError(
-            f"pipeline schedule={schedule!r} is not known; expected one of {', '.join(SCHEDULES)}"
+            f"pipeline schedule={schedule!r} is not known; expected one of "
+            f"{', '.join(PIPELINE_SCHEDULES)}"
         )
     return name
 
 
 def check_microbatches(microbatches: object) -> int:
     """``microbatches`` as a positive int, or a UsageError."""
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+    if not is_count(microbatches):
         raise UsageError(
             f"pipeline microbatches={microbatches!r} is not a positive number of micro-batches; "
             "give an integer >= 1, e.g. microbatches=4 (a multiple of the stages keeps the "
@@ -40,24 +39,19 @@ def check_microbatches(microbatches: object) -> int:
     return microbatches
 
 
-def check_batch(batch_size: int, microbatches: int, *, given_as: str = "the batch") -> None:
+def check_batch(batch_size: int, microbatches: int) -> None:
     """Refuse a batch that does not split into ``microbatches`` equal micro-batches."""
     if batch_size % microbatches:
         lower = batch_size - batch_size % microbatches
         raise UsageError(
-            f"{given_as} of {batch_size} samples does not split into {microbatches} equal "
+            f"the batch of {batch_size} samples does not split into {microbatches} equal "
             f"pipeline micro-batches; make the batch a multiple of {microbatches} (e.g. "
             f"{max(lower, microbatches)}) or change the micro-batches"
         )
 
 
 def stages_per_process(stages: int, world_size: int, schedule: str) -> int:
-    """How many stages each process holds (1, or several under the interleaved schedule).
-
-    Raises:
-        UsageError: more stages than processes (without interleaving), fewer stages than
-            processes, or a stage count the processes do not divide.
-    """
+    """How many stages each process holds (1, or several under the interleaved schedule)."""
     if stages < 2:
         raise UsageError(
             f"a pipeline of {stages} stage cannot be split across processes; give at least one "
@@ -79,24 +73,12 @@ def stages_per_process(stages: int, world_size: int, schedule: str) -> int:
     return per
 
 
-def block_list(module: nn.Module) -> tuple[str, int]:
-    """The name and length of the longest ``ModuleList``/``Sequential`` in ``module``."""
-    best = ("", 0)
-    for name, child in module.named_modules():
-        if name and isinstance(child, nn.ModuleList | nn.Sequential) and len(child) > best[1]:
-            best = (name, len(child))
-    return best
-
-
 def default_split_points(module: nn.Module, stages: int) -> list[str]:
-    """Split points cutting the longest block list of ``module`` into ``stages`` even runs.
-
-    Example:
-        >>> net = nn.Sequential(*(nn.Linear(2, 2) for _ in range(4)))
-        >>> default_split_points(nn.ModuleDict({"blocks": net}), 2)
-        ['blocks.2']
-    """
-    name, length = block_list(module)
+    """Split points cutting the longest block list of ``module`` into ``stages`` even runs."""
+    name, length = "", 0  # of the longest ModuleList or Sequential
+    for found, child in module.named_modules():
+        if found and isinstance(child, nn.ModuleList | nn.Sequential) and len(child) > length:
+            name, length = found, len(child)
     if length < stages:
         found = f"{name} has {length} blocks" if name else "it has no ModuleList or Sequential"
         raise UsageError(
@@ -108,15 +90,7 @@ def default_split_points(module: nn.Module, stages: int) -> list[str]:
 
 
 def check_split_points(module: nn.Module, points: Sequence[str]) -> list[str]:
-    """``points`` checked against ``module``: each names a submodule, once.
-
-    Raises:
-        UsageError: a point names no module (with the closest names), the root, or repeats.
-    """
-    if isinstance(points, str) or not all(isinstance(p, str) for p in points):
-        raise UsageError(
-            f"split_points={points!r}: expected a list of module names, e.g. ['blocks.2']"
-        )
+    """``points`` checked against ``module``: each names a submodule (not the root), once."""
     names = {name for name, _ in module.named_modules() if name}
     seen: set[str] = set()
     for point in points:

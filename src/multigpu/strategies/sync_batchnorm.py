@@ -39,11 +39,6 @@ class SumAcrossRanks(Function):
         return SumAcrossRanks.apply(grad)
 
 
-def differentiable_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    """The sum of ``tensor`` over every rank, with a gradient (see ``SumAcrossRanks``)."""
-    return SumAcrossRanks.apply(tensor)
-
-
 class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm whose training statistics cover the global batch of every rank (any device).
 
@@ -69,11 +64,11 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         local_count = torch.tensor(
             [input.numel() / input.size(1)], dtype=input.dtype, device=input.device
         )
-        first = differentiable_all_reduce(torch.cat([input.sum(dims), local_count]))
+        first = SumAcrossRanks.apply(torch.cat([input.sum(dims), local_count]))
         count = first[-1]
         mean = first[:-1] / count
         centred = input - mean.reshape(shape)
-        var = differentiable_all_reduce(centred.pow(2).sum(dims)) / count
+        var = SumAcrossRanks.apply(centred.pow(2).sum(dims)) / count
         if self.track_running_stats:
             self._update_running_stats(mean.detach(), var.detach(), count.detach())
         out = centred * torch.rsqrt(var + self.eps).reshape(shape)
@@ -84,11 +79,8 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def _update_running_stats(
         self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor
     ) -> None:
-        running_mean, running_var, tracked = (
-            self.running_mean,
-            self.running_var,
-            self.num_batches_tracked,
-        )
+        running_mean, running_var = self.running_mean, self.running_var
+        tracked = self.num_batches_tracked
         if running_mean is None or running_var is None or tracked is None:
             return
         tracked.add_(1)

@@ -46,14 +46,6 @@ class TensorParallelStrategy(FSDPStrategy):
             ``replicate`` groups, shards within); 1 (default): FSDP over every data-parallel rank.
         blocks, min_block_params, reshard_after_forward, cpu_offload, activation_checkpointing:
             FSDPStrategy's, for the FSDP units on the data-parallel axes.
-
-    Example:
-        >>> from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-        >>> tp = TensorParallelStrategy(
-        ...     {"0": ColwiseParallel(), "2": RowwiseParallel()}, tensor_parallel=2)
-        >>> ctx = multigpu.init(strategy=tp)                                 # doctest: +SKIP
-        >>> ctx.mesh.mesh_dim_names                                          # doctest: +SKIP
-        ('dp_shard', 'tp')
     """
 
     name = "tp"
