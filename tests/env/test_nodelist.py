@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu.env import expand_nodelist
-from multigpu.env.slurm import tasks_per_node
+from multigpu.env.slurm import expand_nodelist, tasks_per_node
 from multigpu.errors import EnvError
 
 

@@ -7,14 +7,8 @@ import torch
 from torch import nn
 
 from multigpu.errors import UsageError
-from multigpu.estimate import (
-    HEADROOM,
-    Capacity,
-    MemoryEstimate,
-    choose,
-    estimate_memory,
-    processes_needed,
-)
+from multigpu.estimate import Capacity, MemoryEstimate, choose, estimate_memory
+from multigpu.estimate.choice import HEADROOM, processes_needed
 
 
 def _est(world_size: int = 2) -> MemoryEstimate:

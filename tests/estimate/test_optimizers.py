@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from multigpu.errors import UsageError
-from multigpu.estimate import estimate_memory, optimizer_state_count
-from multigpu.estimate.optimizers import ASSUMED_STATES, STATES_PER_PARAM
+from multigpu.estimate import estimate_memory
+from multigpu.estimate.optimizers import ASSUMED_STATES, STATES_PER_PARAM, optimizer_state_count
 
 
 def _params() -> list[torch.nn.Parameter]:

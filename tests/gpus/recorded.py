@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.gpus import GPUInfo, Inventory
 from multigpu.gpus.smi import LIST, QUERY_APPS, QUERY_DRIVER, QUERY_GPU, QUERY_XML, read_smi
 from multigpu.gpus.topology import TOPO
+from multigpu.gpus.types import GPUInfo, Inventory
 
 DATA = Path(__file__).parent / "data"
 

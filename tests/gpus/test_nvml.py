@@ -40,9 +40,9 @@ def test_reads_gpus_and_mig_instances() -> None:
     assert (g0.memory_total_mib, g0.memory_free_mib, g0.utilization_percent) == (40960, 39936, None)
     assert (g1.utilization_percent, g1.processes, g1.visible_id) == (75, (4321,), "GPU-gpu1")
     assert g1.memory_used_mib == 1024
-    assert [(m.uuid, m.profile, m.memory_total_mib, m.processes) for m in inv.migs] == [
-        ("MIG-mig0-0", "3g.20gb", 20480, ()),
-        ("MIG-mig0-2", "3g.20gb", 20480, (4321,)),
+    assert [(m.uuid, m.name, m.memory_total_mib, m.processes) for m in inv.migs] == [
+        ("MIG-mig0-0", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20480, ()),
+        ("MIG-mig0-2", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20480, (4321,)),
     ]
     assert [g.visible_id for g in visible_devices(inv, {})] == [
         "MIG-mig0-0",

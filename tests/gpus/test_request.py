@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from multigpu.errors import UsageError
-from multigpu.gpus import GPURequest, parse_gpu_request
+from multigpu.gpus import parse_gpu_request
+from multigpu.gpus.types import GPURequest
 
 
 @pytest.mark.parametrize(

@@ -52,10 +52,10 @@ def test_na_and_not_supported_fields() -> None:
 def test_mig_setup() -> None:
     inv = inventory("mig")
     assert inv.gpus[0].utilization_percent is None  # MIG mode: "[N/A]"
-    assert [(m.parent_index, m.profile, m.memory_total_mib) for m in inv.migs] == [
-        (0, "3g.20gb", 20480),
-        (0, "2g.10gb", 10240),
-        (0, "1g.5gb", 5120),
+    assert [(m.index, m.name, m.memory_total_mib) for m in inv.migs] == [
+        (0, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20480),
+        (0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10240),
+        (0, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 5120),
     ]
     assert all(m.uuid.startswith("MIG-") for m in inv.migs)
 
@@ -65,7 +65,7 @@ def test_old_style_mig_tokens() -> None:
         "GPU 0: A100-SXM4-40GB (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)\n"
         "  MIG 1g.5gb Device 0: (UUID: MIG-GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77/7/0)\n"
     )
-    (mig,) = parse_mig_list(text)
+    (mig,) = parse_mig_list(text, inventory("mig").gpus)
     assert mig.uuid == "MIG-GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77/7/0"
 
 
@@ -74,7 +74,7 @@ def test_no_devices_and_garbage() -> None:
     assert parse_query_gpu("") == []
     assert parse_query_gpu("x, GPU-1, name, bus, 1, 1, 1, 1") == []  # no index: skipped
     assert parse_compute_apps("") == {}
-    assert parse_mig_list("") == []
+    assert parse_mig_list("", inventory("mig").gpus) == []
 
 
 def test_command_missing_or_failing() -> None:

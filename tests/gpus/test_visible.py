@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu.gpus.visible import physical_devices, visible_devices
+from multigpu.gpus.visible import visible_devices
 
 from .recorded import inventory
 
@@ -81,12 +81,6 @@ def test_mig_instances_are_devices() -> None:
     # Index 1 is the plain GPU; index 0 names the MIG-enabled GPU, i.e. its instances.
     assert seen("1", MIG) == [1]
     assert seen("0", MIG) == [0, 0, 0]
-
-
-def test_physical_devices_mark_hidden_ones() -> None:
-    gpus = physical_devices(A100, {"CUDA_VISIBLE_DEVICES": "6,2"})
-    assert [g.logical_index for g in gpus] == [None, None, 1, None, None, None, 0, None]
-    assert len(physical_devices(MIG, {})) == 2  # instances are not listed separately
 
 
 def test_fastest_first_read_as_pci_order() -> None:

@@ -26,11 +26,10 @@ from collections.abc import Mapping
 
 from multigpu.env import mpi, single, slurm, torchrun
 from multigpu.env._common import to_int, value
-from multigpu.env.slurm import expand_nodelist
-from multigpu.env.types import ClusterEnv, Source
+from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
-__all__ = ["ClusterEnv", "Source", "detect", "expand_nodelist"]
+__all__ = ["ClusterEnv", "detect"]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +52,7 @@ def detect(environ: Mapping[str, str] | None = None) -> ClusterEnv:
         >>> env.source, env.rank, env.local_world_size
         ('torchrun', 1, 2)
     """
-    env_vars = os.environ if environ is None else environ
-    found = _detect(env_vars)
+    found = _detect(os.environ if environ is None else environ)
     log.debug("detected %s", found)
     return found
 

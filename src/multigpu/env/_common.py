@@ -8,9 +8,8 @@ its errors the same way (what was given, what was expected, how to fix it).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from multigpu.env.types import ClusterEnv
+from multigpu.env.types import ClusterEnv, Source
 from multigpu.errors import EnvError
 
 DEFAULT_PORT = 29500
@@ -25,10 +24,7 @@ def value(environ: Mapping[str, str], name: str) -> str | None:
     Blank counts as unset because ``export RANK=$UNDEFINED`` in a job script leaves an empty
     string behind, and that means "not given", not "given as garbage".
     """
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return raw.strip()
+    return environ.get(name, "").strip() or None
 
 
 def first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -91,37 +87,45 @@ def check_local_size(
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Names:
-    """Which variable (or expression) each ClusterEnv field came from, for error messages:
-    ``rank="SLURM_PROCID"``, ``node_rank="RANK // LOCAL_WORLD_SIZE"``..."""
-
-    rank: str
-    world_size: str
-    local_rank: str
-    local_world_size: str
-    node_rank: str
-    num_nodes: str
-
-
-def check(env: ClusterEnv, names: Names, *, fix: str) -> ClusterEnv:
-    """``env`` if its numbers describe a possible job; EnvError naming the culprits if not."""
-    pairs = (
-        (names.rank, env.rank, names.world_size, env.world_size, "a rank"),
-        (names.local_rank, env.local_rank, names.local_world_size, env.local_world_size, "a rank"),
-        (names.node_rank, env.node_rank, names.num_nodes, env.num_nodes, "a node index"),
+def build(
+    source: Source,
+    fields: Mapping[str, tuple[str, int]],
+    *,
+    master_addr: str,
+    master_port: int,
+    fix: str,
+    restart_count: int = 0,
+    agent_store: bool = False,
+) -> ClusterEnv:
+    """The ClusterEnv of ``fields`` if its numbers describe a possible job; EnvError naming the
+    culprits if not. ``fields`` gives each position field's number with the variable (or
+    expression) it came from: ``{"rank": ("SLURM_PROCID", 3), "node_rank": ("GROUP_RANK", 1)}``.
+    """
+    env = ClusterEnv(
+        source=source,
+        master_addr=master_addr,
+        master_port=master_port,
+        restart_count=restart_count,
+        agent_store=agent_store,
+        **{field: number for field, (_, number) in fields.items()},
     )
-    for low_name, low, high_name, high, what in pairs:
-        if low >= high:
+    names = {field: name for field, (name, _) in fields.items()}
+    for low, high, what in (
+        ("rank", "world_size", "a rank"),
+        ("local_rank", "local_world_size", "a rank"),
+        ("node_rank", "num_nodes", "a node index"),
+    ):
+        number, limit = getattr(env, low), getattr(env, high)
+        if number >= limit:
             raise EnvError(
-                f"{low_name}={low} but {high_name}={high}; expected {what} in 0..{high - 1}; {fix}"
+                f"{names[low]}={number} but {names[high]}={limit}; expected {what} in "
+                f"0..{limit - 1}; {fix}"
             )
-    check_local_size(
-        names.local_world_size, env.local_world_size, names.world_size, env.world_size, fix=fix
-    )
+    local, world = names["local_world_size"], names["world_size"]
+    check_local_size(local, env.local_world_size, world, env.world_size, fix=fix)
     if env.num_nodes > env.world_size:
         raise EnvError(
-            f"{names.num_nodes}={env.num_nodes} exceeds {names.world_size}={env.world_size}; "
+            f"{names['num_nodes']}={env.num_nodes} exceeds {world}={env.world_size}; "
             f"expected every node to run at least one process (nodes started with different "
             f"--nnodes disagree like this: give every node the same --nnodes); {fix}"
         )

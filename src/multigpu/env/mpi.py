@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from multigpu.env._common import DEFAULT_PORT, LOCALHOST, Names, check, master_port, to_int, value
+from multigpu.env._common import DEFAULT_PORT, LOCALHOST, build, first, master_port, to_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
@@ -83,10 +83,7 @@ def flavour(environ: Mapping[str, str]) -> Flavour | None:
         >>> flavour({"PMI_RANK": "0", "PMI_SIZE": "2"}).name
         'MPICH/Intel MPI (Hydra)'
     """
-    for candidate in FLAVOURS:
-        if value(environ, candidate.rank) is not None or value(environ, candidate.size) is not None:
-            return candidate
-    return None
+    return next((f for f in FLAVOURS if first(environ, f.rank, f.size) is not None), None)
 
 
 def world_position(environ: Mapping[str, str]) -> tuple[int, int] | None:
@@ -146,30 +143,17 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
             f"`mpirun -x MASTER_ADDR=$(hostname) ...` (Open MPI) or "
             f"`mpiexec -genv MASTER_ADDR $(hostname) ...` (Hydra)"
         )
-    env = ClusterEnv(
-        source="mpi",
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=local_size,
+    fields = {
+        "rank": (found.rank, rank),
+        "world_size": (found.size, world_size),
+        "local_rank": (found.local_rank, local_rank),
+        "local_world_size": (found.local_size, local_size),
         # Block mapping assumed: see the module docstring.
-        node_rank=rank // local_size,
-        num_nodes=world_size // local_size,
-        master_addr=addr,
-        master_port=master_port(environ, DEFAULT_PORT, fix=FIX),
-    )
-    return check(
-        env,
-        Names(
-            rank=found.rank,
-            world_size=found.size,
-            local_rank=found.local_rank,
-            local_world_size=found.local_size,
-            node_rank=f"{found.rank} // {found.local_size}",
-            num_nodes=f"{found.size} // {found.local_size}",
-        ),
-        fix=FIX,
-    )
+        "node_rank": (f"{found.rank} // {found.local_size}", rank // local_size),
+        "num_nodes": (f"{found.size} // {found.local_size}", world_size // local_size),
+    }
+    port = master_port(environ, DEFAULT_PORT, fix=FIX)
+    return build("mpi", fields, master_addr=addr, master_port=port, fix=FIX)
 
 
 def _need(environ: Mapping[str, str], found: Flavour, name: str, minimum: int) -> int:

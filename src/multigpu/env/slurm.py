@@ -37,7 +37,7 @@ import logging
 import re
 from collections.abc import Mapping
 
-from multigpu.env._common import Names, check, first, master_port, read_int, value
+from multigpu.env._common import build, first, master_port, read_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
@@ -123,20 +123,14 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
             f"inside SLURM step {step} but {', '.join(missing)} not set; expected srun to set "
             f"them for every task; {FIX}"
         )
-    local_name, local_world_size = _local_world_size(environ, found)
-    env = ClusterEnv(
-        source="slurm",
-        rank=found["rank"][1],
-        local_rank=found["local_rank"][1],
-        world_size=found["world_size"][1],
-        local_world_size=local_world_size,
-        node_rank=found["node_rank"][1],
-        num_nodes=found["num_nodes"][1],
+    found["local_world_size"] = _local_world_size(environ, found)
+    return build(
+        "slurm",
+        found,
         master_addr=_master_addr(environ),
         master_port=master_port(environ, _derived_port(environ, step), fix=FIX),
+        fix=FIX,
     )
-    field_names = Names(local_world_size=local_name, **{f: n for f, (n, _) in found.items()})
-    return check(env, field_names, fix=FIX)
 
 
 def tasks_per_node(text: str) -> list[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from multigpu.env._common import Names, check, check_local_size, master_port, read_int, value
+from multigpu.env._common import build, check_local_size, master_port, read_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
 
@@ -82,43 +82,34 @@ def from_environ(environ: Mapping[str, str]) -> ClusterEnv | None:
     local_size = read_int(environ, "LOCAL_WORLD_SIZE", minimum=1, fix=FIX)
     if local is None and local_size is None:
         # A launcher that says nothing about nodes started everything here (mp.spawn style).
-        local_rank, local_world_size = rank, world_size
-        local_names = ("RANK (no LOCAL_RANK: one node)", "WORLD_SIZE (no LOCAL_WORLD_SIZE)")
+        local = ("RANK (no LOCAL_RANK: one node)", rank)
+        local_size = ("WORLD_SIZE (no LOCAL_WORLD_SIZE)", world_size)
     elif local is None or local_size is None:
-        given, absent = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
-        if local is None:
-            given, absent = absent, given
+        given = "LOCAL_WORLD_SIZE" if local is None else "LOCAL_RANK"
+        absent = "LOCAL_RANK" if local is None else "LOCAL_WORLD_SIZE"
         raise EnvError(
             f"{given} is set but {absent} is not; expected both or neither (neither means one "
             f"node); {FIX}"
         )
-    else:
-        local_rank, local_world_size = local[1], local_size[1]
-        local_names = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    check_local_size(local_names[1], local_world_size, "WORLD_SIZE", world_size, fix=FIX)
-    node_rank, num_nodes, node_names = _nodes(environ, rank, world_size, local_world_size)
-    env = ClusterEnv(
-        source="torchrun",
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=local_world_size,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
+    check_local_size(*local_size, "WORLD_SIZE", world_size, fix=FIX)
+    node_rank, num_nodes = _nodes(environ, rank, world_size, local_size[1])
+    fields = {
+        "rank": ("RANK", rank),
+        "world_size": ("WORLD_SIZE", world_size),
+        "local_rank": local,
+        "local_world_size": local_size,
+        "node_rank": node_rank,
+        "num_nodes": num_nodes,
+    }
+    return build(
+        "torchrun",
+        fields,
         master_addr=value(environ, "MASTER_ADDR") or "",
         master_port=master_port(environ, 0, fix=FIX),
+        fix=FIX,
         restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", minimum=0),
         agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
-    names = Names(
-        rank="RANK",
-        world_size="WORLD_SIZE",
-        local_rank=local_names[0],
-        local_world_size=local_names[1],
-        node_rank=node_names[0],
-        num_nodes=node_names[1],
-    )
-    return check(env, names, fix=FIX)
 
 
 def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
@@ -129,21 +120,18 @@ def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
 
 def _nodes(
     environ: Mapping[str, str], rank: int, world_size: int, local_world_size: int
-) -> tuple[int, int, tuple[str, str]]:
-    """``(node_rank, num_nodes, (their variable names))``, from GROUP_* or derived."""
-    group_rank = read_int(environ, "GROUP_RANK", fix=FIX)
-    group_size = read_int(environ, "GROUP_WORLD_SIZE", minimum=1, fix=FIX)
-    if group_size is not None:
-        num_nodes, size_name = group_size[1], "GROUP_WORLD_SIZE"
-    elif world_size % local_world_size == 0:
-        num_nodes, size_name = world_size // local_world_size, "WORLD_SIZE // LOCAL_WORLD_SIZE"
-    else:
+) -> tuple[tuple[str, int], tuple[str, int]]:
+    """``node_rank`` and ``num_nodes``, each with its variable: from GROUP_* or derived."""
+    node_rank = read_int(environ, "GROUP_RANK", fix=FIX)
+    num_nodes = read_int(environ, "GROUP_WORLD_SIZE", minimum=1, fix=FIX)
+    if num_nodes is None and world_size % local_world_size == 0:
+        num_nodes = ("WORLD_SIZE // LOCAL_WORLD_SIZE", world_size // local_world_size)
+    elif num_nodes is None:
         raise EnvError(
             f"WORLD_SIZE={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size} "
             f"and GROUP_WORLD_SIZE is not set; expected the same number of processes on every "
             f"node, or GROUP_RANK and GROUP_WORLD_SIZE giving the node index and count; {FIX}"
         )
-    if group_rank is not None:
-        return group_rank[1], num_nodes, ("GROUP_RANK", size_name)
-    # Without GROUP_RANK: nodes hold consecutive blocks of ranks, as torchrun assigns them.
-    return rank // local_world_size, num_nodes, ("RANK // LOCAL_WORLD_SIZE", size_name)
+    if node_rank is None:  # nodes hold consecutive blocks of ranks, as torchrun assigns them
+        node_rank = ("RANK // LOCAL_WORLD_SIZE", rank // local_world_size)
+    return node_rank, num_nodes

@@ -16,37 +16,16 @@ Example:
 
 from __future__ import annotations
 
-from multigpu.estimate.capacity import (
-    Capacity,
-    cpu_capacity,
-    device_capacity,
-    gpus_capacity,
-    read_memory_files,
-)
-from multigpu.estimate.choice import HEADROOM, choose, processes_needed
-from multigpu.estimate.memory import (
-    PRECISIONS,
-    STRATEGIES,
-    MemoryEstimate,
-    StrategyMemory,
-    estimate_memory,
-)
-from multigpu.estimate.optimizers import OptimizerStates, optimizer_state_count
+from multigpu.estimate.capacity import Capacity, cpu_capacity, device_capacity, gpus_capacity
+from multigpu.estimate.choice import choose
+from multigpu.estimate.memory import MemoryEstimate, estimate_memory
 
 __all__ = [
-    "HEADROOM",
-    "PRECISIONS",
-    "STRATEGIES",
     "Capacity",
     "MemoryEstimate",
-    "OptimizerStates",
-    "StrategyMemory",
     "choose",
     "cpu_capacity",
     "device_capacity",
     "estimate_memory",
     "gpus_capacity",
-    "optimizer_state_count",
-    "processes_needed",
-    "read_memory_files",
 ]

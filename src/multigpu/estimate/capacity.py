@@ -121,6 +121,7 @@ def cpu_capacity(
         'MemAvailable 8.0 GiB / 2 processes'
     """
     n = max(1, local_processes)
+    shared = f"/ {n} process{'es' * (n > 1)}"
     files = read_memory_files() if files is None else files
     if limits is None:
         limits = {
@@ -130,12 +131,12 @@ def cpu_capacity(
     found: list[Capacity] = []
     available = _kib_field(files.get("/proc/meminfo") or "", "MemAvailable")
     if available is not None:
-        source = f"MemAvailable {available / GIB:.1f} GiB / {n} process{'es' * (n > 1)}"
+        source = f"MemAvailable {available / GIB:.1f} GiB {shared}"
         found.append(Capacity(bytes=available // n, source=source))
     for keys in (V2, V1):
         room = cgroup_room(*(files.get(key) for key in keys))
         if room is not None:
-            source = f"cgroup memory limit, {room / GIB:.1f} GiB free / {n} process{'es' * (n > 1)}"
+            source = f"cgroup memory limit, {room / GIB:.1f} GiB free {shared}"
             found.append(Capacity(bytes=room // n, source=source))
     status = files.get("/proc/self/status") or ""
     for name, used_field in (("RLIMIT_DATA", "VmData"), ("RLIMIT_AS", "VmSize")):
@@ -187,9 +188,8 @@ def _cgroup_folders(own: str, controller: str, base: Path) -> list[Path]:
         if len(fields) != 3:
             continue
         _, controllers, path = fields
-        if (controllers == "" and not controller) or (
-            controller and controller in controllers.split(",")
-        ):
+        # v2's line has no controllers ("0::/x"): "".split(",") == [""] matches controller "".
+        if controller in controllers.split(","):
             relative = path.strip().lstrip("/")
     parts = [p for p in relative.split("/") if p and p != ".."]
     folders = [base.joinpath(*parts[:i]) for i in range(len(parts) + 1)]
@@ -221,13 +221,11 @@ def gpus_capacity(gpus: Sequence[GPUInfo], processes: int) -> Capacity | None:
     chosen = sorted(gpus, key=lambda g: -g.memory_free_mib)[:processes]
     least = min(chosen, key=lambda g: g.memory_free_mib)
     index = least.index if least.logical_index is None else least.logical_index
-    source = (
-        f"GPU {index}: {least.name} {least.memory_total_mib * MIB / GIB:.1f} GiB, "
-        f"{least.memory_free_mib * MIB / GIB:.1f} GiB free"
-    )
+    free = least.memory_free_mib * MIB
+    source = _gpu_source(index, least.name, least.memory_total_mib * MIB, free)
     if processes > 1:
         source += f" (the least free of {processes})"
-    return Capacity(bytes=least.memory_free_mib * MIB, source=source, kind="cuda")
+    return Capacity(bytes=free, source=source, kind="cuda")
 
 
 def device_capacity(device: torch.device, local_processes: int) -> Capacity:
@@ -241,9 +239,9 @@ def device_capacity(device: torch.device, local_processes: int) -> Capacity:
     if device.type != "cuda":
         return cpu_capacity(local_processes)
     free, total = torch.cuda.mem_get_info(device)
-    name = torch.cuda.get_device_name(device)
-    return Capacity(
-        bytes=int(free),
-        source=f"GPU {device.index}: {name} {total / GIB:.1f} GiB, {free / GIB:.1f} GiB free",
-        kind="cuda",
-    )
+    source = _gpu_source(device.index, torch.cuda.get_device_name(device), total, free)
+    return Capacity(bytes=int(free), source=source, kind="cuda")
+
+
+def _gpu_source(index: int | None, name: str, total: int, free: int) -> str:
+    return f"GPU {index}: {name} {total / GIB:.1f} GiB, {free / GIB:.1f} GiB free"

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -273,12 +273,11 @@ def estimate_memory(
     fsdp = StrategyMemory(
         strategy="fsdp", params=held, grads=shard, optimizer=shard * copies, buffers=gathered
     )
-    offload = StrategyMemory(
+    # The same as fsdp, with the optimizer stepping in CPU RAM: no GPU step temporaries there.
+    offload = replace(
+        fsdp,
         strategy="fsdp+offload",
-        params=held,
-        grads=shard,
         optimizer=shard * states,
-        buffers=gathered,
         host=shard * (2 + states),
         gpu_only=True,
     )

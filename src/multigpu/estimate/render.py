@@ -14,6 +14,11 @@ from multigpu.estimate.capacity import GIB
 WIDTH = 130
 """Columns the table needs without wrapping (wider terminals use their width)."""
 
+FIGURES = ("parameters", "param_bytes", "world_size", "optimizer", "states_per_param", "precision")
+"""The model's figures in the JSON, as ``MemoryEstimate`` names them."""
+BYTES = ("params", "grads", "optimizer", "buffers", "total", "device", "host")
+"""A strategy's bytes per rank, as ``StrategyMemory`` names them: the table's and JSON's columns."""
+
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
@@ -69,12 +74,7 @@ def rich_view(estimate: MemoryEstimate, *, header: str | None = None) -> Rendera
     for name in names + ["fits"] * (estimate.capacity is not None):
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for row in estimate.strategies:
-        cells = [
-            row.strategy,
-            *(size(v) for v in (row.params, row.grads, row.optimizer, row.buffers, row.total)),
-            size(row.device),
-            size(row.host),
-        ]
+        cells = [row.strategy, *(size(getattr(row, name)) for name in BYTES)]
         if estimate.capacity is not None:
             cells.append(_fit(estimate, row.strategy))
         table.add_row(*cells)
@@ -96,26 +96,13 @@ def as_text(estimate: MemoryEstimate, width: int = WIDTH) -> str:
 
 def as_json(estimate: MemoryEstimate) -> dict[str, Any]:
     """A JSON-ready dict: the model's figures, each strategy's bytes per rank, the fit."""
-    out: dict[str, Any] = {
-        "parameters": estimate.parameters,
-        "param_bytes": estimate.param_bytes,
-        "world_size": estimate.world_size,
-        "optimizer": estimate.optimizer,
-        "states_per_param": estimate.states_per_param,
-        "precision": estimate.precision,
+    out: dict[str, Any] = {name: getattr(estimate, name) for name in FIGURES}
+    out |= {
         "units": len(estimate.units),
         "largest_unit": estimate.largest_unit,
         "strategies": {
-            s.strategy: {
-                "params": s.params,
-                "grads": s.grads,
-                "optimizer": s.optimizer,
-                "buffers": s.buffers,
-                "total": s.total,
-                "device": s.device,
-                "host": s.host,
-                "fits": estimate.fits(s.strategy),
-            }
+            s.strategy: {name: getattr(s, name) for name in BYTES}
+            | {"fits": estimate.fits(s.strategy)}
             for s in estimate.strategies
         },
         "capacity": None,

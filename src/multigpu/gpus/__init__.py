@@ -1,7 +1,7 @@
 """GPU discovery, selection and locking for the launcher (never creates a CUDA context).
 
-- ``list_gpus(environ)`` / ``all_gpus()``: NVML, then ``nvidia-smi`` (only when NVML cannot be
-  loaded), then ``torch.cuda`` in a child process; ``CUDA_VISIBLE_DEVICES`` applied as CUDA does.
+- ``list_gpus(environ)``: NVML, then ``nvidia-smi`` (only when NVML cannot be loaded), then
+  ``torch.cuda`` in a child process; ``CUDA_VISIBLE_DEVICES`` applied as CUDA does.
 - ``read_facts(environ)``: the same GPUs plus the driver and the links between GPUs, from one
   source (what ``multigpu doctor`` reports).
 - ``parse_gpu_request(text)`` / ``select_gpus(gpus, request)``: what ``--gpus`` means.
@@ -17,24 +17,18 @@ Environment variables read: ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``,
 
 from __future__ import annotations
 
-from multigpu.gpus.facts import GPUFacts, all_gpus, discover_gpus, list_gpus, read_facts
-from multigpu.gpus.lock import GPUClaim, claim_gpus
+from multigpu.gpus.facts import GPUFacts, list_gpus, read_facts
+from multigpu.gpus.lock import claim_gpus
 from multigpu.gpus.select import busy_reason, parse_gpu_request, select_gpus
 from multigpu.gpus.table import format_gpu_table
-from multigpu.gpus.types import DriverFacts, GPUInfo, GPURequest, Inventory, MigDevice
+from multigpu.gpus.types import DriverFacts, GPUInfo
 
 __all__ = [
     "DriverFacts",
-    "GPUClaim",
     "GPUFacts",
     "GPUInfo",
-    "GPURequest",
-    "Inventory",
-    "MigDevice",
-    "all_gpus",
     "busy_reason",
     "claim_gpus",
-    "discover_gpus",
     "format_gpu_table",
     "list_gpus",
     "parse_gpu_request",

@@ -1,5 +1,5 @@
 """Every GPU fact of this machine from one source, NVML first (``read_facts``), and the GPUs a
-process sees (``list_gpus`` / ``all_gpus``).
+process sees (``list_gpus``).
 
 The facts: each GPU (index, UUID, name, memory total/free/used, utilisation, compute processes,
 MIG instances), the driver (its version and the newest CUDA it supports) and the links between
@@ -34,7 +34,7 @@ from multigpu.gpus.smi import Runner, read_smi, read_smi_driver, run_smi
 from multigpu.gpus.topology import TOPO, Links, nvml_links, parse_topo_matrix
 from multigpu.gpus.torch_probe import read_torch
 from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory
-from multigpu.gpus.visible import physical_devices, visible_devices
+from multigpu.gpus.visible import visible_devices
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +105,3 @@ def list_gpus(environ: Mapping[str, str] | None = None) -> list[GPUInfo]:
     """
     env = os.environ if environ is None else environ
     return visible_devices(discover_gpus(env), env)
-
-
-def all_gpus() -> list[GPUInfo]:
-    """Every physical GPU, ignoring ``CUDA_VISIBLE_DEVICES``, in physical-index order.
-
-    ``logical_index`` is the index this process sees under its ``CUDA_VISIBLE_DEVICES``, or
-    None for a GPU it hides; MIG instances are not listed separately.
-    """
-    return physical_devices(discover_gpus(os.environ), os.environ)

@@ -16,7 +16,6 @@ Environment variables read (from the mapping passed in): ``MULTIGPU_LOCK_DIR`` (
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -96,10 +95,8 @@ def _open(path: Path) -> int:
 def _try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
+    except BlockingIOError:  # EWOULDBLOCK: another process holds it
+        return False
     return True
 
 
@@ -144,13 +141,11 @@ def claim_gpus(
     *,
     lock_dir: str | os.PathLike[str] | None = None,
     gpus: Sequence[GPUInfo] | None = None,
-    busy_utilization: int = 50,
-    min_free_fraction: float = 0.1,
 ) -> GPUClaim:
     """Choose GPUs for ``request`` that no other multigpu job holds, and lock them.
 
-    ``gpus`` defaults to ``list_gpus(environ)`` (tests pass fake ones); the busy thresholds go
-    to ``select_gpus``. Hold the claim (``with``) for as long as the job runs.
+    ``gpus`` defaults to ``list_gpus(environ)`` (tests pass fake ones); ``select_gpus`` chooses
+    with its default busy thresholds. Hold the claim (``with``) for as long as the job runs.
 
     Raises:
         UsageError: too few GPUs that are free of other jobs' locks (see ``select_gpus``).
@@ -167,7 +162,6 @@ def claim_gpus(
     probed: dict[str, int] = {}
     kept: list[int] = []
     try:
-        locked: list[str] = []
         owners: list[str] = []
         for gpu in gpus:
             path = gpu_lock_path(directory, gpu)
@@ -176,16 +170,10 @@ def claim_gpus(
                 probed[gpu.uuid] = fd
             else:
                 os.close(fd)
-                locked.append(gpu.uuid)
                 owners.append(f"GPU {gpu.index} is locked by pid {_owner(path)} ({path})")
+        locked = [g.uuid for g in gpus if g.uuid not in probed]
         try:
-            chosen = select_gpus(
-                gpus,
-                request,
-                exclude=locked,
-                busy_utilization=busy_utilization,
-                min_free_fraction=min_free_fraction,
-            )
+            chosen = select_gpus(gpus, request, exclude=locked)
         except UsageError as refused:
             # One line: the owners join the refusal only where the locks are part of it.
             if owners and "locked" in str(refused):

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory, MigDevice
+from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +34,9 @@ def open_nvml(module: Any | None = None) -> Any | None:
     """
     nvml = module
     if nvml is None:
-        try:
-            import pynvml
+        import pynvml  # nvidia-ml-py, a dependency; imported late, like every probe
 
-            nvml = pynvml
-        except ImportError:
-            logger.debug("nvidia-ml-py is not installed; NVML skipped")
-            return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as e:  # no libnvidia-ml.so, or the driver does not answer
@@ -62,11 +58,11 @@ def nvml_inventory(nvml: Any) -> Inventory | None:
     """
     try:
         gpus: list[GPUInfo] = []
-        migs: list[MigDevice] = []
+        migs: list[GPUInfo] = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             gpus.append(_gpu(nvml, handle, index))
-            migs.extend(_migs(nvml, handle, index))
+            migs.extend(_migs(nvml, handle, gpus[-1]))
         return Inventory(gpus=tuple(gpus), migs=tuple(migs), source="nvml")
     except nvml.NVMLError as e:
         logger.debug("NVML query failed: %s", e)
@@ -128,7 +124,7 @@ def _gpu(nvml: Any, handle: Any, index: int) -> GPUInfo:
     )
 
 
-def _migs(nvml: Any, handle: Any, index: int) -> list[MigDevice]:
+def _migs(nvml: Any, handle: Any, parent: GPUInfo) -> list[GPUInfo]:
     mode = _optional(nvml, nvml.nvmlDeviceGetMigMode, handle)
     if not mode or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
         return []
@@ -140,13 +136,12 @@ def _migs(nvml: Any, handle: Any, index: int) -> list[MigDevice]:
         memory = nvml.nvmlDeviceGetMemoryInfo(mig)
         name = text(nvml.nvmlDeviceGetName(mig))  # "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
         found.append(
-            MigDevice(
-                parent_index=index,
+            parent.mig_instance(
                 uuid=text(nvml.nvmlDeviceGetUUID(mig)),
                 profile=name.rsplit(" ", 1)[-1],
-                memory_total_mib=int(memory.total) // MIB,
-                memory_free_mib=int(memory.free) // MIB,
-                memory_used_mib=int(memory.used) // MIB,
+                total_mib=int(memory.total) // MIB,
+                free_mib=int(memory.free) // MIB,
+                used_mib=int(memory.used) // MIB,
                 processes=_pids(nvml, mig),
             )
         )

@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory, MigDevice
+from multigpu.gpus.types import DriverFacts, GPUInfo, Inventory
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +78,6 @@ def run_smi(argv: Sequence[str]) -> str | None:
 
 def _number(text: str) -> int | None:
     """An integer field, or None for ``[N/A]``, ``[Not Supported]``, ``N/A`` and the like."""
-    text = text.strip()
-    if not text or text.startswith("[") or text.upper() == "N/A":
-        return None
     try:
         return int(float(text))
     except ValueError:
@@ -136,46 +133,33 @@ def parse_compute_apps(text: str) -> dict[str, tuple[int, ...]]:
     """
     pids: dict[str, list[int]] = {}
     for row in _rows(text):
-        if len(row) < 2:
-            continue
-        pid = _number(row[1])
+        pid = _number(row[1]) if len(row) >= 2 else None
         if pid is not None:
             pids.setdefault(row[0], []).append(pid)
     return {uuid: tuple(sorted(set(p))) for uuid, p in pids.items()}
 
 
-def parse_mig_list(text: str, gpus: Sequence[GPUInfo] = ()) -> list[MigDevice]:
-    """Parse the MIG lines of ``nvidia-smi -L`` (the CSV query has no per-instance rows).
+def parse_mig_list(text: str, gpus: Sequence[GPUInfo]) -> list[GPUInfo]:
+    """The MIG instances of ``gpus`` in ``nvidia-smi -L`` (the CSV query has no per-instance rows).
 
     Memory comes from the profile name (``3g.20gb`` → 20480 MiB); the free memory of an instance
     is not reported there, so it is given as the total.
-
-    Example:
-        >>> text = "GPU 0: A100 (UUID: GPU-1a)\\n  MIG 3g.20gb Device 0: (UUID: MIG-9f)"
-        >>> parse_mig_list(text)[0].memory_total_mib
-        20480
     """
     by_index = {g.index: g for g in gpus}
-    migs: list[MigDevice] = []
-    parent: int | None = None
+    migs: list[GPUInfo] = []
+    parent: GPUInfo | None = None
     for line in text.splitlines():
         gpu = _GPU_LINE.match(line)
         if gpu:
-            parent = int(gpu.group(1))
+            parent = by_index.get(int(gpu.group(1)))
             continue
         mig = _MIG_LINE.match(line)
         if mig and parent is not None:
             size = _GB.search(mig.group(1))
-            total = int(size.group(1)) * 1024 if size else 0
-            if not total and parent in by_index:
-                total = by_index[parent].memory_total_mib
+            total = (int(size.group(1)) * 1024 if size else 0) or parent.memory_total_mib
             migs.append(
-                MigDevice(
-                    parent_index=parent,
-                    uuid=mig.group(2),
-                    profile=mig.group(1),
-                    memory_total_mib=total,
-                    memory_free_mib=total,
+                parent.mig_instance(
+                    uuid=mig.group(2), profile=mig.group(1), total_mib=total, free_mib=total
                 )
             )
     return migs
@@ -207,8 +191,7 @@ def parse_driver_csv(text: str) -> str | None:
         >>> parse_driver_csv("570.86.15\\n570.86.15\\n")
         '570.86.15'
     """
-    versions = [row[0] for row in _rows(text) if row and row[0] and not row[0].startswith("[")]
-    return versions[0] if versions else None
+    return next((row[0] for row in _rows(text) if row[0] and not row[0].startswith("[")), None)
 
 
 def parse_cuda_xml(text: str) -> str | None:

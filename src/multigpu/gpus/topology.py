@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -103,17 +104,15 @@ def nvml_links(nvml: Any, gpus: Sequence[GPUInfo]) -> dict[tuple[int, int], str]
         logger.debug("NVML handles for the topology not answered: %s", e)
         return {}
     by_bus = {_bus(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
-    direct: dict[tuple[int, int], int] = {}
+    direct: Counter[tuple[int, int]] = Counter()
     switched: dict[int, int] = {}
     for index, handle in handles.items():
         remotes, switched[index] = _nvlinks(nvml, handle)
         for bus in remotes:
             peer = by_bus.get(bus)
-            if peer is not None and peer != index:
-                pair = (min(index, peer), max(index, peer))
-                # Each link is seen from both ends: count it from the lower index only.
-                if index == pair[0]:
-                    direct[pair] = direct.get(pair, 0) + 1
+            # Each link is seen from both ends: count it from the lower index only.
+            if peer is not None and index < peer:
+                direct[(index, peer)] += 1
     links: dict[tuple[int, int], str] = {}
     for i, j in itertools.combinations(sorted(handles), 2):
         count = direct.get((i, j)) or min(switched[i], switched[j])

@@ -54,12 +54,8 @@ def has_gpu_device_node(nodes: Sequence[str] = DEVICE_NODES) -> bool:
     return any(os.path.exists(n) for n in nodes)
 
 
-def parse_torch_probe(text: str) -> list[GPUInfo]:
-    """Turn the child's JSON line into GPUs (no utilisation or processes: torch does not say)."""
-    return _gpus(json.loads(text.strip().splitlines()[-1]))
-
-
-def _gpus(rows: Sequence[Mapping[str, Any]]) -> list[GPUInfo]:
+def parse_torch_probe(rows: Sequence[Mapping[str, Any]]) -> list[GPUInfo]:
+    """The child's answer as GPUs (no utilisation or processes: torch does not say)."""
     gpus = []
     for d in rows:
         uuid = d["uuid"]
@@ -86,20 +82,16 @@ def read_torch(environ: Mapping[str, str] | None = None) -> Inventory | None:
     """GPUs as torch.cuda sees them, probed in a child process; None when there are none."""
     if not has_gpu_device_node():
         return None
-    try:
-        import torch
-    except ImportError:
-        return None
+    import torch  # here, not at the top: the launcher's own imports stay light
+
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         logger.debug("torch %s has no CUDA/ROCm support; torch probe skipped", torch.__version__)
         return None
-    env = dict(os.environ if environ is None else environ)
-    for name in _HIDING:
-        env.pop(name, None)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    given = os.environ if environ is None else environ
+    env = {k: v for k, v in given.items() if k not in _HIDING} | {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     answer = json_from_child(_CHILD, env, TORCH_TIMEOUT_S, "torch probe")
     try:
-        gpus = _gpus(answer) if answer is not None else []
+        gpus = parse_torch_probe(answer) if answer is not None else []
     except (ValueError, KeyError, TypeError) as e:
         logger.debug("torch probe failed: %s", e)
         return None

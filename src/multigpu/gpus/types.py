@@ -5,17 +5,15 @@ for), ``Inventory`` (what a probe found, before ``CUDA_VISIBLE_DEVICES`` is appl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from multigpu.errors import UsageError
 
-RequestKind = Literal["auto", "count", "indices"]
-
 
 @dataclass(frozen=True, kw_only=True)
 class GPUInfo:
-    """One GPU (or one MIG instance) as this process sees it. Made by ``list_gpus``/``all_gpus``."""
+    """One GPU (or one MIG instance) as this process sees it. Made by ``list_gpus``."""
 
     index: int
     """Physical index: NVML / nvidia-smi order, i.e. PCI bus order (the parent's, for MIG)."""
@@ -40,25 +38,30 @@ class GPUInfo:
     """The token to put in a child's ``CUDA_VISIBLE_DEVICES`` for this GPU (its UUID when known,
     which means the same device whatever ``CUDA_DEVICE_ORDER`` the child uses)."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class MigDevice:
-    """One MIG instance of a MIG-enabled GPU, as a probe found it."""
-
-    parent_index: int
-    """Physical index of the GPU it lives on."""
-    uuid: str
-    """``MIG-...`` — the token CUDA accepts in ``CUDA_VISIBLE_DEVICES``."""
-    profile: str
-    """``1g.10gb`` and the like."""
-    memory_total_mib: int
-    """Its memory in MiB."""
-    memory_free_mib: int
-    """Its free memory in MiB (nvidia-smi's CSV does not give it: then equal to the total)."""
-    memory_used_mib: int | None = None
-    """Its used memory in MiB (NVML only; None from nvidia-smi)."""
-    processes: tuple[int, ...] = ()
-    """Pids on this instance, when the probe can tell (NVML can, nvidia-smi's CSV cannot)."""
+    def mig_instance(
+        self,
+        *,
+        uuid: str,
+        profile: str,
+        total_mib: int,
+        free_mib: int,
+        used_mib: int | None = None,
+        processes: tuple[int, ...] = (),
+    ) -> GPUInfo:
+        """One MIG instance of this GPU (``profile`` ``1g.10gb`` and the like) as CUDA shows it: a
+        device of its own, named by its ``MIG-...`` UUID. It has no utilisation: the GPU's counts
+        every instance, and NVML reports none per instance."""
+        return replace(
+            self,
+            uuid=uuid,
+            name=f"{self.name} MIG {profile}",
+            memory_total_mib=total_mib,
+            memory_free_mib=free_mib,
+            memory_used_mib=used_mib,
+            utilization_percent=None,
+            processes=processes,
+            visible_id=uuid,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +70,8 @@ class Inventory:
 
     gpus: tuple[GPUInfo, ...] = ()
     """Physical GPUs in physical-index order."""
-    migs: tuple[MigDevice, ...] = ()
-    """MIG instances of MIG-enabled GPUs, in (parent, instance) order."""
+    migs: tuple[GPUInfo, ...] = ()
+    """MIG instances of MIG-enabled GPUs (``GPUInfo.mig_instance``), in (GPU, instance) order."""
     source: str = "none"
     """Which probe found them: ``nvml``, ``nvidia-smi``, ``torch`` or ``none``."""
 
@@ -89,7 +92,7 @@ class DriverFacts:
 class GPURequest:
     """What the user asked for with ``--gpus``. Made by ``parse_gpu_request``."""
 
-    kind: RequestKind
+    kind: Literal["auto", "count", "indices"]
     """``auto`` (every idle GPU), ``count`` (that many) or ``indices`` (exactly those)."""
     count: int | None = None
     """For ``count``: how many GPUs, at least 1."""

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from multigpu.gpus.types import GPUInfo, Inventory, MigDevice
+from multigpu.gpus.types import GPUInfo, Inventory
 from multigpu.log import warn_once
 
 logger = logging.getLogger(__name__)
@@ -29,34 +29,14 @@ logger = logging.getLogger(__name__)
 
 def expand(inventory: Inventory) -> list[GPUInfo]:
     """Every CUDA device of the inventory in PCI order: each GPU, or its MIG instances."""
-    by_parent: dict[int, list[MigDevice]] = {}
-    for mig in inventory.migs:
-        by_parent.setdefault(mig.parent_index, []).append(mig)
     devices: list[GPUInfo] = []
     for gpu in inventory.gpus:
-        devices.extend([_mig_info(gpu, m) for m in by_parent.get(gpu.index, [])] or [gpu])
+        devices.extend([m for m in inventory.migs if m.index == gpu.index] or [gpu])
     return devices
 
 
-def _mig_info(parent: GPUInfo, mig: MigDevice) -> GPUInfo:
-    return dataclasses.replace(
-        parent,
-        uuid=mig.uuid,
-        name=f"{parent.name} MIG {mig.profile}",
-        memory_total_mib=mig.memory_total_mib,
-        memory_free_mib=mig.memory_free_mib,
-        memory_used_mib=mig.memory_used_mib,
-        # The GPU's utilisation counts every instance; NVML reports none per instance.
-        utilization_percent=None,
-        processes=mig.processes,
-        visible_id=mig.uuid,
-    )
-
-
 def _by_prefix(token: str, devices: list[GPUInfo], uuids: list[str]) -> list[GPUInfo] | None:
-    hits = [u for u in dict.fromkeys(uuids) if u.startswith(token)]
-    if token in uuids:
-        hits = [token]
+    hits = [token] if token in uuids else [u for u in dict.fromkeys(uuids) if u.startswith(token)]
     if len(hits) != 1:
         return None  # unknown or ambiguous prefix: CUDA treats it as invalid
     return [d for d, u in zip(devices, uuids, strict=True) if u == hits[0]]
@@ -88,8 +68,7 @@ def visible_devices(inventory: Inventory, environ: Mapping[str, str]) -> list[GP
         chosen = devices
     else:
         chosen = []
-        for raw in spec.split(","):
-            token = raw.strip()
+        for token in map(str.strip, spec.split(",")):
             found = _resolve(token, inventory, devices)
             if not found or any(f in chosen for f in found):
                 if spec.strip() not in ("", "-1"):
@@ -106,12 +85,3 @@ def visible_devices(inventory: Inventory, environ: Mapping[str, str]) -> list[GP
             order,
         )
     return [dataclasses.replace(d, logical_index=i) for i, d in enumerate(chosen)]
-
-
-def physical_devices(inventory: Inventory, environ: Mapping[str, str]) -> list[GPUInfo]:
-    """Every physical GPU, ``logical_index`` set where ``environ`` makes it visible, else None."""
-    seen: dict[int, int] = {}
-    for d in visible_devices(inventory, environ):
-        if d.logical_index is not None:
-            seen.setdefault(d.index, d.logical_index)
-    return [dataclasses.replace(g, logical_index=seen.get(g.index)) for g in inventory.gpus]

@@ -134,10 +134,9 @@ def run_distributed(
                 proc.kill()
                 proc.join(timeout=5)
 
-    failures = [(r, v) for r, (ok, v) in sorted(collected.items()) if not ok]
-    if failures:
-        rank, tb = failures[0]
-        raise DistributedTestError(f"rank {rank} of {world_size} raised:\n{tb}")
+    for rank, (ok, tb) in sorted(collected.items()):
+        if not ok:
+            raise DistributedTestError(f"rank {rank} of {world_size} raised:\n{tb}")
     missing = [r for r in range(world_size) if r not in collected]
     if missing:
         codes = {r: procs[r].exitcode for r in missing}
