@@ -10,6 +10,9 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+# The imports below are for type checkers only; at run time __getattr__ imports each name from
+# _EXPORTS, which __all__ lists too.
+# ruff: noqa: F401
 if TYPE_CHECKING:
     from multigpu.checkpoint import (
         Checkpointer,
@@ -82,47 +85,7 @@ _EXPORTS = {
 """The module that defines each public name."""
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 
-__all__ = [
-    "Accuracy",
-    "CheckpointError",
-    "CheckpointLockedError",
-    "CheckpointMismatchError",
-    "CheckpointStatus",
-    "Checkpointer",
-    "ClusterEnv",
-    "Context",
-    "DDPStrategy",
-    "DataParallelStrategy",
-    "DeviceError",
-    "EnvError",
-    "FSDPStrategy",
-    "LaunchError",
-    "LoadReport",
-    "Mean",
-    "MemoryEstimate",
-    "MeshShape",
-    "Metric",
-    "MultiGPUError",
-    "PipelineStrategy",
-    "SingleDeviceStrategy",
-    "Strategy",
-    "Sum",
-    "TensorParallelStrategy",
-    "UsageError",
-    "__version__",
-    "detect",
-    "estimate_memory",
-    "find_latest",
-    "gather_all",
-    "gather_in_dataset_order",
-    "init",
-    "load_weights",
-    "move_to_device",
-    "place_stages",
-    "seed_everything",
-    "unwrap_module",
-    "verify_checkpoint",
-]
+__all__ = sorted(["__version__", *_WHERE])
 
 
 def __getattr__(name: str) -> Any:

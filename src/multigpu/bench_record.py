@@ -1,7 +1,7 @@
 """The worker side of ``multigpu bench scaling``: when each optimizer step of a script ends.
 
 A Context hook of its own (``multigpu.hooks``), attached by ``init()`` when ``MULTIGPU_BENCH_DIR``
-is set (``multigpu.instrument``): ``multigpu verify``'s recorder, but keeping, instead of losses
+is set (``multigpu.initialize``): ``multigpu verify``'s recorder, but keeping, instead of losses
 and parameters, the time at which each optimizer step ends and the samples one step consumes
 (the global batch of the first shuffling ``ctx.loader``). After ``MULTIGPU_BENCH_STEPS`` steps
 it writes its record and stops the script cleanly (``VerifyStop``, a ``SystemExit(0)``); a
@@ -15,7 +15,6 @@ File ``bench-rank{r}.json`` in ``MULTIGPU_BENCH_DIR``: ``{"rank", "world_size", 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,15 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.atomic_file import atomic_write
-from multigpu.verify_record import VerifyRecorder, VerifyStop
-
-BENCH_FILE = "bench-rank{rank}.json"
-"""One rank's record (the reader, ``multigpu.diagnostics.bench.scaling``, repeats the name)."""
+from multigpu.verify_record import VerifyRecorder
 
 
 class BenchRecorder(VerifyRecorder):
     """Times the optimizer steps for ``multigpu bench scaling`` (see the module doc)."""
+
+    FILE = "bench-rank{rank}.json"
+    """One rank's record (the reader, ``multigpu.diagnostics.bench.scaling``, repeats the name)."""
 
     def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:
         super().__init__(directory, steps, rank, world_size)
@@ -50,22 +48,15 @@ class BenchRecorder(VerifyRecorder):
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
         return backward  # reading the loss would synchronise a GPU at every micro-step
 
-    def _on_step(self) -> None:
+    def _note_step(self) -> None:
         if self._cuda:
             torch.cuda.synchronize()
         self.step_ends.append(time.perf_counter() - self._started)
-        self.steps += 1
-        if self.max_steps and self.steps >= self.max_steps:
-            self.write()
-            raise VerifyStop()
 
-    def write(self) -> None:
-        """Write this rank's record once."""
-        if self.written:
-            return
-        self.written = True
+    def record(self) -> dict[str, Any]:
+        """This rank's record (see the module doc)."""
         training = [info for info in self.loaders if info.get("shuffle")] or self.loaders
-        record = {
+        return {
             "rank": self.rank,
             "world_size": self.world_size,
             "steps": self.steps,
@@ -74,5 +65,6 @@ class BenchRecorder(VerifyRecorder):
             "threads": torch.get_num_threads(),
             "device": "cuda" if self._cuda else "cpu",
         }
-        text = json.dumps(record).encode()
-        atomic_write(self.directory / BENCH_FILE.format(rank=self.rank), lambda fh: fh.write(text))
+
+    def _write_models(self) -> None:
+        """No parameters: bench compares no results."""

@@ -8,19 +8,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from multigpu import dist, out_of_memory, worker_error
-from multigpu.auto_strategy import choose_for_memory
+from multigpu import dist, rank_memory, worker_error
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools, report_failure
-from multigpu.context_pipeline import ForwardBackward
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
@@ -35,7 +33,7 @@ from multigpu.training import StepControl
 T = TypeVar("T")
 
 
-class Context(RankTools, Checkpointing, ForwardBackward):
+class Context(RankTools, Checkpointing):
     """Where this process runs and how to train in it.
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down
@@ -101,7 +99,7 @@ class Context(RankTools, Checkpointing, ForwardBackward):
             )
         if self.strategy.auto and self.is_distributed and not self._chosen:
             self._chosen = True  # once: the first model decides (a second one joins it)
-            self.strategy = choose_for_memory(self, model, optimizers)
+            self.strategy = rank_memory.choose_for_memory(self, model, optimizers)
             self._steps.strategy = self.strategy
             for made in self._loaders:  # loaders made before: FSDP's forwards are collectives
                 made.even_batches = self.strategy.forward_is_collective
@@ -169,15 +167,43 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         with self._memory_said("ctx.step"):
             return self._steps.step(*optimizers, zero_grad=zero_grad)
 
+    def forward_backward(
+        self,
+        model: nn.Module,
+        *inputs: Any,
+        target: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+    ) -> torch.Tensor:
+        """``loss_fn(model(*inputs), target)`` and its backward; the loss (detached) on every rank.
+
+        The same call under every strategy, so the loop never asks which stage it runs. Under
+        ``strategy="pipeline"`` the batch runs through the schedule in micro-batches (the first
+        stage reads ``inputs``, the last computes ``loss_fn``) and the returned loss is the mean
+        over the micro-batches, broadcast from the last stage. Under any other strategy it is
+        the model's forward, ``loss_fn`` and ``ctx.backward`` (inside ``ctx.accumulate`` the
+        loss is divided there), returning this rank's loss. Step with ``ctx.step`` after it.
+        """
+        if not callable(loss_fn):
+            raise UsageError(
+                f"forward_backward(loss_fn={loss_fn!r}): expected a function of (output, "
+                "target) returning the loss, e.g. loss_fn=torch.nn.functional.cross_entropy"
+            )
+        done = self.strategy.forward_backward(model, inputs, target, loss_fn)
+        if done is not None:
+            return done
+        loss = loss_fn(model(*inputs), target)
+        self.backward(loss)
+        return loss.detach()
+
     @contextlib.contextmanager
     def _memory_said(self, where: str) -> Iterator[None]:
         """A failed allocation becomes one line: the rank, the step, what would fit."""
         try:
             yield
         except (RuntimeError, torch.OutOfMemoryError) as e:
-            if not out_of_memory.is_out_of_memory(e):
+            if not rank_memory.is_out_of_memory(e):
                 raise
-            raise out_of_memory.explain(e, where, self, *self._trained) from e
+            raise rank_memory.explain(e, where, self, *self._trained) from e
 
     def accumulate(
         self, model: nn.Module, sync: bool | None = None
@@ -298,8 +324,7 @@ class Context(RankTools, Checkpointing, ForwardBackward):
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.teardown)
+        atexit.unregister(self.teardown)
         for ckpt in self._checkpointers:  # a background save must end before the group does
             ckpt.close()
         for hook in self._hooks:

@@ -1,8 +1,8 @@
 """The instrumentation hook: how ``multigpu verify``, ``bench scaling`` and the hang tools attach.
 
 A ``Context`` calls its hooks at the points below and knows nothing else of them; ``init()``
-chooses them from the variables the launcher set (``multigpu.instrument``). ``ctx`` is the
-Context (typed ``Any``: this module sits below it). A hook inherits a no-op for what it ignores.
+chooses them from the variables the launcher set (``initialize.choose_hooks``). ``ctx`` is
+the Context (typed ``Any``: this module sits below it). A hook inherits a no-op for what it ignores.
 """
 
 from __future__ import annotations

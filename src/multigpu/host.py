@@ -8,6 +8,7 @@ process's inside a container or test host entered with ``nsenter``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import struct
@@ -65,10 +66,6 @@ def interface_names() -> list[str]:
 def read_interfaces(names: list[str] | None = None) -> list[Interface]:
     """Interfaces ``names`` (default: every one of this namespace), sorted by name ([] where
     netlink or ioctls are missing)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        return []
     found = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
 

@@ -12,21 +12,28 @@ import os
 import socket
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 
-from multigpu import dist
+from multigpu import dist, variables
+from multigpu.bench_record import BenchRecorder
 from multigpu.context import Context
 from multigpu.context_comm import report_failure
 from multigpu.device import backend_for, rank_device
 from multigpu.env import detect
+from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError, UsageError
-from multigpu.instrument import choose_hooks
+from multigpu.hang import peers
+from multigpu.hang.hooks import HangHook
+from multigpu.hang.watchdog import start_watchdog
+from multigpu.hooks import Hook
 from multigpu.log import warn_once
 from multigpu.precision import Precision
 from multigpu.seed import seed_everything
 from multigpu.settings import Settings
 from multigpu.strategies import Strategy, resolve_strategy
+from multigpu.verify_record import VerifyRecorder
 from multigpu.versions import local_versions, mismatch_message
 
 log = logging.getLogger(__name__)
@@ -121,6 +128,45 @@ def init(
         precision=mixed,
         hooks=hooks,
     )
+
+
+def choose_hooks(
+    environ: Mapping[str, str],
+    env: ClusterEnv,
+    *,
+    timeout: timedelta,
+    info: dict[str, object],
+) -> list[Hook]:
+    """This worker's hooks (``multigpu.hooks``), started, chosen by the variables the launcher
+    set: the verify probe or bench's step timer (``verify_or_bench``); above one process the
+    hang tools. ``info``: what the verify probe records of the run."""
+    recorder = verify_or_bench(environ, env.rank, env.world_size)  # a bad step count: now
+    hooks: list[Hook] = []
+    if env.world_size > 1:  # a liveness port per rank: after a failure, who is lost
+        peers.start(env.rank, dist.gather_objects_small, env.master_addr)
+        watchdog = start_watchdog(
+            rank=env.rank, world_size=env.world_size, timeout=timeout, environ=environ
+        )
+        hooks.append(HangHook(watchdog, timeout))
+    if recorder is not None:
+        recorder.info.update(info)
+        hooks.append(recorder)
+    return hooks
+
+
+def verify_or_bench(
+    environ: Mapping[str, str], rank: int, world_size: int
+) -> VerifyRecorder | None:
+    """The probe of ``multigpu verify`` (``MULTIGPU_VERIFY_DIR``), else the step timer of
+    ``bench scaling`` (``MULTIGPU_BENCH_DIR``), else None."""
+    for directory, steps, kind in (
+        ("MULTIGPU_VERIFY_DIR", "MULTIGPU_VERIFY_STEPS", VerifyRecorder),
+        ("MULTIGPU_BENCH_DIR", "MULTIGPU_BENCH_STEPS", BenchRecorder),
+    ):
+        if environ.get(directory):
+            count = variables.read_count(environ, steps)
+            return kind(Path(environ[directory]), count, rank, world_size)
+    return None
 
 
 def check_same_versions() -> None:

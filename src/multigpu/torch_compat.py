@@ -88,13 +88,13 @@ def cpu_offload_policy() -> Any:
     return _fsdp().CPUOffloadPolicy()
 
 
-def dtensor_class() -> type:
-    """``DTensor``, the tensor type of sharded parameters."""
+def is_dtensor(value: object) -> bool:
+    """Whether ``value`` is a DTensor (a sharded or replicated distributed tensor)."""
     if TORCH_VERSION >= (2, 5):
         from torch.distributed.tensor import DTensor
     else:
         from torch.distributed._tensor import DTensor
-    return DTensor
+    return isinstance(value, DTensor)
 
 
 def distribute_like(full: torch.Tensor, like: Any) -> torch.Tensor:
@@ -112,11 +112,6 @@ def distribute_like(full: torch.Tensor, like: Any) -> torch.Tensor:
     from torch.distributed._tensor import distribute_tensor as old_distribute
 
     return old_distribute(full, like.device_mesh, like.placements).to_local()
-
-
-def is_dtensor(value: object) -> bool:
-    """Whether ``value`` is a DTensor (a sharded or replicated distributed tensor)."""
-    return isinstance(value, dtensor_class())
 
 
 def own_tensor_tables(module: torch.nn.Module) -> dict[str, dict[str, Any]]:

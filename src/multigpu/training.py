@@ -33,18 +33,14 @@ class StepControl:
         self.precision = precision
         self.active_loader: DistributedLoader | None = None
         self._micro_steps = 1  # > 1 only inside accumulate() on an accumulating loader
-        self._sync = True
+        # False on a micro-batch that does not end its step, from accumulate() until the
+        # loader's next batch: step() after the block skips as it does inside.
+        self.sync_step = True
 
     def note_batch(self, loader: DistributedLoader) -> None:
         """Called by a Context-made loader as it hands out a batch (a new micro-batch)."""
         self.active_loader = loader
-        self._sync = True  # the next accumulate() decides for this micro-batch
-
-    @property
-    def sync_step(self) -> bool:
-        """True unless this micro-batch does not end its step: from ``accumulate`` until the
-        loader's next batch, so that ``step`` after the block skips as it does inside."""
-        return self._sync
+        self.sync_step = True  # the next accumulate() decides for this micro-batch
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module, sync: bool | None = None) -> Iterator[None]:
@@ -52,12 +48,12 @@ class StepControl:
         steps = loader.accumulation_steps if loader is not None else 1
         if sync is None:
             sync = loader is None or loader.ends_step
-        self._micro_steps, self._sync = steps, sync
+        self._micro_steps, self.sync_step = steps, sync
         try:
             with contextlib.nullcontext() if sync else self.strategy.no_sync(model):
                 yield
         finally:
-            # _sync stays until the next batch: `with ctx.accumulate(model): ...` then
+            # sync_step stays until the next batch: `with ctx.accumulate(model): ...` then
             # ctx.step(opt) after the block (Accelerate's habit) must not step a micro-batch
             # whose gradient was not all-reduced (the ranks would silently diverge).
             self._micro_steps = 1
@@ -77,7 +73,7 @@ class StepControl:
         self.precision.backward(loss, **kwargs)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
-        if not self._sync:
+        if not self.sync_step:
             return False
         self.precision.step(*optimizers)
         if zero_grad:
@@ -92,7 +88,7 @@ class StepControl:
         max_norm: float,
         norm_type: float = 2.0,
     ) -> torch.Tensor | None:
-        if not self._sync:
+        if not self.sync_step:
             return None  # the gradient is not complete before the last micro-step
         self.precision.unscale(optimizer)
         return self.strategy.clip_grad_norm(model, max_norm, norm_type)

@@ -3,7 +3,7 @@
 Each reader takes the environment (a mapping) and the variable's name, returns its value or the
 default when it is unset or empty, and refuses anything else with a message that names the
 variable, the value, what is allowed and how to fix it. The modules that act on a variable
-(``initialize``, ``device``, ``dist``, ``hang.watchdog``, ``log``) read it through these, and
+(``initialize``, ``device``, ``dist``, ``hang.watchdog``, ``cli.main``) read it through these, and
 the launcher checks every one (``check_environment``) before any worker starts: the workers
 inherit its environment.
 """

@@ -1,7 +1,7 @@
 """The worker side of ``multigpu verify``: record losses, steps and final parameters.
 
 A Context hook (``multigpu.hooks``), attached by ``init()`` when ``multigpu verify`` starts the
-worker (``MULTIGPU_VERIFY_DIR`` is set, see ``multigpu.instrument``). It sees every loss passed
+worker (``MULTIGPU_VERIFY_DIR`` is set, see ``multigpu.initialize``). It sees every loss passed
 to ``ctx.backward``, every optimizer step (through ``Optimizer.register_step_post_hook``, so a
 plain ``optimizer.step()`` counts too), the models and loaders the Context set up. After
 ``MULTIGPU_VERIFY_STEPS`` optimizer steps it writes what it saw and stops the script with
@@ -48,6 +48,8 @@ class VerifyStop(SystemExit):
 class VerifyRecorder(Hook):
     """Collects what ``multigpu verify`` compares across world sizes (see the module doc)."""
 
+    FILE = "rank{rank}.json"
+
     def __init__(self, directory: Path, steps: int, rank: int, world_size: int) -> None:
         self.directory = directory
         self.max_steps = steps
@@ -88,43 +90,47 @@ class VerifyRecorder(Hook):
         self.write()
 
     def _on_step(self) -> None:
+        self._note_step()
         self.steps += 1
-        self.losses.append(sum(self._pending) / len(self._pending) if self._pending else None)
-        self._pending = []
         if self.max_steps and self.steps >= self.max_steps:
             self.write()
             raise VerifyStop()
+
+    def _note_step(self) -> None:
+        self.losses.append(sum(self._pending) / len(self._pending) if self._pending else None)
+        self._pending = []
 
     def write(self) -> None:
         """Write this rank's record (and rank 0's parameters) once."""
         if self.written:
             return
         self.written = True
+        text = json.dumps(self.record()).encode()
+        atomic_write(self.directory / self.FILE.format(rank=self.rank), lambda fh: fh.write(text))
+        self._write_models()
+
+    def record(self) -> dict[str, Any]:
+        """This rank's record (see the module doc)."""
         params = next((p for m in self.models for p in m.parameters()), None)
-        record = {
+        modules = [(name, mod) for m in self.models for name, mod in m.named_modules()]
+        return {
             "rank": self.rank,
             "world_size": self.world_size,
             "steps": self.steps,
             "losses": self.losses,
             "loaders": self.loaders,
-            "dropout": [
-                name
-                for m in self.models
-                for name, mod in m.named_modules()
-                if isinstance(mod, _DROPOUT) and mod.p > 0
-            ],
+            "dropout": [name for name, mod in modules if isinstance(mod, _DROPOUT) and mod.p > 0],
             "batchnorm": {
                 name: isinstance(mod, _SYNCED_BATCHNORM)
-                for m in self.models
-                for name, mod in m.named_modules()
+                for name, mod in modules
                 if isinstance(mod, _BATCHNORM)
             },
             "dtype": str(params.dtype).removeprefix("torch.") if params is not None else None,
             "optimizers": self.optimizers,
             **self.info,
         }
-        text = json.dumps(record).encode()
-        atomic_write(self.directory / f"rank{self.rank}.json", lambda fh: fh.write(text))
+
+    def _write_models(self) -> None:
         # Every rank gathers (under FSDP the whole state is a collective); rank 0 writes it.
         wholes = [full(model) for model, full in zip(self.models, self.full_states, strict=True)]
         if self.rank == 0:

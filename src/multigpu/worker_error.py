@@ -97,11 +97,10 @@ def read(data: Any) -> WorkerError | None:
         return None
 
 
-def launched_by_multigpu(environ: Any = None) -> bool:
+def launched_by_multigpu() -> bool:
     """True in a worker of ``multigpu run`` (whose launcher prints the one-line summary), false
     under plain torchrun."""
-    env = os.environ if environ is None else environ
-    return bool(env.get(AGENT_PID_VARIABLE))
+    return bool(os.environ.get(AGENT_PID_VARIABLE))
 
 
 def is_consequence(error: BaseException | None) -> bool:

@@ -4,8 +4,6 @@ UsageError naming the variable, the value, what is allowed and how to fix it —
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 import multigpu
@@ -14,7 +12,6 @@ from multigpu.device import rank_device
 from multigpu.env import detect
 from multigpu.errors import UsageError
 from multigpu.hang.watchdog import report_after
-from multigpu.log import configure
 from multigpu.settings import Settings
 
 BAD = {
@@ -66,22 +63,17 @@ def test_good_values_are_read_case_and_spaces_aside():
     assert variables.watchdog(unset) is True and variables.hang_after(unset) is None
 
 
-def test_the_readers_in_the_library_refuse_what_they_silently_took_before(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_readers_in_the_library_refuse_what_they_silently_took_before() -> None:
     # MULTIGPU_DEVICE=tpu meant "auto"; MULTIGPU_HANG_AFTER=x a warning and the default;
     # MULTIGPU_LOG_LEVEL=loud logging's ValueError.
     with pytest.raises(UsageError, match="MULTIGPU_DEVICE='tpu'"):
         rank_device(detect({}), "auto", Settings.read({"MULTIGPU_DEVICE": "tpu"}))
     with pytest.raises(UsageError, match="MULTIGPU_HANG_AFTER='x'"):
         report_after(300, {"MULTIGPU_HANG_AFTER": "x"})
-    monkeypatch.setenv("MULTIGPU_LOG_LEVEL", "loud")
-    level = logging.getLogger("multigpu").level
     with pytest.raises(UsageError, match="MULTIGPU_LOG_LEVEL='loud'"):
-        configure()
-    assert logging.getLogger("multigpu").level == level
+        variables.log_level({"MULTIGPU_LOG_LEVEL": "loud"})
     # the probes' step counts (set by verify and bench for their children): int()'s ValueError
-    from multigpu.instrument import verify_or_bench
+    from multigpu.initialize import verify_or_bench
 
     for name, directory in (("MULTIGPU_VERIFY_STEPS", "MULTIGPU_VERIFY_DIR"),
                             ("MULTIGPU_BENCH_STEPS", "MULTIGPU_BENCH_DIR")):  # fmt: skip

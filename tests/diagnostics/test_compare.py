@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from multigpu.diagnostics import (
-    RunRecord,
+from multigpu.diagnostics.compare import (
     Tolerance,
     compare_losses,
     compare_params,
     compare_runs,
     default_rtol,
-    load_run,
+    tensor_diff,
 )
-from multigpu.diagnostics.compare import tensor_diff
+from multigpu.diagnostics.records import RunRecord, load_run
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,14 @@ from typing import Any
 
 import torch
 
-from multigpu.diagnostics import (
-    RunRecord,
-    Tolerance,
-    compare_runs,
+from multigpu.diagnostics.compare import Tolerance, compare_runs
+from multigpu.diagnostics.diagnose import (
     find_notes,
     find_reasons,
     nondeterminism_reason,
+    unexplained,
 )
-from multigpu.diagnostics.diagnose import unexplained
+from multigpu.diagnostics.records import RunRecord
 
 TOL = Tolerance(rtol=1e-5)
 LOADER = {"global_batch_size": 32, "num_samples": 1024, "accumulation_steps": 1, "seed": 0}

@@ -13,15 +13,9 @@ from rich.console import Console
 
 from multigpu.cli.main import main
 from multigpu.cli.verify import parse_verify_args
-from multigpu.diagnostics import (
-    RunOutcome,
-    RunRecord,
-    Tolerance,
-    VerifyResult,
-    compare_runs,
-    to_json,
-)
-from multigpu.diagnostics.report import render
+from multigpu.diagnostics.compare import Tolerance, compare_runs
+from multigpu.diagnostics.records import RunRecord
+from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
 from multigpu.diagnostics.verify import child_env, verify_argv
 from multigpu.errors import UsageError
 

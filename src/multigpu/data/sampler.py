@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,34 +72,21 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
     return number
 
 
-def per_rank_batch_size(
-    batch_size: int, world_size: int, accumulation_steps: int = 1, *, name: str = "batch_size"
-) -> int:
+def per_rank_batch_size(batch_size: int, world_size: int, accumulation_steps: int) -> int:
     """Return the per-rank micro-batch ``batch_size / (world_size * accumulation_steps)``.
 
     A global batch that does not divide evenly is a UsageError suggesting multiples.
     """
-    batch_size = _as_int(name, batch_size, 1)
-    world_size = _as_int("world_size", world_size, 1)
-    accumulation_steps = _as_int("accumulation_steps", accumulation_steps, 1)
     parts = world_size * accumulation_steps
     if batch_size % parts:
         below, above = (batch_size // parts) * parts, (batch_size // parts + 1) * parts
         examples = f"{below} or {above}" if below else f"{above}"
         raise UsageError(
-            f"{name}={batch_size} is not divisible by world_size={world_size} × "
+            f"batch_size={batch_size} is not divisible by world_size={world_size} × "
             f"accumulation_steps={accumulation_steps}: the per-rank batch would be "
             f"{batch_size / parts:.2f}; use a multiple of {parts}, e.g. {examples}"
         )
     return batch_size // parts
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Batch:
-    indices: list[int]
-    """Dataset indices of this micro-batch."""
-    after: tuple[int, int] | None
-    """(epoch, cursor) once this batch is handed out; None for a micro-batch inside a step."""
 
 
 class ShardSampler(Sampler[list[int]]):
@@ -230,15 +216,6 @@ class ShardSampler(Sampler[list[int]]):
                 marks.append(None)
         return marks
 
-    def _plan(self) -> list[_Batch]:
-        """This rank's batches for the rest of the epoch, with the state after each."""
-        order = self._order(self._epoch)
-        spans = self._spans(self.rank, self._cursor)
-        return [
-            _Batch(indices=order[start:stop].tolist(), after=after)
-            for (start, stop, _), after in zip(spans, self._progress_marks(), strict=True)
-        ]
-
     def _commit(self, after: tuple[int, int] | None) -> None:
         if after is not None:
             self._epoch, self._cursor = after
@@ -251,16 +228,22 @@ class ShardSampler(Sampler[list[int]]):
 
     # ---- Sampler protocol --------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
-        plan = self._plan()  # computed now: DataLoader workers may pull from it later
+        # This rank's batches for the rest of the epoch, computed now: DataLoader workers may
+        # pull from them later.
+        order = self._order(self._epoch)
+        spans = self._spans(self.rank, self._cursor)
+        batches = [order[start:stop].tolist() for start, stop, _ in spans]
         if self._external_progress:
-            return iter([batch.indices for batch in plan])
-        return self._committing(plan)
+            return iter(batches)
+        return self._committing(batches, self._progress_marks())
 
-    def _committing(self, plan: list[_Batch]) -> Iterator[list[int]]:
-        for batch in plan:
-            self._commit(batch.after)  # before the yield: the batch is handed out now
-            yield batch.indices
-        self._finish_pass(len(plan))
+    def _committing(
+        self, batches: list[list[int]], marks: list[tuple[int, int] | None]
+    ) -> Iterator[list[int]]:
+        for indices, after in zip(batches, marks, strict=True):
+            self._commit(after)  # before the yield: the batch is handed out now
+            yield indices
+        self._finish_pass(len(batches))
 
     def __len__(self) -> int:
         """This rank's number of batches left in this epoch (from the cursor)."""

@@ -12,7 +12,6 @@ import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +44,8 @@ class ChildRun:
 def run_child(
     command: Sequence[str], env: Mapping[str, str], *, timeout: float, logs: Path
 ) -> ChildRun:
-    """Run ``command`` with ``env``; stdout and stderr go to ``logs``.stdout/.stderr.
+    """Run ``command`` with ``env``; stdout and stderr go to ``{logs}.stdout.log`` and
+    ``{logs}.stderr.log``.
 
     Example:
         >>> import tempfile
@@ -56,9 +56,7 @@ def run_child(
     """
     started = time.perf_counter()
     logs.parent.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as stack:
-        out = stack.enter_context(open(f"{logs}.stdout.log", "w+b"))
-        err = stack.enter_context(open(f"{logs}.stderr.log", "w+b"))
+    with open(f"{logs}.stdout.log", "wb") as out, open(f"{logs}.stderr.log", "w+b") as err:
         proc = subprocess.Popen(list(command), env=dict(env), stdout=out, stderr=err)
         code = _wait(proc, timeout)
         err.seek(0)

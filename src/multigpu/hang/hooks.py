@@ -1,5 +1,5 @@
 """The hang tools as one Context hook (``multigpu.hooks``), attached by ``init()`` above one
-process (``multigpu.instrument``)."""
+process (``multigpu.initialize``)."""
 
 from __future__ import annotations
 

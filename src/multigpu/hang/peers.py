@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -64,22 +64,18 @@ def _facing_address(master_addr: str | None) -> str:
 def start(rank: int, gather: Callable[[Any], list[Any]], master_addr: str) -> None:
     """Open this rank's liveness port and learn every rank's (``gather``: one all-gather)."""
     global _listener, _peers, _rank
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    address = _facing_address(master_addr)
+    address, host = _facing_address(master_addr), socket.gethostname()
     try:
         # Only on the address the job's network reaches (loopback on one node): nothing of a
         # run listens beyond it.
-        listener.bind((address or "127.0.0.1", 0))
-        listener.listen(64)
-        mine = Peer(socket.gethostname(), address, listener.getsockname()[1])
+        listener = socket.create_server((address or "127.0.0.1", 0), backlog=64)
+        mine = (host, address, listener.getsockname()[1])
     except OSError as e:
-        listener.close()
         log.debug("no liveness port: %s", e)
-        mine = Peer(socket.gethostname(), "", 0)
-        listener = None  # type: ignore[assignment]
+        listener, mine = None, (host, "", 0)
     # Kept open until the process exits: a peer probing us then still finds us alive.
     _listener, _rank = listener, rank
-    _peers = [Peer(*p) for p in gather((mine.host, mine.address, mine.port))]
+    _peers = [Peer(*p) for p in gather(mine)]
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -118,21 +114,10 @@ def _probe_one(peer: Peer, timeout_s: float) -> str:
 
 def ask_peers(timeout_s: float = PROBE_S) -> dict[int, str]:
     """What each other rank's liveness port says, probed in parallel: rank → finding."""
-    found: dict[int, str] = {}
-
-    def one(rank: int, peer: Peer) -> None:
-        found[rank] = _probe_one(peer, timeout_s)
-
-    threads = [
-        threading.Thread(target=one, args=(r, p), daemon=True)
-        for r, p in enumerate(_peers)
-        if r != _rank
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s + 1)
-    return found
+    others = {r: p for r, p in enumerate(_peers) if r != _rank}
+    with ThreadPoolExecutor(max_workers=max(1, len(others))) as pool:
+        findings = pool.map(lambda peer: _probe_one(peer, timeout_s), others.values())
+        return dict(zip(others, findings, strict=True))
 
 
 def lost_peers_line(
