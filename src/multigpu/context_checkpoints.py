@@ -1,11 +1,13 @@
 """What a Context offers for checkpoints: a ``Checkpointer``, or ``save``/``load`` at a path.
 
 The strategy is the state adapter: it produces and loads the model and optimizer state as its
-wrapping holds it.
+wrapping holds it. ``ctx.save``'s checkpoint is the same kind of directory a ``Checkpointer``
+writes (sharded through DCP, atomic, with a manifest and checksums), without RNG states.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from pathlib import Path
@@ -13,10 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from multigpu.checkpoint.direct import load_state, save_state
+from multigpu.checkpoint.layout import (
+    MANIFEST_FILE,
+    STATE_FILE,
+    TMP_PREFIX,
+    find_latest,
+    read_manifest,
+    usable,
+)
 from multigpu.checkpoint.manager import Checkpointer
+from multigpu.checkpoint.objects import epoch_of, kind_of
+from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
+from multigpu.checkpoint.saving import SaveJob, decided_by_rank0, save
+from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 from multigpu.precision import Precision
 from multigpu.strategies import Strategy
+
+log = logging.getLogger(__name__)
 
 
 class Checkpointing:
@@ -81,17 +96,34 @@ class Checkpointing:
         Collective: every rank calls it. The checkpoint is a directory written atomically (a
         temp dir renamed once complete, with a manifest and checksums); models and optimizers
         are sharded through DCP, so it loads on any world size under any strategy. RNG states
-        are not saved (use a ``Checkpointer`` for exact resume).
+        are not saved (use a ``Checkpointer`` for exact resume). An existing ``path`` is
+        replaced only when it is a multigpu checkpoint.
         """
-        return save_state(
-            path,
-            state,
+        _check_names(state, "save")
+        final = Path(path)
+
+        def check() -> None:
+            if final.exists() and not (final / MANIFEST_FILE).is_file():
+                raise UsageError(
+                    f"ctx.save: {final} exists and is not a multigpu checkpoint; expected a new "
+                    "path (or an earlier checkpoint to replace): choose another path"
+                )
+
+        decided_by_rank0(self.rank, check)
+        step = state.get("step")
+        job = SaveJob(
+            final=final,
+            stale=f"{TMP_PREFIX}{final.name}-*",
+            step=step if isinstance(step, int) and not isinstance(step, bool) else 0,
+            epoch=epoch_of(state),
             rank=self.rank,
             world_size=self.world_size,
+            objects=state,
+            rng=False,
             adapter=self.strategy,
-            timeout=self.timeout.total_seconds(),
             strategy=self.strategy.describe(),
         )
+        return save(job)
 
     def load(self, path: str | Path, state: MutableMapping[str, Any]) -> dict[str, Any]:
         """Fill ``state`` in place from a checkpoint; return the saved entries it did not ask for.
@@ -99,6 +131,66 @@ class Checkpointing:
         ``path``: a directory written by ``ctx.save``, a ``Checkpointer``'s ``step-*``
         directory, or a ``Checkpointer``'s directory (its newest complete checkpoint). Models
         and optimizers are loaded into the objects (resharded to this run), plain values are
-        replaced in ``state``. Collective: every rank calls it.
+        replaced in ``state``. Collective: every rank calls it. The saved plain values and small
+        objects' states that ``state`` has no entry for are returned (saved model and optimizer
+        states not asked for stay on disk).
         """
-        return load_state(path, state, rank=self.rank, adapter=self.strategy)
+        _check_names(state, "load")
+        where = decided_by_rank0(self.rank, lambda: _resolve(path))
+        manifest = read_manifest(where)
+        small_saved = load_part(where / STATE_FILE).get("objects", {})
+        available = saved_names(manifest, small_saved)
+        missing = sorted(k for k in state if k not in available)
+        if missing:
+            raise CheckpointMismatchError(
+                f"checkpoint {where} has no entry {missing} (it holds {sorted(available)}); ask "
+                "for the names it was saved with"
+            )
+        stored_elsewhere = sorted(
+            k for k, v in state.items() if kind_of(v) == "value" and k not in small_saved
+        )
+        if stored_elsewhere:
+            raise CheckpointMismatchError(
+                f"checkpoint {where} holds {stored_elsewhere} as models or optimizers, but state "
+                "gives plain values for them; pass the objects to load them into"
+            )
+        stateful = {k: v for k, v in state.items() if kind_of(v) != "value"}
+        restore_objects(where, stateful, manifest, small_saved, self.strategy)
+        for name, value in state.items():
+            if kind_of(value) == "value":
+                state[name] = small_saved[name]
+        if self.rank == 0:
+            log.info("loaded %s from %s", ", ".join(state), where)
+        return {k: v for k, v in small_saved.items() if k not in state}
+
+
+def _check_names(state: Mapping[str, Any], verb: str) -> None:
+    if not isinstance(state, Mapping) or not state:
+        raise UsageError(
+            f"ctx.{verb} got {type(state).__name__}; expected a non-empty dict such as "
+            '{"model": model, "optimizer": optimizer, "step": 100}'
+        )
+    bad = [k for k in state if not (isinstance(k, str) and k.isidentifier())]
+    if bad:
+        raise UsageError(
+            f"ctx.{verb}: state keys {bad!r} are not identifiers; name each entry like a "
+            'variable, e.g. {"model": model}'
+        )
+
+
+def _resolve(path: str | Path) -> Path:
+    """Rank 0: the complete checkpoint ``path`` names (a CheckpointError if none)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CheckpointError(
+            f"{p} is not a checkpoint directory; expected a path given to ctx.save or a "
+            "Checkpointer's directory"
+        )
+    if not (p / MANIFEST_FILE).is_file():
+        latest = find_latest(p)
+        if latest is None:
+            raise CheckpointError(
+                f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'"
+            )
+        return latest.path
+    return usable(p)

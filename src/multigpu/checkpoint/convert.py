@@ -151,7 +151,6 @@ def to_dcp(
         objects={name: _Held(state)},
         rng=False,
         adapter=_AsSaved(),
-        timeout=60.0,
         strategy={"strategy": "converted", "from": str(src)},
     )
     try:

@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from multigpu.errors import CheckpointError
 
@@ -65,27 +65,6 @@ def parse_step(name: str) -> int | None:
     """The step of a checkpoint directory name (``step-XXXXXXXX``), or None when it is not one."""
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
-
-
-class HashingWriter:
-    """A binary file wrapper that counts and hashes what goes through it (no re-read)."""
-
-    def __init__(self, fh: BinaryIO) -> None:
-        self._fh = fh
-        self._digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        self._digest.update(data)
-        self.size += len(data)
-        return self._fh.write(data)
-
-    def flush(self) -> None:
-        self._fh.flush()
-
-    @property
-    def sha256(self) -> str:
-        return self._digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str:
@@ -143,14 +122,20 @@ def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -
     return CheckpointStatus(directory, step, not problems, tuple(problems), manifest)
 
 
+def usable(path: str | os.PathLike[str]) -> Path:
+    """``path``, a complete checkpoint (else a CheckpointError saying what is wrong with it)."""
+    status = verify_checkpoint(path)
+    if not status.complete:
+        raise CheckpointError(f"checkpoint {path} is not usable: {'; '.join(status.problems)}")
+    return status.path
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of a checkpoint directory (an error if it cannot be read)."""
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path / MANIFEST_FILE}: {e}") from e
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{path / MANIFEST_FILE} is not a manifest")
+    """The manifest of a checkpoint directory (an error if it is not one of ours)."""
+    problems: list[str] = []
+    manifest = _check_manifest(path, problems)
+    if manifest is None:
+        raise CheckpointError(f"cannot read the manifest of {path}: {problems[0]}")
     return manifest
 
 
@@ -213,41 +198,18 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     )
 
 
-@dataclass(frozen=True)
-class Scan:
-    """What a checkpoint directory holds, newest first, as ``find_latest`` sees it.
-
-    Attributes:
-        chosen: the newest complete checkpoint (None: none is complete).
-        skipped: the ``step-*`` directories newer than ``chosen`` that are not complete.
-        unfinished: the temp dirs (``.tmp-step-*``) of saves newer than ``chosen``.
-    """
-
-    chosen: CheckpointStatus | None
-    skipped: tuple[CheckpointStatus, ...]
-    unfinished: tuple[Path, ...]
-
-
-def scan(directory: str | os.PathLike[str]) -> Scan:
-    """The newest complete checkpoint under ``directory`` and the newer broken ones (no logging)."""
-    root = Path(directory)
-    if not root.is_dir():
-        return Scan(None, (), ())
-    chosen: CheckpointStatus | None = None
+def scan(
+    directory: str | os.PathLike[str],
+) -> tuple[CheckpointStatus | None, list[CheckpointStatus]]:
+    """The newest complete checkpoint under ``directory`` (None: none is complete) and the
+    ``step-*`` directories newer than it that are not complete (no logging)."""
     skipped: list[CheckpointStatus] = []
-    for _, path in reversed(_step_dirs(root)):
+    for _, path in reversed(_step_dirs(Path(directory))):
         status = verify_checkpoint(path)
         if status.complete:
-            chosen = status
-            break
+            return status, skipped
         skipped.append(status)
-    newest = chosen.step if chosen is not None and chosen.step is not None else -1
-    unfinished = tuple(
-        path
-        for path in sorted(root.iterdir())
-        if (step := unfinished_step(path)) is not None and step > newest and path.is_dir()
-    )
-    return Scan(chosen, tuple(skipped), unfinished)
+    return None, skipped
 
 
 def unfinished_step(path: Path) -> int | None:
@@ -263,25 +225,36 @@ def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
     and what is wrong with it, and the one used instead; so are newer temporary directories
     (``.tmp-step-*``: a save that was interrupted, or one still being written).
     """
-    found = scan(directory)
+    chosen, skipped = scan(directory)
+    temp_dirs = sorted(p for p in Path(directory).glob(f"{TMP_PREFIX}step-*") if p.is_dir())
     warn_skipped(
         log,
-        found,
-        found.unfinished,
+        chosen,
+        skipped,
+        temp_dirs,
         "skipping %s: a save of step %s that did not finish (no %s; it is removed by the next "
         "save)",
     )
-    return found.chosen
+    return chosen
 
 
 def warn_skipped(
-    logger: logging.Logger, found: Scan, unfinished: Sequence[Path], said: str
+    logger: logging.Logger,
+    chosen: CheckpointStatus | None,
+    skipped: Sequence[CheckpointStatus],
+    temp_dirs: Sequence[Path],
+    said: str,
 ) -> None:
-    """Warn of each checkpoint skipped, each unfinished save (``said``: its fate, formatted with
-    its path, step and the marker's name) and, if any, the checkpoint used instead."""
-    for status in found.skipped:
+    """Warn of each checkpoint ``skipped``, each unfinished save of ``temp_dirs`` newer than
+    ``chosen`` (``said``: its fate, formatted with its path, step and the marker's name) and, if
+    any, that ``chosen`` is used instead."""
+    newest = chosen.step if chosen is not None and chosen.step is not None else -1
+    unfinished = [
+        p for p in temp_dirs if (step := unfinished_step(p)) is not None and step > newest
+    ]
+    for status in skipped:
         logger.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))
     for path in unfinished:
         logger.warning(said, path, unfinished_step(path), COMMIT_FILE)
-    if found.chosen is not None and (found.skipped or unfinished):
-        logger.warning("using the previous complete checkpoint %s", found.chosen.path)
+    if chosen is not None and (skipped or unfinished):
+        logger.warning("using the previous complete checkpoint %s", chosen.path)

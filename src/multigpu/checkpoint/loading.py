@@ -25,7 +25,7 @@ from multigpu.checkpoint.layout import (
     STATE_FILE,
     find_latest,
     list_checkpoints,
-    verify_checkpoint,
+    usable,
 )
 from multigpu.checkpoint.sharded import METADATA_FILE
 from multigpu.errors import CheckpointError, UsageError
@@ -45,10 +45,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
             )
         return p
     if (p / MANIFEST_FILE).exists() or (p / STATE_FILE).exists():
-        status = verify_checkpoint(p)
-        if not status.complete:
-            raise CheckpointError(f"checkpoint {p} is not usable: {'; '.join(status.problems)}")
-        return p / STATE_FILE
+        return usable(p) / STATE_FILE
     if list_checkpoints(p, checksums=False):
         latest = find_latest(p)
         if latest is None:

@@ -26,7 +26,7 @@ from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, step_dir_name
 from multigpu.checkpoint.lock import DirectoryLock
 from multigpu.checkpoint.objects import check_trackable, epoch_of
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
-from multigpu.checkpoint.saving import PendingSave, SaveJob, save
+from multigpu.checkpoint.saving import PendingSave, SaveJob, decided_by_rank0, save
 from multigpu.checkpoint.snapshot import StateAdapter
 from multigpu.errors import CheckpointError, UsageError
 
@@ -85,7 +85,6 @@ class Checkpointer:
         self._sigterm = False
         self._previous_handler: Any = None
         self._on_sigterm = False  # a handler of ours is installed
-        self._closed = False
         # One run per directory: rank 0 holds it until close() or its death (see lock.py).
         self._lock = DirectoryLock.acquire(directory, wait_s=lock_timeout) if rank == 0 else None
         if save_on_sigterm:
@@ -163,19 +162,14 @@ class Checkpointer:
             objects=self._shared,
             per_rank=self._per_rank,
             adapter=self._adapter,
-            timeout=self._timeout,
             strategy=self._describe() if self._describe else {},
             keep=self.keep,
         )
+        if self.async_save:
+            self._pending = PendingSave(job, self._async_group(), self._timeout)
+        else:
+            save(job)
         self._saved_step = step
-        try:
-            if self.async_save:
-                self._pending = PendingSave(job, self._async_group())
-            else:
-                save(job)
-        except BaseException:
-            self._saved_step = None
-            raise
         return final
 
     def _async_group(self) -> Any:
@@ -208,15 +202,12 @@ class Checkpointer:
         """
         self.wait()
         # Rank 0 chooses: it holds the directory's lock (see choose_checkpoint).
-        mine = choose_checkpoint(self.directory, path) if self.rank == 0 else None
-        choice = dist.broadcast(mine, src=0)
+        choice = decided_by_rank0(self.rank, lambda: choose_checkpoint(self.directory, path))
         if choice is None:
             log.info("no checkpoint in %s: starting from step 0", self.directory)
             return None
-        if choice.startswith("error:"):
-            raise CheckpointError(choice[len("error: ") :])
         step = restore_checkpoint(
-            Path(choice),
+            choice,
             rank=self.rank,
             shared=self._shared,
             per_rank=self._per_rank,
@@ -240,9 +231,6 @@ class Checkpointer:
 
     def close(self) -> None:
         """Finish an asynchronous save and restore the SIGTERM handler (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
         if self._on_sigterm:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,18 @@ from multigpu.checkpoint.layout import (
     rank_file_name,
     read_manifest,
     scan,
-    unfinished_step,
-    verify_checkpoint,
+    usable,
     warn_skipped,
 )
 from multigpu.checkpoint.objects import kind_of, load_into
 from multigpu.checkpoint.rng import restore_rng
 from multigpu.checkpoint.sharded import first_line
-from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateAdapter, restore_sharded
+from multigpu.checkpoint.snapshot import (
+    SHARDED_KINDS,
+    StateAdapter,
+    pair_optimizers,
+    restore_sharded,
+)
 from multigpu.checkpoint.writer import remove_stale
 from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.seed import seed_everything
@@ -47,11 +51,9 @@ from multigpu.wrappers import unwrap_module
 log = logging.getLogger(__name__)
 
 
-def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> str | None:
-    """Rank 0's choice: the path to resume from, None for none, or ``"error: ..."``.
-
-    The error comes back as text so that rank 0 can broadcast it: every rank then raises it,
-    instead of the others waiting for a broadcast that never comes.
+def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> Path | None:
+    """Rank 0's choice: the checkpoint to resume from, or None for none (a CheckpointError
+    when ``path`` is not usable).
 
     The caller holds ``directory``'s lock, so the temp dirs no save of this process is writing
     are a dead run's, never to be completed: they are removed, and said so.
@@ -59,33 +61,29 @@ def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> str | No
     try:
         if str(path) == "auto":
             return _choose_latest(directory)
-        status = verify_checkpoint(path)
-        if not status.complete:
-            return f"error: checkpoint {path} is not usable: {'; '.join(status.problems)}"
-        return str(status.path)
+        return usable(path)
     except OSError as e:
-        return f"error: cannot read checkpoints in {path}: {e}"
+        raise CheckpointError(f"cannot read checkpoints in {path}: {e}") from e
 
 
-def _choose_latest(directory: Path) -> str | None:
-    removed = remove_stale(directory, f"{TMP_PREFIX}step-*") if directory.is_dir() else []
-    found = scan(directory)
-    if found.chosen is None:
-        _say_nothing_complete(directory, found.skipped, removed)
+def _choose_latest(directory: Path) -> Path | None:
+    removed = remove_stale(directory, f"{TMP_PREFIX}step-*")
+    chosen, skipped = scan(directory)
+    if chosen is None:
+        _say_nothing_complete(directory, skipped, removed)
         return None
-    newest = found.chosen.step if found.chosen.step is not None else -1
-    newer = [p for p in removed if (unfinished_step(p) or -1) > newest]
     warn_skipped(
         log,
-        found,
-        newer,
+        chosen,
+        skipped,
+        removed,
         "removed %s: a save of step %s that did not finish (no %s) by a run that is gone",
     )
-    return str(found.chosen.path)
+    return chosen.path
 
 
 def _say_nothing_complete(
-    directory: Path, skipped: tuple[CheckpointStatus, ...], removed: list[Path]
+    directory: Path, skipped: list[CheckpointStatus], removed: list[Path]
 ) -> None:
     """One warning line: what was found, that nothing is complete, that training starts over."""
     found = [f"{s.path.name} ({'; '.join(s.problems)})" for s in skipped]
@@ -137,7 +135,26 @@ def restore_checkpoint(
     if extra:
         log.warning("checkpoint %s also holds %s, which this run does not track", path, extra)
     restore_objects(path, shared, manifest, in_state, adapter)
-    _restore_rank(path, rank, step, saved_world, mine, per_rank, per_rank_files)
+    if mine is not None:
+        for name, obj in per_rank.items():
+            load_into(name, obj, mine["objects"][name])
+        if mine.get("rng") is not None:
+            restore_rng(mine["rng"])
+    elif per_rank_files:  # none: no RNG states were saved, none to seed either
+        # More ranks than saved: no RNG state of their own. Seeded from (step, rank) so the run
+        # is still reproducible, and distinct per rank.
+        seed = (step * 1_000_003 + rank) % 2**32
+        seed_everything(seed)
+        left = f"; per-rank objects {sorted(per_rank)} left as they are" if per_rank else ""
+        log.info(
+            "rank %d: the checkpoint %s was saved by %d ranks; this rank's RNGs are seeded from "
+            "(step, rank) = %d%s",
+            rank,
+            path,
+            saved_world,
+            seed,
+            left,
+        )
     if rank == 0:
         log.info("resumed from %s (step %d, saved by %d ranks)", path, step, saved_world)
     return step
@@ -171,39 +188,6 @@ def restore_objects(
             load_into(name, obj, in_state[name])
 
 
-def _restore_rank(
-    path: Path,
-    rank: int,
-    step: int,
-    saved_world: int,
-    mine: dict[str, Any] | None,
-    per_rank: Mapping[str, Any],
-    rank_files: bool,
-) -> None:
-    if mine is not None:
-        for name, obj in per_rank.items():
-            load_into(name, obj, mine["objects"][name])
-        if mine.get("rng") is not None:
-            restore_rng(mine["rng"])
-        return
-    if not rank_files:  # no RNG states were saved: none to seed either
-        return
-    # More ranks than saved: no RNG state of their own. Seeded from (step, rank) so the run is
-    # still reproducible, and distinct per rank.
-    seed = (step * 1_000_003 + rank) % 2**32
-    seed_everything(seed)
-    left = f"; per-rank objects {sorted(per_rank)} left as they are" if per_rank else ""
-    log.info(
-        "rank %d: the checkpoint %s was saved by %d ranks; this rank's RNGs are seeded from "
-        "(step, rank) = %d%s",
-        rank,
-        path,
-        saved_world,
-        seed,
-        left,
-    )
-
-
 def load_part(path: Path) -> dict[str, Any]:
     """One file of a checkpoint, on the CPU, with ``weights_only=True``."""
     try:
@@ -220,13 +204,13 @@ _FULL = StateDictOptions(full_state_dict=True)
 
 def restore_whole(path: Path, objects: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
     """Load the format-1 states ``saved`` (``state.pt``'s objects) into ``objects``."""
-    modules = {n: unwrap_module(o) for n, o in objects.items() if isinstance(o, nn.Module)}
+    pairs = pair_optimizers(objects)
     for name, obj in objects.items():
         try:
             if isinstance(obj, nn.Module):
-                set_model_state_dict(modules[name], dict(saved[name]), options=_FULL)
+                set_model_state_dict(unwrap_module(obj), dict(saved[name]), options=_FULL)
             elif isinstance(obj, torch.optim.Optimizer):
-                model = _owner(obj, modules.values())
+                model = unwrap_module(pairs[name])
                 state = _by_name(obj, model, saved[name])
                 set_optimizer_state_dict(model, obj, state, options=_FULL)
             else:
@@ -238,17 +222,6 @@ def restore_whole(path: Path, objects: Mapping[str, Any], saved: Mapping[str, An
                 f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved "
                 f"state of {path}: {first_line(e)}"
             ) from e
-
-
-def _owner(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> nn.Module:
-    ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    for model in models:
-        if ids <= {id(p) for p in model.parameters()}:
-            return model
-    raise CheckpointError(
-        "a format-1 optimizer state loads by parameter name, which needs the model it "
-        "optimizes tracked too (e.g. model=model)"
-    )
 
 
 def _by_name(

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from multigpu import dist
 from multigpu.checkpoint.layout import FORMAT, FORMAT_VERSION, STATE_FILE, rank_file_name
@@ -58,10 +58,12 @@ from multigpu.checkpoint.writer import (
     wait_for_ranks,
     write_torch_file,
 )
-from multigpu.errors import CheckpointError
+from multigpu.errors import CheckpointError, UsageError
 from multigpu.versions import local_versions
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(kw_only=True)
@@ -83,8 +85,6 @@ class SaveJob:
     rng: bool = True
     """Save every rank's RNG states (``rank-XXXXX.pt``)."""
     adapter: StateSource
-    timeout: float
-    """Seconds rank 0's background thread waits for the other ranks' parts."""
     strategy: Mapping[str, Any] = field(default_factory=dict)
     """The strategy's description, for the manifest."""
     keep: int | None = None
@@ -115,13 +115,8 @@ def save(job: SaveJob) -> Path:
     except Exception as e:  # every rank must reach the gather below
         error = (_said(e, space), ran_out_of_space(e))
     reports = dist.gather_objects_small((files, error))
-    outcome: tuple[str, bool] | None = None
-    if job.rank == 0:  # every rank has stopped writing: the gather above
-        outcome = _finish(job, tmp, info, _shared_payload(job, clone=False), reports, space)
-    said, full = dist.broadcast(outcome, src=0) or ("no outcome from rank 0", False)
-    if not said.startswith("ok:"):
-        kind = DiskFullError if full else CheckpointError
-        raise kind(f"checkpoint of step {job.step} was not saved: {said}")
+    # Every rank has stopped writing (the gather above): rank 0 commits, or says why not.
+    decided_by_rank0(job.rank, lambda: _finish(job, tmp, info, reports, space))
     if job.rank == 0:
         log.info("saved checkpoint %s in %.2f s", job.final, time.perf_counter() - started)
     return job.final
@@ -130,8 +125,9 @@ def save(job: SaveJob) -> Path:
 class PendingSave:
     """An asynchronous save under way; ``wait()`` ends it (its error re-raised)."""
 
-    def __init__(self, job: SaveJob, group: Any) -> None:
-        self.job = job
+    def __init__(self, job: SaveJob, group: Any, timeout: float) -> None:
+        """``timeout``: seconds rank 0's background thread waits for the other ranks' parts."""
+        self.job, self.timeout = job, timeout
         self.error: BaseException | None = None
         sharded, info = sharded_state(job.objects, job.adapter)
         tmp, space = _agree_on_temp_dir(job, sharded)
@@ -174,7 +170,7 @@ class PendingSave:
                 return
             try:
                 # Every rank is waited for, failed or not: then none writes into tmp any more.
-                reported = wait_for_ranks(tmp, range(1, job.world_size), job.timeout)
+                reported = wait_for_ranks(tmp, range(1, job.world_size), self.timeout)
                 if own is not None:
                     raise own
                 files.update(reported)
@@ -219,26 +215,39 @@ class PendingSave:
             ) from self.error
 
 
+def decided_by_rank0(rank: int, decide: Callable[[], T]) -> T:
+    """What ``decide()`` returns on rank 0, on every rank; the CheckpointError or UsageError it
+    raises is raised on every rank (rather than on rank 0 alone, the others waiting for it)."""
+    said: tuple[bool, Any] = (True, None)
+    if rank == 0:
+        try:
+            said = (True, decide())
+        except (CheckpointError, UsageError) as e:
+            said = (False, e)
+    ok, value = dist.broadcast(said, src=0)
+    if not ok:
+        raise value
+    return value
+
+
 def _agree_on_temp_dir(job: SaveJob, sharded: Mapping[str, Any]) -> tuple[Path, Space]:
     """Rank 0 makes the temp dir and checks the save fits; every rank gets both (or the error)."""
-    said: tuple[str, int, int] | None = None
-    if job.rank == 0:
+
+    def make() -> tuple[Path, Space]:
         root = job.final.parent
         try:
             tmp = new_temp_dir(job.final, job.stale)  # stale ones removed first: their space
             space = Space(root, estimate(sharded, job.world_size), free_bytes(root))
-            said = (str(tmp), space.needed, space.free)
             if not space.fits():
                 remove_temp_dir(tmp)
-                said = ("full: " + space.full_line(), space.needed, space.free)
+                raise DiskFullError(
+                    f"checkpoint of step {job.step} was not saved: {space.full_line()}"
+                )
         except OSError as e:
-            said = (f"error: cannot create a checkpoint in {root}: {e}", 0, 0)
-    name, needed, free = dist.broadcast(said, src=0) or ("error: no answer from rank 0", 0, 0)
-    if name.startswith("full: "):
-        raise DiskFullError(f"checkpoint of step {job.step} was not saved: {name[len('full: ') :]}")
-    if name.startswith("error: "):
-        raise CheckpointError(name[len("error: ") :])
-    return Path(name), Space(job.final.parent, needed, free)
+            raise CheckpointError(f"cannot create a checkpoint in {root}: {e}") from e
+        return tmp, space
+
+    return decided_by_rank0(job.rank, make)
 
 
 def _said(error: BaseException, space: Space) -> str:
@@ -292,27 +301,22 @@ def _finish(
     job: SaveJob,
     tmp: Path,
     info: dict[str, dict[str, Any]],
-    shared: dict[str, Any],
     reports: list[Any],
     space: Space,
-) -> tuple[str, bool]:
+) -> None:
     """Rank 0, once every rank stopped writing: check every rank's report, write state.pt,
-    commit. Returns ('ok:PATH', False) or (why not, whether the disk is full); a failed save's
-    temp dir is removed."""
+    commit; or raise why not (a full disk first), the failed save's temp dir removed."""
     failed = [(i, err) for i, (_, err) in enumerate(reports) if err]
-    full = [said for _, (said, is_full) in failed if is_full]
     try:
-        if full:
-            return full[0], True
+        if any(full for _, (_, full) in failed):
+            raise DiskFullError(space.full_line())  # what every rank that met it said
         if failed:
-            return "; ".join(f"rank {i}: {said}" for i, (said, _) in failed), False
-        try:
-            files = {k: v for part, _ in reports for k, v in part.items()}
-            files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, shared)
-            _commit(job, tmp, info, files)
-        except Exception as e:  # reported to every rank
-            return _said(e, space), ran_out_of_space(e)
-        return f"ok:{job.final}", False
+            raise CheckpointError("; ".join(f"rank {i}: {said}" for i, (said, _) in failed))
+        files = {k: v for part, _ in reports for k, v in part.items()}
+        files[STATE_FILE] = write_torch_file(tmp / STATE_FILE, _shared_payload(job, clone=False))
+        _commit(job, tmp, info, files)
+    except Exception as e:
+        raise _failure(f"checkpoint of step {job.step} was not saved", e, space) from e
     finally:
         remove_temp_dir(tmp)  # committed: renamed already, only forgotten
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -36,6 +35,7 @@ from torch.distributed.checkpoint.planner import ReadItem, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
+from multigpu import dist
 from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
 from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.torch_compat import dcp_metadata_global_allowed
@@ -99,10 +99,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         super().load_bytes(read_item, value)
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 _NO_GROUP = "torch.distributed is disabled, unavailable or uninitialized"
 # DCP's background thread (async_save) warns too, outside any catch_warnings of the caller's:
 # one process with no group is what no_dist=True says, not something to warn about.
@@ -147,7 +143,7 @@ def save_sharded(state: Mapping[str, Any], directory: Path) -> None:
         dcp.save(
             dict(state),
             storage_writer=_Writer(directory, sync_files=True),
-            no_dist=not _distributed(),
+            no_dist=not dist.is_initialized(),
         )
 
 
@@ -159,7 +155,7 @@ def save_sharded_async(state: Mapping[str, Any], directory: Path, group: Any) ->
             dict(state),
             storage_writer=_Writer(directory, sync_files=True),
             process_group=group,
-            no_dist=not _distributed(),
+            no_dist=not dist.is_initialized(),
         )
 
 
@@ -214,7 +210,7 @@ def load_sharded(
             targets,
             storage_reader=SafeReader(directory, trust=trust),
             planner=SafeLoadPlanner(),
-            no_dist=alone or not _distributed(),
+            no_dist=alone or not dist.is_initialized(),
         )
 
 

@@ -129,18 +129,14 @@ def restore_sharded(
         raise
     except Exception as e:
         raise CheckpointError(f"cannot load the sharded state of {path}: {first_line(e)}") from e
-    for name, obj in objects.items():
-        _apply(adapter, name, obj, pairs.get(name), targets.get(name))
-
-
-def _apply(adapter: StateAdapter, name: str, obj: Any, model: nn.Module | None, saved: Any) -> None:
-    try:
-        if isinstance(obj, nn.Module):
-            adapter.load_model_state(obj, saved)
-        elif isinstance(obj, torch.optim.Optimizer) and model is not None:
-            adapter.load_optimizer_state(model, obj, saved)
-    except (RuntimeError, KeyError, ValueError, TypeError) as e:
-        raise CheckpointError(
-            f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved state: "
-            f"{first_line(e)}"
-        ) from e
+    for name, obj in objects.items():  # every one is in targets: a module or an optimizer
+        try:
+            if isinstance(obj, nn.Module):
+                adapter.load_model_state(obj, targets[name])
+            elif isinstance(obj, torch.optim.Optimizer):
+                adapter.load_optimizer_state(pairs[name], obj, targets[name])
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(
+                f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved "
+                f"state: {first_line(e)}"
+            ) from e

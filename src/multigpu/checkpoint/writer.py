@@ -18,15 +18,15 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
+from multigpu.atomic_file import atomic_write
 from multigpu.checkpoint.layout import (
     COMMIT_FILE,
     MANIFEST_FILE,
     TMP_PREFIX,
-    HashingWriter,
     file_sha256,
     list_checkpoints,
 )
@@ -84,14 +84,13 @@ def remove_temp_dir(tmp: Path) -> None:
 
 
 def hash_file(path: Path) -> FileInfo:
-    """The size and SHA-256 of a file written by someone else (DCP's shards), read back."""
+    """The size and SHA-256 of a file, read back."""
     return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def write_torch_file(path: Path, payload: Any) -> FileInfo:
     """``torch.save(payload)`` to ``path``, fsynced; return its size and SHA-256."""
-    # write() is all torch needs of a file
-    return _write(path, lambda fh: torch.save(payload, fh))  # type: ignore[arg-type]
+    return _write(path, lambda fh: torch.save(payload, fh))
 
 
 def write_small(path: Path, text: str) -> FileInfo:
@@ -99,13 +98,12 @@ def write_small(path: Path, text: str) -> FileInfo:
     return _write(path, lambda fh: fh.write(text.encode()))
 
 
-def _write(path: Path, fill: Callable[[HashingWriter], Any]) -> FileInfo:
+def _write(path: Path, fill: Callable[[BinaryIO], Any]) -> FileInfo:
     with path.open("wb") as fh:
-        writer = HashingWriter(fh)
-        fill(writer)
+        fill(fh)
         fh.flush()
         os.fsync(fh.fileno())
-    return {"bytes": writer.size, "sha256": writer.sha256}
+    return hash_file(path)  # read back, from the page cache
 
 
 def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> None:
@@ -200,7 +198,4 @@ def wait_for_ranks(tmp: Path, ranks: Iterable[int], timeout: float) -> dict[str,
 def report_done(tmp: Path, rank: int, report: Mapping[str, Any]) -> None:
     """Write rank ``rank``'s ``.done`` file, ``{"files": {name: FileInfo}}`` or ``{"error": line,
     "disk_full": bool}`` (atomically: written under a temp name, renamed)."""
-    path = done_file(tmp, rank)
-    part = path.with_suffix(".part")
-    write_small(part, json.dumps(report))
-    os.replace(part, path)
+    atomic_write(done_file(tmp, rank), lambda fh: fh.write(json.dumps(report).encode()))
