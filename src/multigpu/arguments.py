@@ -57,74 +57,71 @@ class Parser(argparse.ArgumentParser):
         )
 
 
-def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
-    """An argparse ``type``: ``kind(text)`` when it is >= ``low`` and finite, else a clear error."""
-    what = "an integer" if kind is int else "a number"
+def _checked(
+    kind: Callable[[str], T],
+    accepts: Callable[[T], bool],
+    wrong: Callable[[str], str],
+    unreadable: Callable[[str], str] | None = None,
+) -> Callable[[str], T]:
+    """An argparse ``type``: ``kind(text)`` when ``accepts`` it, else the error ``wrong(text)``
+    (``unreadable(text)`` when ``kind`` cannot read it, if given)."""
 
-    def parse(text: str) -> int | float:
+    def parse(text: str) -> T:
         try:
             value = kind(text)
         except ValueError:
-            value = math.nan
-        if not value >= low or math.isinf(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not valid; expected {what} >= {low:g}")
+            raise argparse.ArgumentTypeError((unreadable or wrong)(text)) from None
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(wrong(text))
         return value
 
     return parse
+
+
+def number_arg(kind: type[int] | type[float], low: float) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind(text)`` when it is >= ``low`` and finite, else a clear error."""
+    what = "an integer" if kind is int else "a number"
+    return _checked(
+        kind,
+        lambda value: value >= low and not math.isinf(value),
+        lambda text: f"{text!r} is not valid; expected {what} >= {low:g}",
+    )
 
 
 def whole_arg(low: int) -> Callable[[str], int]:
     """An argparse ``type``: a whole number (digits only) >= ``low``."""
-
-    def parse(text: str) -> int:
-        value = int(text) if text.strip().isdigit() else -1
-        if value < low:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not valid; expected a whole number >= {low}"
-            )
-        return value
-
-    return parse
+    return _checked(
+        lambda text: int(text) if text.strip().isdigit() else -1,
+        lambda value: value >= low,
+        lambda text: f"{text!r} is not valid; expected a whole number >= {low}",
+    )
 
 
-def processes_arg(text: str) -> int:
-    """An argparse ``type``: a whole number of processes (or nodes) >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes >= 1")
-    return value
+processes_arg = _checked(
+    int, lambda value: value >= 1, lambda text: f"{text!r} is not a number of processes >= 1"
+)
+"""An argparse ``type``: a whole number of processes (or nodes) >= 1."""
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     """An argparse ``type``: ``kind(text)`` when it is a finite number above 0."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{text} must be a positive finite number")
-        return value
-
-    return parse
+    return _checked(
+        kind,
+        lambda value: value > 0 and math.isfinite(value),
+        lambda text: f"{text} must be a positive finite number",
+        lambda text: f"{text!r} is not a {kind.__name__}",
+    )
 
 
-def seconds_arg(text: str) -> float:
-    """argparse ``type`` of ``--timeout``: a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(
-            f"--timeout {text} is not a number of seconds; expected a positive number, "
-            "e.g. --timeout 120"
-        )
-    return value
+seconds_arg = _checked(
+    float,
+    lambda value: value > 0 and not math.isinf(value),
+    lambda text: (
+        f"--timeout {text} is not a number of seconds; expected a positive number, "
+        "e.g. --timeout 120"
+    ),
+)
+"""argparse ``type`` of ``--timeout``: a positive number of seconds."""
 
 
 def cpu_count_arg(text: str) -> int | Literal["auto"]:

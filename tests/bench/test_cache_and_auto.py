@@ -12,14 +12,14 @@ import torch
 
 from multigpu.arguments import cpu_count_arg
 from multigpu.bench_record import BenchRecorder
-from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
+from multigpu.cli.main import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
-from multigpu.instrument import verify_or_bench
+from multigpu.initialize import verify_or_bench
 from multigpu.launch.cpu_split import (
+    SplitRecord,
     cache_path,
     cpu_auto_split,
     find_record,
-    new_record,
     save_record,
     script_key,
     torch_version,
@@ -31,7 +31,16 @@ from multigpu.verify_record import VerifyRecorder, VerifyStop
 
 def _record(script: str, best: tuple[int, int], cores: int = 2) -> None:
     measured = {"1x2": 100.0, "2x1": 150.0 if best == (2, 1) else 50.0}
-    save_record(new_record(cores=cores, script=script, best=best, sps=150.0, measured=measured))
+    save_record(
+        SplitRecord(
+            cores=cores,
+            script=script,
+            processes=best[0],
+            threads=best[1],
+            samples_per_second=150.0,
+            measured=measured,
+        )
+    )
 
 
 @pytest.fixture

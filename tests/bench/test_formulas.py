@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from multigpu.cli.bench_comm import parse_comm_args
+from multigpu.cli.bench import parse_comm_args
 from multigpu.diagnostics.bench.bandwidth import (
     Shape,
     algbw_gbps,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from multigpu.diagnostics.bench import comm_report, scaling_report
-from multigpu.diagnostics.bench.plot import write_plot
+from multigpu.diagnostics.bench import comm, scaling_report
+from multigpu.diagnostics.bench.scaling_report import write_plot
 
 
 def _row(
@@ -129,7 +129,7 @@ def test_comm_report_has_a_table_per_collective_and_the_gloo_note() -> None:
         "notes": {"reduce_scatter": "gloo: an all-reduce of the whole input"},
     }
     out = io.StringIO()
-    comm_report.print_report(doc, file=out)
+    comm.print_report(doc, file=out)
     text = out.getvalue()
     assert "all_reduce  (busbw = algbw x 2(n-1)/n, n = 2)" in text
     assert "reduce_scatter  (busbw = algbw x (n-1)/n, n = 2)" in text
@@ -137,7 +137,7 @@ def test_comm_report_has_a_table_per_collective_and_the_gloo_note() -> None:
     assert "WRONG" in text  # the broadcast row failed its check
     assert "peak busbw reduce_scatter: 0.524 GB/s at 1 MB" in text
     alone = io.StringIO()  # one GPU: nothing crosses a link (seen: "peak busbw 0.000 GB/s")
-    comm_report.print_report(dict(doc, world_size=1), file=alone)
+    comm.print_report(dict(doc, world_size=1), file=alone)
     assert "peak busbw" not in alone.getvalue() and "one process: nothing crossed a link" in (
         alone.getvalue()
     )

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.diagnostics.doctor.cuda import driver_check
-from multigpu.diagnostics.doctor.gpu_checks import gpu_checks, topology_check
+from multigpu.diagnostics.doctor.cuda import driver_check, gpu_checks, topology_check
 from multigpu.diagnostics.doctor.network import (
     ifname_check,
     interface_rows,

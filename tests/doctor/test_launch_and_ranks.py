@@ -11,9 +11,13 @@ import pytest
 
 from multigpu.cli.doctor import doctor_main
 from multigpu.diagnostics.doctor.checks import ok, warn
-from multigpu.diagnostics.doctor.collective import failure_check, result_check
-from multigpu.diagnostics.doctor.ranks import compare_ranks, merge_rows
-from multigpu.diagnostics.doctor.rendezvous import (
+from multigpu.diagnostics.doctor.collective import (
+    compare_ranks,
+    failure_check,
+    merge_rows,
+    result_check,
+)
+from multigpu.diagnostics.doctor.network import (
     env_check,
     hostname_check,
     launch_checks,

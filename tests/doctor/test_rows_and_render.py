@@ -10,14 +10,16 @@ import pytest
 from multigpu.diagnostics.doctor.checks import (
     STATUSES,
     Check,
+    document,
     exit_code,
     fail,
     ok,
+    print_json,
+    print_table,
     skip,
     summary,
     warn,
 )
-from multigpu.diagnostics.doctor.render import document, print_json, print_table
 
 ROWS = [
     ok("software", "torch", "2.13.0+cpu, CPU-only build"),

@@ -12,7 +12,6 @@ from multigpu.diagnostics.doctor.cuda import (
     cuda_checks,
     cuda_facts_in_child,
     driver_check,
-    parse_cuda_facts,
     torch_cuda_facts,
 )
 from multigpu.diagnostics.doctor.system import (
@@ -140,7 +139,7 @@ def test_without_nvml_the_driver_row_comes_from_nvidia_smis_query_modes() -> Non
 
 
 def test_cuda_facts_are_the_same_in_a_child_as_in_this_process() -> None:
-    here = parse_cuda_facts(torch_cuda_facts())
+    here = torch_cuda_facts()
     child = cuda_facts_in_child(child_env())
     assert child == here
     assert here.available == torch.cuda.is_available()

@@ -22,11 +22,11 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.run import parse_args as torchrun_parse_args
 
 from multigpu.cli.args import split_own_args as split_launch_args
-from multigpu.cli.launch_parsers import build_train_parser
+from multigpu.cli.main import build_train_parser
 from multigpu.errors import UsageError
 from multigpu.host import interface_names
-from multigpu.launch.agent_errors import describe_agent_error, root_cause
-from multigpu.launch.network import check_interface
+from multigpu.launch.ports import check_interface
+from multigpu.launch.run import describe_agent_error, root_cause
 from multigpu.launch.timeouts import (
     StoreCallBound,
     job_timeout_s,
@@ -100,7 +100,7 @@ def test_timeout_helpers() -> None:
 
 def test_iface_sets_gloo_nccl_and_the_advertised_address() -> None:
     options = ["--cpu", "1", *C10D, "--iface", "lo", "t.py"]
-    from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
+    from multigpu.cli.main import build_run_parser, options_from_namespace
     from multigpu.launch.plan import build_plan, request_devices
 
     ns = build_run_parser().parse_args(options)

@@ -9,12 +9,11 @@ import pytest
 from torch.distributed.run import parse_args as torchrun_parse_args
 
 from multigpu.cli.args import split_own_args as split_launch_args
-from multigpu.cli.launch_parsers import build_run_parser, options_from_namespace
+from multigpu.cli.main import build_run_parser, options_from_namespace
 from multigpu.errors import UsageError
-from multigpu.launch.endpoints import store_port
 from multigpu.launch.options import LaunchOptions, parse_nnodes
 from multigpu.launch.plan import build_plan, request_devices
-from multigpu.launch.ports import check_port_free, is_local_address
+from multigpu.launch.ports import check_port_free, is_local_address, store_port
 from multigpu.launch.train import wants_one_process
 
 
@@ -184,7 +183,7 @@ def test_nnodes_parsing() -> None:
 
 
 def test_train_arguments_split_between_launcher_and_job() -> None:
-    from multigpu.cli.launch_parsers import build_train_parser
+    from multigpu.cli.main import build_train_parser
 
     actions = build_train_parser()._actions
     argv = ["--epochs", "2", "--cpu", "2", "--out=/tmp/o", "--max-restarts=1", "--dry-run", "-x"]

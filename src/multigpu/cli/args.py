@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+from multigpu.diagnostics.options import BUILTIN_JOB
 from multigpu.errors import UsageError
 from multigpu.run_target import check_module, check_script
 
@@ -43,18 +45,15 @@ def split_own_args(
     return own, rest
 
 
-Target = tuple[argparse.Namespace, str, bool, tuple[str, ...]]
-"""(the command's own options, the script or module, whether it is a module, its arguments)."""
-
-
 def parse_with_target(
-    parser: argparse.ArgumentParser, argv: Sequence[str], default: tuple[str, tuple[str, ...]]
-) -> Target | None:
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, dict[str, Any]] | None:
     """Parse ``PROG [script.py | -m module] [script args] [options]``; None after ``--help``.
 
-    The command's own options may stand anywhere; the script (checked to exist) or ``-m``'s
-    module (checked importable) takes the other arguments; without either, ``default`` (a
-    module and its arguments) runs.
+    Returns the command's own options and what it runs (``target``, ``is_module``,
+    ``script_args``). The command's own options may stand anywhere; the script (checked to
+    exist) or ``-m``'s module (checked importable) takes the other arguments; without either,
+    the built-in job (``BUILTIN_JOB``) runs.
 
     Raises:
         UsageError: a bad option, an option before the script that is not the command's, a
@@ -67,9 +66,9 @@ def parse_with_target(
     ns = parser.parse_args(own)
     if ns.module is not None:
         check_module(ns.module)
-        return ns, ns.module, True, tuple(rest)
+        return ns, {"target": ns.module, "is_module": True, "script_args": tuple(rest)}
     if not rest:
-        return ns, default[0], True, default[1]
+        return ns, {"target": BUILTIN_JOB[0], "is_module": True, "script_args": BUILTIN_JOB[1]}
     if rest[0].startswith("-"):
         prog = parser.prog
         raise UsageError(
@@ -77,4 +76,4 @@ def parse_with_target(
             f"'{prog} [script.py | -m module] [args] [options]'; see '{prog} --help'"
         )
     check_script(rest[0])
-    return ns, rest[0], False, tuple(rest[1:])
+    return ns, {"target": rest[0], "is_module": False, "script_args": tuple(rest[1:])}

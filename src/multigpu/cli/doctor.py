@@ -2,7 +2,7 @@
 
 On its own, the doctor checks this machine and starts its own 2-process all-reduce; inside a
 job launched by torchrun or ``multigpu run`` (``RANK``/``WORLD_SIZE`` set, world size > 1) it
-runs on every rank, probes across them and compares the nodes (see ``ranks``).
+runs on every rank, probes across them and compares the nodes (see ``collective.run_ranks``).
 
 This process never initialises CUDA when on its own: GPUs come from NVML / nvidia-smi and the
 CUDA facts from a child process. A launched rank is a worker, and asks torch.cuda itself.
@@ -15,14 +15,13 @@ Environment variables read: the whole environment is checked (see the check modu
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
+from argparse import Namespace
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from multigpu.arguments import Parser, number_arg, options_from
+from multigpu.arguments import Parser, number_arg
 from multigpu.errors import UsageError
 from multigpu.host import read_interfaces
 
@@ -31,26 +30,9 @@ if TYPE_CHECKING:
     from multigpu.env import ClusterEnv
 
 PROG = "multigpu doctor"
-Backend = Literal["auto", "gloo", "nccl"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class DoctorOptions:
-    """What ``multigpu doctor`` was asked to do."""
-
-    as_json: bool = False
-    """Print one JSON document instead of the table."""
-    probe: bool = True
-    """Run the all-reduce probe (``--no-probe``: skip it)."""
-    backend: Backend = "auto"
-    """The probe's backend: auto = nccl when GPUs are visible, else gloo."""
-    nproc: int | None = None
-    """Processes of the probe on its own (default 2; for nccl at most the GPUs)."""
-    timeout: float = 60.0
-    """Seconds the probe (start-up included) and each collective may take."""
-
-
-def build_doctor_parser() -> argparse.ArgumentParser:
+def build_doctor_parser() -> Parser:
     """The parser of ``multigpu doctor``."""
     p = Parser(
         prog=PROG,
@@ -82,18 +64,22 @@ def build_doctor_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_doctor_args(argv: Sequence[str]) -> DoctorOptions:
-    """Parse ``multigpu doctor``'s options (``--help`` raises SystemExit(0) after printing)."""
-    return options_from(build_doctor_parser().parse_args(list(argv)), DoctorOptions)
+def parse_doctor_args(argv: Sequence[str]) -> Namespace:
+    """Parse ``multigpu doctor``'s options (``--help`` raises SystemExit(0) after printing):
+    ``as_json``, ``probe``, ``backend``, ``nproc`` (None: 2, or the GPUs if fewer), ``timeout``."""
+    return build_doctor_parser().parse_args(list(argv))
 
 
 def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     """``multigpu doctor ARGV``: print the checks; 0 when none FAILs, else 1."""
-    from multigpu.diagnostics.doctor.render import document, print_json, print_table
+    from multigpu.diagnostics.doctor.checks import document, print_json, print_table
+    from multigpu.diagnostics.doctor.network import env_check
 
     options = parse_doctor_args(argv)
     env_vars = os.environ if environ is None else environ
-    launched = _launched(env_vars)
+    detected = env_check(env_vars)[1]  # None when the launcher's variables do not add up
+    # Inside a job of 2+ ranks started by torchrun (`multigpu run`): the doctor runs on each.
+    launched = detected is not None and detected.source == "torchrun" and detected.world_size > 1
     if options.nproc is not None and launched:
         raise UsageError(
             f"--nproc {options.nproc} was given to a doctor started by a launcher; expected it "
@@ -103,9 +89,12 @@ def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     rows, env, facts = _local(env_vars)
     ranks: list[dict[str, Any]] = []
     if launched and env is not None:
-        from multigpu.diagnostics.doctor.ranks import run_ranks
+        import torch
 
-        backend, device = _rank_device(options, facts, env.local_rank, env_vars)
+        from multigpu.diagnostics.doctor.collective import run_ranks
+
+        backend = _choose_backend(options, facts, env_vars)
+        device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
         shared = {k: facts[k] for k in ("rank", "host", "versions", "iface", "mtu")}
         rows, ranks = run_ranks(
             shared,
@@ -134,29 +123,17 @@ def doctor_main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     return int(doc["exit_code"])
 
 
-def _launched(environ: Mapping[str, str]) -> bool:
-    """True inside a job of 2+ ranks started by torchrun (``multigpu run``)."""
-    from multigpu.env import detect
-    from multigpu.errors import EnvError
-
-    try:
-        env = detect(environ)
-    except EnvError:
-        return False  # the environment row reports it
-    return env.source == "torchrun" and env.world_size > 1
-
-
 def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, dict[str, Any]]:
     """Every local row, the detected environment, and this process's facts for the ranks."""
     import torch
 
-    from multigpu.diagnostics.doctor import cuda, gpu_checks, network, rendezvous, system
+    from multigpu.diagnostics.doctor import cuda, network, system
     from multigpu.gpus import read_facts
     from multigpu.gpus.torch_probe import has_gpu_device_node
     from multigpu.gpus.visible import visible_devices
 
     interfaces = read_interfaces()
-    launch_rows, env = rendezvous.launch_checks(environ, interfaces)
+    launch_rows, env = network.launch_checks(environ, interfaces)
     worker = env is not None and env.source == "torchrun"
     gpu_facts = read_facts(environ)  # GPUs, driver and links in one NVML session
     driver = gpu_facts.driver
@@ -164,10 +141,8 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
     hip = getattr(torch.version, "hip", None)
     facts = None
     if (torch.version.cuda or hip) and has_gpu_device_node():
-        if worker:  # a launched rank may use CUDA itself; the launcher's process never does
-            facts = cuda.parse_cuda_facts(cuda.torch_cuda_facts())
-        else:
-            facts = cuda.cuda_facts_in_child(environ)
+        # A launched rank may use CUDA itself; the launcher's process never does.
+        facts = cuda.torch_cuda_facts() if worker else cuda.cuda_facts_in_child(environ)
     rows = [
         *system.software_checks(),
         *cuda.cuda_checks(
@@ -178,7 +153,7 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
             facts=facts,
             driver=driver,
         ),
-        *gpu_checks.gpu_checks(gpu_facts, environ),
+        *cuda.gpu_checks(gpu_facts, environ),
         *system.cpu_checks(environ),
         system.shm_check(*system.read_shm()),
         *network.interface_rows(interfaces),
@@ -206,7 +181,7 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
 
 
 def _choose_backend(
-    options: DoctorOptions, facts: Mapping[str, Any], environ: Mapping[str, str]
+    options: Namespace, facts: Mapping[str, Any], environ: Mapping[str, str]
 ) -> str:
     if options.backend != "auto":
         return options.backend
@@ -216,7 +191,7 @@ def _choose_backend(
 
 
 def _probe_row(
-    options: DoctorOptions, facts: Mapping[str, Any], environ: Mapping[str, str], *, one_rank: bool
+    options: Namespace, facts: Mapping[str, Any], environ: Mapping[str, str], *, one_rank: bool
 ) -> Check:
     from multigpu.diagnostics.doctor.collective import check_collective_here, skipped
 
@@ -229,12 +204,3 @@ def _probe_row(
     return check_collective_here(
         backend=backend, nproc=options.nproc or default, timeout=options.timeout, gpus=facts["gpus"]
     )
-
-
-def _rank_device(
-    options: DoctorOptions, facts: Mapping[str, Any], local_rank: int, environ: Mapping[str, str]
-) -> tuple[str, Any]:
-    import torch
-
-    backend = _choose_backend(options, facts, environ)
-    return backend, torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
+import runpy
 import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -79,20 +80,15 @@ def _load_file(where: str) -> Any:
     path = Path(where)
     if not path.is_file():
         raise UsageError(f"{where} does not exist; expected a Python file holding the factory")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{where} cannot be imported as a module; expected a .py file")
-    module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent.resolve()))  # its own imports, as `python file` would
     try:
-        spec.loader.exec_module(module)
+        return SimpleNamespace(**runpy.run_path(str(path), run_name=path.stem))
     except Exception as e:  # the user's file: which and why, in one line
         first = " ".join(str(e).split())[:200]
         raise UsageError(
             f"importing {where} raised {type(e).__name__}: {first}; fix the file, or keep its "
             "work under `if __name__ == '__main__':`"
         ) from e
-    return module
 
 
 def _factory(target: str) -> Callable[[], Any]:

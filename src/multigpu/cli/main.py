@@ -1,6 +1,10 @@
 """The ``multigpu`` command (argparse only): run, train, verify, doctor, bench, estimate, ckpt,
 slurm, gpus. ``pyproject``'s ``[project.scripts]`` and ``python -m multigpu`` call ``main``.
 
+The parsers of the launching commands are here: ``multigpu run`` is torchrun's own parser
+(``torch.distributed.run.get_args_parser``) with multigpu's options added, so every torchrun
+flag keeps its name, spellings and meaning; ``multigpu train`` takes some of its launch options.
+
 User errors print one line, ``multigpu: error: ...``, and exit with 2; never a traceback.
 
 Environment variables read: ``MULTIGPU_LOG_LEVEL`` (the launcher's log level, default INFO);
@@ -10,8 +14,10 @@ workers read, checked before they start (``launch.env_checks``).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import sys
@@ -20,51 +26,199 @@ from types import MappingProxyType
 from typing import Any
 
 from multigpu import variables
+from multigpu.arguments import Parser, cpu_count_arg, options_from, seconds_arg
 from multigpu.cli.args import split_own_args
-from multigpu.cli.launch_parsers import (
-    PROG,
-    build_parser,
-    build_train_parser,
-    options_from_namespace,
-)
 from multigpu.errors import LaunchError, UsageError
-from multigpu.launch.plan import LaunchPlan
+from multigpu.launch import train
+from multigpu.launch.options import BACKENDS, LaunchOptions, parse_nnodes
+from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
+
+PROG = "multigpu"
+# Our own dests: everything else the run parser produces is torchrun's.
+_OWN_ARGS = frozenset(
+    {"gpus", "cpu", "backend", "dry_run", "iface", "timeout", "help", "json", "command"}
+    | {"training_script", "training_script_args"}
+)
+
+SUBCOMMANDS = {
+    "verify": "check that a script gives the same results at every world size",
+    "doctor": "check this machine (or every node of a job) for distributed training, with the "
+    "fixes",
+    "estimate": "memory per rank of a model under ddp/fsdp, and what fits",
+    "ckpt": "inspect or convert checkpoints",
+    "bench": "collective bandwidth and scaling",
+    "slurm": "write an sbatch script",
+}
+"""The subcommands whose module ``multigpu.cli.NAME`` has ``NAME_main(argv) -> exit code``, and
+their line in ``multigpu --help``."""
+
+DEVICE_HELP = (
+    "Devices. Default: every free GPU when the machine has GPUs; on a CPU-only machine ONE "
+    f"process using all cores, because {CPU_DEFAULT_WHY}. --cpu N asks for N processes."
+)
+
+
+def _torchrun_parser() -> argparse.ArgumentParser:
+    # Imported here: torch.distributed.run imports torch, which `multigpu gpus` does not need.
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            # Only what the user typed lands in the namespace, so "--nproc-per-node 1" given
+            # explicitly can be told apart from torchrun's default of 1.
+            action.default = argparse.SUPPRESS
+    return parser
+
+
+def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("multigpu options", DEVICE_HELP)
+    group.add_argument(
+        "--gpus",
+        metavar="auto|N|i,j",
+        help="use these GPUs: auto (all free ones), N (the N with most free memory) or a list "
+        "of indices; they are locked for the run and exported as CUDA_VISIBLE_DEVICES",
+    )
+    group.add_argument(
+        "--cpu",
+        type=cpu_count_arg,
+        metavar="N|auto",
+        help="run N processes on the CPU (gloo), sharing the cores (OMP_NUM_THREADS = cores // N); "
+        "auto: the split `multigpu bench scaling` measured fastest here (else 1 process)",
+    )
+    group.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="process-group backend for the workers (default auto: nccl on GPUs, gloo on CPU)",
+    )
+    group.add_argument(
+        "--iface",
+        metavar="NAME",
+        help="network interface that connects the nodes: gloo and NCCL use it "
+        "(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) and the agent advertises its address "
+        "(--local-addr) unless given",
+    )
+    group.add_argument(
+        "--timeout",
+        type=seconds_arg,
+        metavar="SECONDS",
+        help="bound on every wait: the workers' collectives (MULTIGPU_TIMEOUT) and the "
+        "launcher's rendezvous join, store calls and exit barrier (default MULTIGPU_TIMEOUT "
+        "or 300)",
+    )
+    group.add_argument(
+        "--dry-run",
+        "--dry_run",
+        action="store_true",
+        help="print the plan (devices, processes, threads, torchrun arguments, environment) "
+        "and start nothing",
+    )
+
+
+def build_run_parser(prog: str = f"{PROG} run") -> Parser:
+    """The parser of ``multigpu run``: torchrun's options plus ``--gpus/--cpu/--backend/--dry-run``.
+
+    It takes torchrun's options as torchrun does, shortened ones included (``--nproc-per 2``);
+    every other parser takes whole names only (``arguments.Parser``).
+    """
+    parser = Parser(
+        prog=prog,
+        parents=[_torchrun_parser()],
+        add_help=False,
+        allow_abbrev=True,
+        description="Run a training script (or -m module) on every GPU, on N CPU processes, or "
+        "on many machines, through torchrun's elastic agent. All torchrun options work as in "
+        "torchrun. On one node without rendezvous options, --standalone is added (free port).",
+    )
+    _add_multigpu_options(parser)
+    return parser
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    """The launch options of ``multigpu train`` (the training options belong to the job)."""
+    parser = Parser(
+        prog=f"{PROG} train",
+        add_help=False,
+        usage=f"{PROG} train [launch options] [training options]",
+        description=f"Train a built-in job through the launcher: --model digits (the default, "
+        f"{train.TRAIN_MODULE}) or --model lm (a small GPT). "
+        "Launch options are listed here; any other option goes to the job. --strategy dp runs "
+        "ONE process that sees all chosen GPUs (DataParallel).",
+    )
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    launch = parser.add_argument_group("launch options (torchrun's)")
+    for action in _torchrun_parser()._actions:
+        if action.dest in train.TRAIN_DESTS:
+            launch._add_action(action)
+    _add_multigpu_options(parser)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level ``multigpu`` parser with its subcommands."""
+    parser = Parser(prog=PROG, description="Run PyTorch training on all GPUs, CPUs or machines.")
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="{run,train,verify,doctor,bench,estimate,ckpt,slurm,gpus}",
+    )
+    run = build_run_parser()
+    sub.add_parser(
+        "run",
+        parents=[run],
+        add_help=False,
+        allow_abbrev=True,  # as build_run_parser
+        help="run a script on all devices",
+        description=run.description,
+    )
+    sub.add_parser("train", help="train a built-in example, digits or lm (see 'multigpu train -h')")
+    for name, what in SUBCOMMANDS.items():
+        sub.add_parser(name, help=f"{what} (see '{PROG} {name} --help')")
+    gpus = sub.add_parser("gpus", help="list this machine's GPUs")
+    gpus.add_argument("--json", action="store_true", help="print a JSON list")
+    return parser
+
+
+def options_from_namespace(
+    ns: argparse.Namespace, *, script: str, script_args: Sequence[str], one_process: bool = False
+) -> LaunchOptions:
+    """Make LaunchOptions from a parsed namespace (torchrun options = all dests not ours)."""
+    torchrun = {k: v for k, v in vars(ns).items() if k not in _OWN_ARGS}
+    return options_from(
+        ns,
+        LaunchOptions,
+        script=script,
+        script_args=tuple(script_args),
+        one_process=one_process,
+        torchrun=MappingProxyType(torchrun),
+    )
 
 
 def _train(argv: Sequence[str]) -> int:
-    from multigpu.launch.options import parse_nnodes
-    from multigpu.launch.train import (
-        TRAIN_MODULES,
-        check_batch_size,
-        check_checkpoint_options,
-        check_pipeline_options,
-        check_strategy_options,
-        choose_model,
-        parse_job_args,
-        training_help,
-        wants_one_process,
-    )
-
     parser = build_train_parser()
     launch_argv, job_argv = split_own_args(argv, parser._actions)
-    model, job_argv = choose_model(job_argv)  # --model digits (default) | lm
+    model, job_argv = train.choose_model(job_argv)  # --model digits (default) | lm
     ns = parser.parse_args(launch_argv)
     if ns.help:
-        sys.stdout.write(parser.format_help() + "\ntraining options:\n" + training_help(model))
+        sys.stdout.write(
+            parser.format_help() + "\ntraining options:\n" + train.training_help(model)
+        )
         return 0
     # The job's own parser: a bad option refused here, once, before anything starts.
-    parse_job_args(model, job_argv, single_node=str(getattr(ns, "nnodes", "1")) in ("1", "1:1"))
+    single_node = str(getattr(ns, "nnodes", "1")) in ("1", "1:1")
+    train.parse_job_args(model, job_argv, single_node=single_node)
     # Checks that need no device: before the GPUs are chosen, so that a busy GPU cannot hide
     # a mistake in the options (seen on a GPU machine whose one GPU another job held).
-    check_checkpoint_options(job_argv)
-    check_strategy_options(job_argv)
+    train.check_checkpoint_options(job_argv)
+    train.check_strategy_options(job_argv)
+    ns.module = True  # torchrun -m
     options = options_from_namespace(
         ns,
-        script=TRAIN_MODULES[model],
+        script=train.TRAIN_MODULES[model],
         script_args=job_argv,
-        one_process=wants_one_process(job_argv),
+        one_process=train.wants_one_process(job_argv),
     )
-    with_module = MappingProxyType({**options.torchrun, "module": True})  # torchrun -m
     # Imported only now: a refused flag above costs no more than torchrun's parser.
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.run import multigpu_run
@@ -73,10 +227,30 @@ def _train(argv: Sequence[str]) -> int:
         check_worker_environment(plan)
         low, high = parse_nnodes(str(options.torchrun.get("nnodes", "1")))
         if low == high:  # an elastic node count has no fixed world size to check against
-            check_batch_size(job_argv, plan.nproc_per_node * low, model)
-            check_pipeline_options(job_argv, plan.nproc_per_node * low, model)
+            train.check_batch_size(job_argv, plan.nproc_per_node * low, model)
+            train.check_pipeline_options(job_argv, plan.nproc_per_node * low, model)
 
-    return multigpu_run(dataclasses.replace(options, torchrun=with_module), check=check)
+    return multigpu_run(options, check=check)
+
+
+NO_GPU = "no GPU found; CPU processes are available with --cpu N"
+
+
+def _show_gpus(*, as_json: bool = False) -> int:
+    """``multigpu gpus``: print the GPUs (``format_gpu_table`` or a JSON list); exit code 0.
+
+    Environment variables read: those ``multigpu.gpus.list_gpus`` reads.
+    """
+    from multigpu.gpus import format_gpu_table, list_gpus
+
+    gpus = list_gpus()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(g) for g in gpus], indent=2, default=str))
+        if not gpus:
+            print(NO_GPU, file=sys.stderr)  # stdout stays valid JSON
+    else:
+        print(format_gpu_table(gpus).rstrip("\n") if gpus else NO_GPU)
+    return 0
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -102,10 +276,6 @@ def _configure_logging() -> None:
     logger.setLevel(variables.log_level(os.environ))  # a bad level: one line, exit 2
 
 
-_SUBCOMMANDS = ("verify", "doctor", "slurm", "bench", "estimate", "ckpt")
-"""Subcommands whose module ``multigpu.cli.NAME`` has ``NAME_main(argv) -> exit code``."""
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``multigpu`` and ``python -m multigpu``; returns the exit code.
 
@@ -116,14 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         _configure_logging()
         if args and args[0] == "train":
             return _train(args[1:])
-        if args and args[0] in _SUBCOMMANDS:  # imported only when asked for: a fast --help
+        if args and args[0] in SUBCOMMANDS:  # imported only when asked for: a fast --help
             module = importlib.import_module(f"multigpu.cli.{args[0]}")
             return int(getattr(module, f"{args[0]}_main")(args[1:]))
         ns = build_parser().parse_args(args)
         if ns.command == "gpus":
-            from multigpu.launch.listing import show_gpus
-
-            return show_gpus(as_json=ns.json)
+            return _show_gpus(as_json=ns.json)
         from multigpu.launch.env_checks import check_worker_environment
         from multigpu.launch.run import multigpu_run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from multigpu.arguments import Parser, number_arg, options_from, process_counts
 from multigpu.cli.args import parse_with_target
-from multigpu.diagnostics.options import BUILTIN_JOB, VERIFY_STRATEGIES, VerifyOptions
+from multigpu.diagnostics.options import VERIFY_STRATEGIES, VerifyOptions
 
 PROG = "multigpu verify"
 
@@ -98,15 +98,13 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
     """Parse ``multigpu verify``'s command line; None when it asked for ``--help`` (printed)."""
-    parsed = parse_with_target(build_verify_parser(), argv, BUILTIN_JOB)
+    parsed = parse_with_target(build_verify_parser(), argv)
     if parsed is None:
         return None
-    ns, target, is_module, args = parsed
+    ns, target = parsed
     given = ns.nproc is not None
     ns.nproc = ns.nproc or VerifyOptions.nproc
-    return options_from(
-        ns, VerifyOptions, target=target, is_module=is_module, script_args=args, nproc_given=given
-    )
+    return options_from(ns, VerifyOptions, **target, nproc_given=given)
 
 
 def verify_main(argv: Sequence[str]) -> int:

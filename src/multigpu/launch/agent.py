@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from multigpu.launch.agreement import check_nodes_agree, node_facts
-from multigpu.launch.endpoints import dialled_store
 from multigpu.launch.exit_agreement import ExitAgreement
 from multigpu.launch.options import parse_nnodes
+from multigpu.launch.ports import dialled_store
 from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
 from multigpu.store_listen import listening_store
@@ -71,7 +71,7 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
 
     def handler_once_the_store_answers(make_handler: Any, params: Any) -> Any:
         store = dialled_store(params)
-        if store is not None:  # raises StoreUnreachable (agent_errors words it)
+        if store is not None:  # raises StoreUnreachable (run.describe_agent_error words it)
             wait_until_listening(*store, timeout_s)
         return make_handler(params)
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from multigpu.atomic_file import atomic_write
 
@@ -42,16 +41,24 @@ DEFAULT_SPLIT_WHY = (
 )
 
 
+def torch_version() -> str:
+    """The installed torch's version, read without importing torch (``"2.13.0+cpu"``)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 @dataclass(frozen=True, kw_only=True)
 class SplitRecord:
     """One measurement: the fastest split of ``cores`` for ``script`` on ``host``."""
 
-    host: str
-    """The machine's hostname."""
+    host: str = field(default_factory=socket.gethostname)
+    """The machine's hostname (default: this one's)."""
     cores: int
     """Cores the launcher could use (its CPU affinity)."""
-    torch: str
-    """``torch.__version__`` of the environment measured."""
+    torch: str = field(default_factory=torch_version)
+    """``torch.__version__`` of the environment measured (default: this one's)."""
     script: str
     """The script's absolute path, or the module name of ``-m`` (``script_key``)."""
     processes: int
@@ -62,8 +69,8 @@ class SplitRecord:
     """Its throughput."""
     measured: Mapping[str, float | None] = field(default_factory=dict)
     """Every split measured: ``"PxT"`` → samples/s (None: the run failed)."""
-    when: str = ""
-    """When it was measured (local time, ``YYYY-MM-DD HH:MM``)."""
+    when: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
+    """When it was measured (local time, ``YYYY-MM-DD HH:MM``; default: now)."""
 
 
 def cache_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -73,14 +80,6 @@ def cache_path(environ: Mapping[str, str] | None = None) -> Path:
         return Path(env["MULTIGPU_CACHE_DIR"]) / CACHE_FILE
     base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "multigpu" / CACHE_FILE
-
-
-def torch_version() -> str:
-    """The installed torch's version, read without importing torch (``"2.13.0+cpu"``)."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def script_key(script: str, *, is_module: bool) -> str:
@@ -114,23 +113,6 @@ def save_record(record: SplitRecord, environ: Mapping[str, str] | None = None) -
     kept = [r for r in load_records(path) if (r.host, r.cores, r.torch, r.script) != key]
     document = {"format": FORMAT, "entries": [asdict(r) for r in [*kept, record]]}
     return atomic_write(path, lambda fh: fh.write(json.dumps(document, indent=2).encode()))
-
-
-def new_record(
-    *, cores: int, script: str, best: tuple[int, int], sps: float, measured: Mapping[str, Any]
-) -> SplitRecord:
-    """A record for this host and torch, measured now."""
-    return SplitRecord(
-        host=socket.gethostname(),
-        cores=cores,
-        torch=torch_version(),
-        script=script,
-        processes=best[0],
-        threads=best[1],
-        samples_per_second=sps,
-        measured=dict(measured),
-        when=time.strftime("%Y-%m-%d %H:%M"),
-    )
 
 
 def find_record(

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 from datetime import timedelta
 from typing import Any
 
 from multigpu.errors import LaunchError
-from multigpu.launch.failure_summary import failures_of, summary_line
+from multigpu.launch.failure_summary import failures_of, say, summary_line
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +91,9 @@ class ExitAgreement:
             store.compare_set(PREFIX + "outcome", "", what)
             _leave(store, nodes)
         except Exception as e:  # the others then end on their timeout, with exit code 1 too
-            print(
-                f"multigpu: could not tell the other nodes that this node failed ({e}); they "
-                "stop when --timeout ends their wait",
-                file=sys.stderr,
-                flush=True,
+            say(
+                f"could not tell the other nodes that this node failed ({e}); they stop when "
+                "--timeout ends their wait"
             )
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,3 +155,8 @@ def quiet_torch_worker_reports() -> None:
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(
             logging.CRITICAL
         )
+
+
+def say(line: str) -> None:
+    """One line of the launcher's own on stderr, at once."""
+    print(f"multigpu: {line}", file=sys.stderr, flush=True)

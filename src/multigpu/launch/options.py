@@ -94,18 +94,15 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
-def torchrun_argv(
-    given: Mapping[str, Any], actions: Iterable[argparse.Action], skip: Iterable[str] = ()
-) -> list[str]:
+def torchrun_argv(given: Mapping[str, Any], actions: Iterable[argparse.Action]) -> list[str]:
     """Turn torchrun options (dest → value, as in ``LaunchOptions.torchrun``) back into an
-    argument list for ``torch.distributed.run``, leaving out the dests in ``skip``.
+    argument list for ``torch.distributed.run``.
 
     Each option is written in its canonical long form (``--nproc-per-node=2``), flags alone.
     """
-    left_out = set(skip)
     out: list[str] = []
     for action in actions:
-        if not action.option_strings or action.dest not in given or action.dest in left_out:
+        if not action.option_strings or action.dest not in given:
             continue
         long = max(action.option_strings, key=lambda s: (s.startswith("--"), "-" in s[2:]))
         value = given[action.dest]

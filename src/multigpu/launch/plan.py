@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Literal
 
 from multigpu.errors import UsageError
 from multigpu.host import loopback_interface
-from multigpu.launch.endpoints import store_port
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
+from multigpu.launch.ports import store_port
 from multigpu.launch.timeouts import DEFAULT_TIMEOUT_S, job_timeout_s, rendezvous_conf
 
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ def _torchrun_args(
 
     # A store on a free port: two single-node jobs never fight over torchrun's 29500.
     standalone = options.max_nodes == 1 and not any(options.given(d) for d in RDZV_DESTS)
-    given = dict(options.torchrun)
+    given = {k: v for k, v in options.torchrun.items() if k != "nproc_per_node"}  # set below
     if iface_address and not options.given("local_addr"):
         given["local_addr"] = iface_address  # the address other nodes reach this one at
     elif options.max_nodes == 1 and not options.given("local_addr"):
@@ -304,7 +304,7 @@ def _torchrun_args(
         conf = str(given.get("rdzv_conf") or "")
         given["rdzv_conf"] = rendezvous_conf(conf, timeout_s, static=static)
     args = [f"--nproc-per-node={nproc}"]
-    args += torchrun_argv(given, get_args_parser()._actions, skip={"nproc_per_node"})
+    args += torchrun_argv(given, get_args_parser()._actions)
     if standalone:
         args.append("--standalone")
     return [*args, options.script, *options.script_args]

@@ -1,19 +1,40 @@
-"""Ports: is a rendezvous port free here, and is an address one of this machine's.
+"""Where a launch's rendezvous store lives, and whether the network lets it: the port this node
+will host (free?), the endpoint it dials (answering as a store?), ``--iface``'s interface.
 
-A port already in use on the node that must host torchrun's store would otherwise surface as a
-long rendezvous timeout or a deep traceback; trying to bind it first gives a one-line error.
+``multigpu run`` checks them before starting anything: a port that another program holds, an
+endpoint that does not answer, or an interface that does not exist is named at once (one line)
+instead of failing inside torchrun's agent as a long rendezvous timeout or a deep traceback.
+
+``--iface NAME`` makes gloo and NCCL use that interface (``GLOO_SOCKET_IFNAME``,
+``NCCL_SOCKET_IFNAME``) and, unless ``--local-addr`` is given, makes the elastic agent
+advertise its address to the other nodes. Both matter on machines with several networks, and
+on the many Linux installations whose hostname resolves to 127.0.1.1: there the agent would
+publish an address that other nodes cannot reach.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
 import socket
+from typing import Any
 
 from multigpu.errors import UsageError
-from multigpu.host import local_addresses
+from multigpu.host import interface_address, interface_names, local_addresses
+from multigpu.launch.options import LaunchOptions
+
+
+def check_interface(name: str) -> str | None:
+    """Raise UsageError unless interface ``name`` exists here; return its IPv4 address, if any."""
+    names = interface_names()
+    if name not in names:
+        raise UsageError(
+            f"--iface {name}: no such network interface on this machine ({socket.gethostname()}); "
+            f"expected one of: {', '.join(names) or 'none found'}; pick the one on the network "
+            "that connects the nodes (`ip -br addr`)"
+        )
+    return interface_address(name)
 
 
 def is_local_address(host: str) -> bool:
@@ -86,35 +107,20 @@ def _answers_as_store(host: str, port: int, wait_s: float) -> bool:
 
     The client runs in a forked child that is killed when the time is up: a client left
     waiting in a thread of this process made it abort at exit (SIGABRT, "terminate called
-    without an active exception", from the client's C++ thread). Without ``fork`` (not POSIX)
-    a daemon thread does it, as before.
+    without an active exception", from the client's C++ thread).
     """
-    import threading
     import time
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
-    def connect() -> None:
-        TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait_s),
-                 wait_for_workers=False)  # fmt: skip
-
-    if not hasattr(os, "fork"):
-        answered = threading.Event()
-
-        def probe() -> None:
-            with contextlib.suppress(Exception):
-                connect()
-            answered.set()
-
-        threading.Thread(target=probe, daemon=True, name="multigpu-store-probe").start()
-        return answered.wait(wait_s)
     child = os.fork()
     if child == 0:  # the child: connect quietly, and leave without Python's teardown
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)  # torch's client logs each retry: the parent words the outcome
-            connect()
+            TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait_s),
+                     wait_for_workers=False)  # fmt: skip
         except BaseException:  # an error is an answer too
             pass
         os._exit(0)
@@ -127,3 +133,81 @@ def _answers_as_store(host: str, port: int, wait_s: float) -> bool:
     os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
     return False
+
+
+def store_port(options: LaunchOptions) -> tuple[str, int] | None:
+    """The (option, port) of the rendezvous store this node will host, if it is a fixed port.
+
+    Static rendezvous: node rank 0 hosts ``--master-port`` (or the ``--rdzv-endpoint`` port).
+    c10d rendezvous: the node whose address is the endpoint's hosts it — checked only when it
+    surely does (single node, or ``is_host=1`` in ``--rdzv-conf``), because on a multi-node
+    test machine the port may rightly be held by another agent of the same job.
+    """
+    if options.get("standalone"):
+        return None  # torchrun picks a free port
+    backend = str(options.get("rdzv_backend", "static"))
+    endpoint = str(options.get("rdzv_endpoint", "") or "")
+    if backend == "static":
+        if int(options.get("node_rank", 0)) != 0:
+            return None
+        if endpoint:
+            return _endpoint_port(endpoint)
+        if options.given("master_port"):
+            port = int(options.get("master_port"))
+            return f"--master-port {port}", port
+        if options.max_nodes > 1:  # one node without a port: torchrun picks a free one
+            return "torchrun's default --master-port 29500", 29500
+        return None
+    conf = str(options.get("rdzv_conf", "") or "").replace(" ", "").lower()
+    hosts = options.max_nodes == 1 or any(f"is_host={v}" in conf for v in ("1", "true", "yes"))
+    if endpoint and hosts:
+        found = _endpoint_port(endpoint)
+        if found is not None and is_local_address(endpoint.rpartition(":")[0]):
+            return found
+    return None
+
+
+def _endpoint_port(endpoint: str) -> tuple[str, int] | None:
+    _, sep, port_text = endpoint.rpartition(":")
+    if not sep or not port_text.isdigit():
+        return None  # torchrun's default port applies; it reports a bad endpoint itself
+    return f"--rdzv-endpoint {endpoint}", int(port_text)
+
+
+def rendezvous_endpoint(options: LaunchOptions) -> tuple[str, int] | None:
+    """(host, port) this node's agent will connect to on several nodes; None on one node."""
+    if options.max_nodes == 1 or options.get("standalone"):
+        return None
+    endpoint = str(options.get("rdzv_endpoint", "") or "")
+    if endpoint:
+        host, sep, port_text = endpoint.rpartition(":")
+        return (host.strip("[]"), int(port_text)) if sep and port_text.isdigit() else None
+    host = str(options.get("master_addr", "") or "127.0.0.1")
+    return host, int(options.get("master_port", 29500) or 29500)
+
+
+def endpoint_option(options: LaunchOptions) -> str:
+    """How the user named the rendezvous endpoint, for messages."""
+    return "--rdzv-endpoint" if options.get("rdzv_endpoint") else "--master-addr/--master-port"
+
+
+def dialled_store(params: Any) -> tuple[str, int] | None:
+    """(host, port) of the rendezvous store this node's agent will dial as a client, for torch's
+    ``RendezvousParameters``; None when this node hosts it, or for other backends (etcd).
+
+    Static rendezvous: node rank 0 hosts it. c10d: ``is_host`` in ``--rdzv-conf``, else the node
+    whose address the endpoint names (torch's own guess, made the same way: a local address).
+    """
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    if params.backend == "static":
+        if int(params.config.get("rank", 0)) == 0:
+            return None
+        return parse_rendezvous_endpoint(params.endpoint, default_port=29500)
+    if params.backend != "c10d":
+        return None
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    is_host = params.get_as_bool("is_host")
+    if is_host is None:
+        is_host = is_local_address(host)
+    return None if is_host else (host, port)

@@ -17,10 +17,9 @@ It overrides three methods of torch's ``SimpleElasticAgent`` (``_monitor_workers
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from multigpu.launch.failure_summary import failures_of, summary_line
+from multigpu.launch.failure_summary import failures_of, say, summary_line
 
 
 class RestartReports:
@@ -66,8 +65,3 @@ class RestartReports:
             f"{waiting} node(s) waiting to join; restarting the workers to admit them "
             "(a membership change: not counted as a restart)"
         )
-
-
-def say(line: str) -> None:
-    """One line of the launcher's own on stderr, at once."""
-    print(f"multigpu: {line}", file=sys.stderr, flush=True)

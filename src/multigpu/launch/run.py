@@ -5,6 +5,12 @@ nvidia-smi) and every worker count handed to torchrun is a number, so torchrun n
 ``torch.cuda`` either. This is the one place in multigpu that writes ``os.environ``: the elastic
 agent copies the parent's environment into every worker.
 
+An error of torchrun's agent (rendezvous, store) ends the launch with one line naming the node and
+the fix (``describe_agent_error``): torch says "The connection to the C10d store has failed. See
+inner exception for details." and leaves the user to dig the address out of a traceback; here
+the message names the rendezvous endpoint, this machine, what was waited for and for how long,
+and what to check.
+
 Environment variables read: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (kept when set), ``CUDA_VISIBLE_DEVICES`` and the
 others ``multigpu.gpus`` reads, ``PATH`` (for ``--no-python`` programs), torchrun's ``PET_*``.
@@ -14,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -22,24 +30,23 @@ from typing import Any
 
 from multigpu.errors import MultiGPUError, UsageError
 from multigpu.host import usable_cores
+from multigpu.launch import ports
 from multigpu.launch.agent import multigpu_agent
-from multigpu.launch.agent_errors import describe_agent_error
-from multigpu.launch.endpoints import endpoint_option, rendezvous_endpoint
 from multigpu.launch.failure_summary import (
     USAGE_EXIT_CODE,
     exit_code,
     failures_of,
     log_hint,
     quiet_torch_worker_reports,
+    say,
     summary_line,
 )
-from multigpu.launch.network import check_interface
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
-from multigpu.launch.ports import check_port_free, check_store_answers
 from multigpu.launch.slurm import with_slurm_topology
 from multigpu.run_target import check_script as check_script_path
+from multigpu.store_reach import StoreUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +85,7 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
     gpus = list_gpus(env)
     request = request_devices(options, gpu_count=len(gpus), cores=cores)
     check_script(options)
-    address = check_interface(options.iface) if options.iface else None
+    address = ports.check_interface(options.iface) if options.iface else None
     with ExitStack() as stack:
         if request.kind == "cuda":
             gpu_request = parse_gpu_request(request.gpus)
@@ -97,11 +104,11 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
         else:
             plan = build_plan(options, request, environ=env, cores=cores, iface_address=address)
         if plan.store_port is not None:
-            check_port_free(plan.store_port[1], option=plan.store_port[0])
-        endpoint = rendezvous_endpoint(options)
+            ports.check_port_free(plan.store_port[1], option=plan.store_port[0])
+        endpoint = ports.rendezvous_endpoint(options)
         if endpoint is not None:
-            check_store_answers(*endpoint, option=endpoint_option(options),
-                                wait_s=min(plan.timeout_s, 10.0))  # fmt: skip
+            ports.check_store_answers(*endpoint, option=ports.endpoint_option(options),
+                                      wait_s=min(plan.timeout_s, 10.0))  # fmt: skip
         yield plan
 
 
@@ -157,8 +164,7 @@ def _run_agent(args: Any, traces: str, timeout_s: float, hint: str) -> int:
     except Exception as e:  # rendezvous and agent errors: one line, not torch's traceback
         logger.debug("launch failure", exc_info=True)
         message, code = describe_agent_error(e, args, timeout_s), 1
-    sys.stderr.write(f"multigpu: error: {message}\n")
-    sys.stderr.flush()
+    say(f"error: {message}")
     return code
 
 
@@ -172,3 +178,97 @@ def multigpu_run(options: LaunchOptions, *, check: Callable[[LaunchPlan], None])
         for note in plan.notes:
             logger.info("%s", note)
         return launch(plan)
+
+
+def root_cause(error: BaseException) -> str:
+    """``Type: first line`` of the innermost exception of ``error``'s chain."""
+    seen: set[int] = set()
+    while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(":. ")
+
+
+def endpoint_of(args: Any) -> str:
+    """The rendezvous endpoint torchrun uses for parsed torchrun ``args``."""
+    endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
+    if endpoint:
+        return endpoint
+    return f"{getattr(args, 'master_addr', '127.0.0.1')}:{getattr(args, 'master_port', 29500)}"
+
+
+def _named_by(args: Any) -> str:
+    given = getattr(args, "rdzv_endpoint", "")
+    return "--rdzv-endpoint" if given else "--master-addr:--master-port"
+
+
+def describe_agent_error(error: BaseException, args: Any, timeout_s: float) -> str:
+    """The one-line message for ``error`` raised by ``torch.distributed.run.run(args)``."""
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
+
+    endpoint = endpoint_of(args)
+    here = socket.gethostname()
+    cause = root_cause(error)
+    nnodes = getattr(args, "nnodes", "?")
+    # Another node's launcher ends first when it gave up waiting for the nodes; which of the
+    # endings below this node sees is a race, so each names this node's --nnodes.
+    same_options = (
+        f"when it timed out waiting for the other nodes, the nodes disagree on --nnodes (this "
+        f"node, {here}: --nnodes {nnodes}), --rdzv-id or --rdzv-endpoint: start every node with "
+        "the same ones"
+    )
+    host = endpoint.rsplit(":", 1)[0]
+    if isinstance(error, StoreUnreachable):  # our wait before torch's client dials
+        return (
+            f"{here} waited {timeout_s:g} s (--timeout) for the rendezvous store at "
+            f"{error.host}:{error.port} ({_named_by(args)} {endpoint}) and nothing "
+            f"answered ({error.last_error}): {host} is down or cut off, or its `multigpu run` "
+            "(node rank 0, which hosts the store) is not started or has ended; start it, check "
+            "the address and port, the network between the nodes (--iface) and that every node "
+            "gives the same endpoint"
+        )
+    joined = re.search(r"(\d+)/(\d+) clients joined", f"{error} {cause}")
+    if joined:  # this node hosts the store (static rendezvous, node rank 0): nobody came
+        return (
+            f"{here} hosts the rendezvous store at {endpoint} and waited {timeout_s:g} s "
+            f"(--timeout) for the other nodes' launchers to connect: only {joined[1]} of "
+            f"{joined[2]} did (--nnodes {nnodes}): start `multigpu run` on every node with the "
+            f"same --nnodes and {_named_by(args)} {endpoint} and its own --node-rank, or raise "
+            "--timeout"
+        )
+    if isinstance(error, RendezvousTimeoutError):
+        return (
+            f"not every node joined the rendezvous at {endpoint} within {timeout_s:g} s "
+            f"({cause}); {here} expected --nnodes {nnodes}: start `multigpu run` with the same "
+            "--rdzv-endpoint, --rdzv-id and --nnodes on every node, or raise --timeout"
+        )
+    if isinstance(error, RendezvousClosedError):
+        return (
+            f"the rendezvous at {endpoint} is closed: another node's launcher ended the job "
+            f"({cause}) — see its output; {same_options}, and a new --rdzv-id"
+        )
+    text = f"{type(error).__name__}: {error} {cause}".lower()
+    store_lost = isinstance(error, RendezvousConnectionError) or any(
+        word in text for word in ("connect", "timed out", "timeout", "no route", "broken pipe")
+    )
+    if store_lost and any(w in text for w in ("likely closed", "connection reset", "eof")):
+        # The store answered before and then hung up: its host's launcher ended.
+        return (
+            f"the rendezvous store at {endpoint} closed its connection to {here} ({cause}): "
+            f"the `multigpu run` on {host} has ended — see its output; {same_options}"
+        )
+    if store_lost:
+        return (
+            f"the rendezvous store at {endpoint} is unreachable from {here} ({cause}; waited "
+            f"up to --timeout {timeout_s:g} s): {host} is down or cut off, or its `multigpu run` "
+            "is not started or has ended (the node at that address hosts the store; the job "
+            "cannot go on without it, restarts included); check the address and port, the "
+            "network between the nodes (--iface) and that every node gives the same "
+            "--rdzv-endpoint"
+        )
+    return f"the launch failed: {type(error).__name__}: {error}"

@@ -30,9 +30,8 @@ AGENT_PID_VARIABLE = "MULTIGPU_AGENT_PID"
 
 
 def die_with_parent() -> bool:
-    """Ask the kernel to SIGKILL this process when its parent dies. True when it could."""
-    if not sys.platform.startswith("linux"):
-        return False
+    """Ask the kernel to SIGKILL this process when its parent dies. True when it could (Linux:
+    elsewhere libc has no ``prctl``)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)) == 0

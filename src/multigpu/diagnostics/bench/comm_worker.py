@@ -47,17 +47,13 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def collective(op: str) -> Collective:
-    """``fn(input, output)`` running ``op`` (broadcast from rank 0; reductions are sums)."""
-    if op == "all_reduce":
-        return lambda inp, _out: dist.all_reduce(inp)
-    if op == "broadcast":
-        return lambda inp, _out: dist.broadcast(inp, src=0)
-    if op == "all_gather":
-        return lambda inp, out: _all_gather(out, inp)
-    if op == "reduce_scatter":
-        return lambda inp, out: _reduce_scatter(out, inp)
-    raise ValueError(f"unknown collective {op!r}")
+COLLECTIVES: dict[str, Collective] = {
+    "all_reduce": lambda inp, _out: dist.all_reduce(inp),
+    "broadcast": lambda inp, _out: dist.broadcast(inp, src=0),
+    "all_gather": lambda inp, out: _all_gather(out, inp),
+    "reduce_scatter": lambda inp, out: _reduce_scatter(out, inp),
+}
+"""``fn(input, output)`` running each collective (broadcast from rank 0; reductions are sums)."""
 
 
 def expected_output(op: str, shape: Shape, rank: int, world_size: int) -> torch.Tensor:
@@ -81,7 +77,7 @@ def measure(
 ) -> tuple[float, bool]:
     """(this rank's mean seconds per call, whether the checked call gave the right values)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    run = collective(op)
+    run = COLLECTIVES[op]
     inp = torch.full((shape.input_numel,), float(rank + 1), device=device)
     out = torch.empty(shape.output_numel, device=device)
     run(inp, out)

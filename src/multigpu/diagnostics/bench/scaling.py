@@ -11,6 +11,12 @@ speed; the mean-based figure is in the JSON too. With several ranks, the slowest
 On CPUs: the scaling rows run N processes x 1 thread (adding a process adds a core); the split
 rows run every P x T with P·T = the usable cores; the fastest split is saved for ``--cpu auto``
 (``cache``). Configurations are interleaved across ``--repeats`` and the median taken.
+
+The result is one JSON-ready document (what ``--json`` prints and ``scaling.json`` holds):
+``{"kind", "target", "script_args", "device", "cores", "torch", "steps", "warmup", "repeats",
+"samples_per_step", "scaling": [row...], "splits": [row...], "recommendation"}``; a row is
+``{"processes", "threads", "samples_per_second", "steps_per_second", "step_ms",
+"samples_per_second_mean", "runs", "speedup", "efficiency", "error"}``.
 """
 
 from __future__ import annotations
@@ -27,14 +33,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multigpu.diagnostics.bench.scaling_options import ScalingOptions
-from multigpu.diagnostics.bench.splits import core_splits, split_label
+from multigpu.diagnostics.bench.splits import core_splits, fastest, load_before, split_label
 from multigpu.diagnostics.child_run import run_child
+from multigpu.diagnostics.options import device_for_runs
+from multigpu.host import usable_cores
+from multigpu.launch.cpu_split import SplitRecord, save_record, script_key, torch_version
 
 log = logging.getLogger(__name__)
 
 BENCH_FILE = "bench-rank{rank}.json"
 """Written by ``multigpu.bench_record`` (repeated here: diagnostics never imports that side)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingOptions:
+    """What ``multigpu bench scaling`` was asked to measure."""
+
+    target: str
+    """The script's path, or the module with ``is_module``."""
+    is_module: bool
+    """``target`` is a module (``-m``)."""
+    script_args: tuple[str, ...] = ()
+    """Arguments passed to the script unchanged."""
+    nproc: tuple[int, ...] = (1, 2)
+    """World sizes, ascending; the first is the baseline of the speed-up."""
+    steps: int = 50
+    """Timed optimizer steps per run."""
+    warmup: int = 5
+    """Optimizer steps before them, not timed (start-up, first allocations)."""
+    repeats: int = 1
+    """Runs per configuration, interleaved; the median is reported."""
+    as_json: bool = False
+    """Print one JSON document instead of the tables."""
+    out: Path | None = None
+    """Directory for scaling.json, scaling.csv and scaling.png (None: write nothing)."""
+    cpu: bool = False
+    """CPU processes even on a machine with GPUs."""
+    splits: bool = True
+    """On CPUs, also measure every processes x threads split of the cores and save the best."""
+    timeout: float = 600.0
+    """Seconds one run may take."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +87,6 @@ class Config:
     @property
     def label(self) -> str:
         """``"2x1"`` on CPU, ``"2 GPU(s)"`` on GPUs."""
-        if self.threads is None:
-            return f"{self.processes} GPU(s)"
         return split_label(self.processes, self.threads)
 
 
@@ -252,3 +288,72 @@ def run_all(
                 m.wall_s,
             )
     return results
+
+
+KIND = (
+    "strong scaling: the global batch (the script's ctx.loader batch_size) is fixed and "
+    "shared by the processes; speed-up = throughput / the smallest world size's; "
+    "efficiency = speed-up / (world size / the smallest)"
+)
+
+
+def bench_scaling(options: ScalingOptions, root: Path) -> dict[str, Any]:
+    """Measure every configuration, compute the rows, and record the fastest CPU split in the
+    ``--cpu auto`` cache. Each run leaves its records and logs under ``root``."""
+    device = device_for_runs(options.nproc, cpu=options.cpu)
+    cores = usable_cores()
+    scaling_configs, split_configs = configurations(options, device, cores)
+    if device == "cpu" and max(options.nproc) > cores:
+        log.warning(
+            "--nproc %s: more processes than the %d usable cores; the extra processes share "
+            "cores, so their speed-up says little",
+            ",".join(map(str, options.nproc)),
+            cores,
+        )
+    order = list(dict.fromkeys([*scaling_configs, *split_configs]))  # 2x1 may be in both
+    load = load_before()  # before our own runs add to it
+    results = run_all(options, order, root)
+    scaling = with_speedups([summarize(c, results[c]) for c in scaling_configs])
+    splits = [summarize(c, results[c]) for c in split_configs]
+    per_step = next(
+        (m.samples_per_step for ms in results.values() for m in ms if m.samples_per_step), None
+    )
+    document: dict[str, Any] = {
+        "kind": KIND,
+        "target": options.target,
+        "is_module": options.is_module,
+        "script_args": list(options.script_args),
+        "device": device,
+        "cores": cores,
+        "torch": torch_version(),
+        "steps": options.steps,
+        "warmup": options.warmup,
+        "repeats": options.repeats,
+        "samples_per_step": per_step,
+        "load_before": load,
+        "scaling": [dataclasses.asdict(r) for r in scaling],
+        "splits": [dataclasses.asdict(r) for r in with_speedups(splits, efficiency=False)],
+        "recommendation": None,
+    }
+    best = fastest({(r.processes, r.threads or 1): throughput(r) for r in splits})
+    if best is not None:
+        (row,) = [r for r in splits if (r.processes, r.threads) == best]
+        value = throughput(row) or 0.0
+        record = SplitRecord(
+            cores=cores,
+            script=script_key(options.target, is_module=options.is_module),
+            processes=best[0],
+            threads=best[1],
+            samples_per_second=value,
+            measured={split_label(r.processes, r.threads or 1): throughput(r) for r in splits},
+        )
+        by_best = fastest({(r.processes, r.threads or 1): r.best for r in splits})
+        document["recommendation"] = {
+            "processes": best[0],
+            "threads": best[1],
+            "throughput": value,
+            "cache": str(save_record(record)),
+            # Another split when noise, not the splits, decided.
+            "best_runs_favour": split_label(*by_best) if by_best not in (None, best) else None,
+        }
+    return document

@@ -1,16 +1,25 @@
-"""What ``multigpu bench scaling`` prints and writes: tables, scaling.json, scaling.csv."""
+"""What ``multigpu bench scaling`` prints and writes: tables, scaling.json, scaling.csv, and
+scaling.png (speed-up against world size, and the CPU splits).
+
+matplotlib is an optional extra (``pip install 'multigpu[plot]'``); without it no plot is
+written and the caller prints one line saying so. Only the object API (``Figure``) is used, so
+no GUI backend or global pyplot state is touched.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.table import Table
 
-from multigpu.diagnostics.bench.splits import report_console
+from multigpu.diagnostics.bench.splits import report_console, split_label
+
+log = logging.getLogger(__name__)
 
 CSV_COLUMNS = (
     "table",
@@ -32,11 +41,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _threads(row: Mapping[str, Any]) -> str:
-    return (
-        f"{row['processes']} GPU(s)"
-        if row["threads"] is None
-        else f"{row['processes']}x{row['threads']}"
-    )
+    return split_label(row["processes"], row["threads"])
 
 
 def _unit(document: Mapping[str, Any]) -> str:
@@ -47,6 +52,12 @@ def row_throughput(row: Mapping[str, Any]) -> float | None:
     """A JSON row's samples/s, or steps/s for a script without ``ctx.loader``."""
     value = row["samples_per_second"]
     return value if value is not None else row["steps_per_second"]
+
+
+def _is_fastest(row: Mapping[str, Any], document: Mapping[str, Any]) -> bool:
+    """The split ``document``'s recommendation names."""
+    best = document.get("recommendation") or {}
+    return (row["processes"], row["threads"]) == (best.get("processes"), best.get("threads"))
 
 
 def _note(row: Mapping[str, Any], document: Mapping[str, Any]) -> str:
@@ -132,7 +143,6 @@ def scaling_table(document: Mapping[str, Any]) -> Table:
 
 def splits_table(document: Mapping[str, Any]) -> Table:
     """Every processes x threads split of the cores, relative to 1 process x all cores."""
-    best = document["recommendation"] or {}
     table = Table(
         title=f"CPU splits of {document['cores']} cores: processes x threads", title_justify="left"
     )
@@ -142,13 +152,12 @@ def splits_table(document: Mapping[str, Any]) -> Table:
     for column in columns:
         table.add_column(column, justify="left" if column == "note" else "right")
     for row in document["splits"]:
-        fastest = (row["processes"], row["threads"]) == (best.get("processes"), best.get("threads"))
         table.add_row(
             _threads(row),
             *_figures(row, document),
             _fmt(row["step_ms"], ".2f"),
             _fmt(row["speedup"], ".2f"),
-            _note(row, document) or ("fastest" if fastest else ""),
+            _note(row, document) or ("fastest" if _is_fastest(row, document) else ""),
         )
     return table
 
@@ -200,15 +209,87 @@ def print_report(document: Mapping[str, Any], file: TextIO | None = None) -> Non
 
 
 def write_files(document: Mapping[str, Any], out: Path) -> dict[str, str]:
-    """Write ``scaling.json`` and ``scaling.csv`` into ``out``; return {kind: path}."""
+    """Write ``scaling.csv``, ``scaling.png`` (with matplotlib) and ``scaling.json`` (the document
+    with these ``files``) into ``out``; return the files, {kind: path}."""
     out.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = out / "scaling.json", out / "scaling.csv"
-    json_path.write_text(json.dumps(document, indent=2) + "\n")
-    with csv_path.open("w", newline="") as fh:
+    files = {"json": str(out / "scaling.json"), "csv": str(out / "scaling.csv")}
+    with open(files["csv"], "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for table in ("scaling", "splits"):
             rows: Sequence[Mapping[str, Any]] = document[table]
             for row in rows:
                 writer.writerow({"table": table, **row})
-    return {"json": str(json_path), "csv": str(csv_path)}
+    if write_plot(document, out / "scaling.png"):
+        files["png"] = str(out / "scaling.png")
+    else:
+        log.info("%s", NO_MATPLOTLIB)
+    Path(files["json"]).write_text(json.dumps({**document, "files": files}, indent=2) + "\n")
+    return files
+
+
+NO_MATPLOTLIB = (
+    "no plot: matplotlib is not installed (pip install 'multigpu[plot]' or 'matplotlib>=3.5')"
+)
+
+
+def write_plot(document: Mapping[str, Any], path: Path) -> bool:
+    """Draw the scaling result into ``path`` (PNG); False when matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    splits = [r for r in document["splits"] if row_throughput(r) is not None]
+    fig = Figure(figsize=(8.0, 3.3) if splits else (4.4, 3.3), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 2 if splits else 1, squeeze=False)[0]
+    rows = [r for r in document["scaling"] if r["speedup"] is not None]
+    ax = axes[0]
+    if rows:
+        sizes = [r["processes"] for r in rows]
+        ideal = [n / sizes[0] for n in sizes]
+        ax.plot(sizes, ideal, "--", color="0.6", label="ideal (linear)")
+        ax.plot(sizes, [r["speedup"] for r in rows], "o-", color="C0", label="measured")
+        for r in rows:
+            # Above the point, where neither line runs (the ideal line rises to the right of
+            # it, the measured one joins it from the side), on a white box over the grid.
+            ax.annotate(
+                f"{r['speedup']:.2f}x\neff. {r['efficiency']:.0%}",
+                (r["processes"], r["speedup"]),
+                textcoords="offset points",
+                xytext=(0, 9),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
+        ax.set_xticks(sizes)
+        # Room for the labels: the first and last points away from the sides, the tallest
+        # label inside the axes, and the speed-up read from zero.
+        ax.margins(x=0.15)
+        top = max([*ideal, *(r["speedup"] for r in rows)])
+        ax.set_ylim(0, top * 1.3)
+    what = "processes x 1 thread" if document["device"] == "cpu" else "GPUs"
+    ax.set_xlabel(f"world size ({what})")
+    ax.set_ylabel("speed-up over the smallest world size")
+    ax.set_title("strong scaling, fixed global batch", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    if splits:
+        labels = [_threads(r) for r in splits]
+        values = [float(row_throughput(r) or 0.0) for r in splits]
+        colors = ["C2" if _is_fastest(r, document) else "C7" for r in splits]
+        bars = axes[1].bar(labels, values, color=colors)
+        axes[1].bar_label(bars, fmt="%.0f", fontsize=8)
+        axes[1].margins(y=0.12)  # room for the labels above the tallest bar
+        axes[1].set_xlabel("processes x threads")
+        axes[1].set_ylabel(_unit(document))
+        axes[1].set_title(f"splits of {document['cores']} cores (green: fastest)", fontsize=9)
+        axes[1].grid(alpha=0.3, axis="y")
+    target = ("-m " if document["is_module"] else "") + Path(document["target"]).name
+    fig.suptitle(
+        f"multigpu bench scaling: {target} ({document['device']}, torch {document['torch']})",
+        fontsize=10,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return True

@@ -38,9 +38,10 @@ def fastest(measured: Mapping[tuple[int, int], float | None]) -> tuple[int, int]
     return max(sorted(ok), key=lambda split: ok[split])
 
 
-def split_label(processes: int, threads: int) -> str:
-    """``"2x1"``: processes x threads, the key used in tables, JSON and the cache."""
-    return f"{processes}x{threads}"
+def split_label(processes: int, threads: int | None) -> str:
+    """``"2x1"``: processes x threads, the key used in tables, JSON and the cache; ``"2 GPU(s)"``
+    without threads (on GPUs)."""
+    return f"{processes} GPU(s)" if threads is None else f"{processes}x{threads}"
 
 
 BUSY_LOAD = 0.5

@@ -1,4 +1,6 @@
-"""CUDA runtime, NVIDIA driver and NCCL: are they there, and do they fit together.
+"""CUDA runtime, NVIDIA driver and NCCL: are they there, and do they fit together; then each
+visible GPU's free memory, utilisation and compute processes, and how the GPUs are linked
+(NVLink or the PCIe path).
 
 ``torch.cuda.is_available()`` and the NCCL version need the CUDA driver loaded, which must not
 happen in a process that later forks workers (see ``multigpu.gpus.torch_probe``): the doctor
@@ -6,7 +8,9 @@ asks a short-lived child (``cuda_facts_in_child``); a launched worker, which use
 asks itself (``torch_cuda_facts``). The driver's version and the newest CUDA it supports
 (``DriverFacts``) come from ``multigpu.gpus.read_facts``: NVML, else nvidia-smi's CSV/XML query
 modes — never from CUDA. The child gets the whole environment, so it sees the GPUs this
-process would see (``CUDA_VISIBLE_DEVICES``...).
+process would see (``CUDA_VISIBLE_DEVICES``...). The GPUs and their links come from
+``read_facts`` too (NVML; nvidia-smi only where NVML cannot be loaded; torch in a child process
+last), so this process never creates a CUDA context.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import contextlib
 import logging
 import re
 import warnings
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip, warn
-from multigpu.gpus.types import DriverFacts
+from multigpu.gpus import DriverFacts, GPUFacts, GPUInfo, busy_reason
+from multigpu.gpus.topology import link_meaning
+from multigpu.gpus.visible import visible_devices
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +35,8 @@ CHILD_TIMEOUT_S = 60.0
 INSTALL = "pick the command for your CUDA at https://pytorch.org/get-started/locally/"
 
 _CHILD = (
-    "import json; from multigpu.diagnostics.doctor.cuda import torch_cuda_facts; "
-    "print(json.dumps(torch_cuda_facts()))"
+    "import dataclasses, json; from multigpu.diagnostics.doctor.cuda import torch_cuda_facts; "
+    "print(json.dumps(dataclasses.asdict(torch_cuda_facts())))"
 )
 
 
@@ -48,7 +54,7 @@ class CudaFacts:
     """torch's warning when CUDA is not available ("driver too old" and the like)."""
 
 
-def torch_cuda_facts() -> dict[str, Any]:
+def torch_cuda_facts() -> CudaFacts:
     """torch.cuda's answers in THIS process (initialises CUDA: workers and the child only)."""
     import torch
 
@@ -58,22 +64,11 @@ def torch_cuda_facts() -> dict[str, Any]:
     nccl = None
     with contextlib.suppress(Exception):  # CPU-only builds have no NCCL bindings at all
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {
-        "available": available,
-        "device_count": torch.cuda.device_count() if available else 0,
-        "nccl": nccl,
-        "why": " ".join(str(caught[0].message).split())[:300] if caught else "",
-    }
-
-
-def parse_cuda_facts(data: Mapping[str, Any]) -> CudaFacts:
-    """``CudaFacts`` from ``torch_cuda_facts()``'s dict (or the child's JSON line, parsed)."""
-    nccl = data.get("nccl")
     return CudaFacts(
-        available=bool(data["available"]),
-        device_count=int(data.get("device_count") or 0),
-        nccl=str(nccl) if nccl else None,
-        why=str(data.get("why") or ""),
+        available=available,
+        device_count=torch.cuda.device_count() if available else 0,
+        nccl=nccl,
+        why=" ".join(str(caught[0].message).split())[:300] if caught else "",
     )
 
 
@@ -83,7 +78,7 @@ def cuda_facts_in_child(environ: Mapping[str, str]) -> CudaFacts | None:
 
     answer = json_from_child(_CHILD, environ, CHILD_TIMEOUT_S, "CUDA child")
     try:
-        return parse_cuda_facts(answer) if answer is not None else None
+        return CudaFacts(**answer) if answer is not None else None
     except (KeyError, TypeError, ValueError) as e:
         log.debug("CUDA child failed: %s", e)
         return None
@@ -212,3 +207,63 @@ def _nccl_check(build: str, gpus: int, facts: CudaFacts | None, name: str) -> Ch
         f"this torch ({build}) has no {name}: GPUs cannot communicate",
         f"install an official torch wheel, which bundles {name}: {INSTALL}",
     )
+
+
+def topology_check(links: Mapping[tuple[int, int], str], *, gpus: int) -> Check:
+    """One row: how many GPU pairs use each kind of link (the matrix goes to the JSON).
+
+    Example:
+        >>> topology_check({(0, 1): "NV12"}, gpus=2).value
+        'NV12 (NVLink) x1'
+    """
+    if gpus < 2:
+        return skip("gpu", "topology", f"{gpus} GPU visible: no GPU-to-GPU links to show")
+    if not links:
+        return skip(
+            "gpu", "topology", "how the GPUs are linked is not reported (NVML, nvidia-smi topo -m)"
+        )
+    counts = Counter(links.values())
+    value = ", ".join(
+        f"{link} ({link_meaning(link)}) x{n}"
+        for link, n in sorted(counts.items(), key=lambda x: -x[1])
+    )
+    matrix = {f"{i}-{j}": link for (i, j), link in sorted(links.items())}
+    return ok("gpu", "topology", value, pairs=matrix)
+
+
+def gpu_row(gpu: GPUInfo) -> Check:
+    """One visible GPU: WARN when it is busy (utilisation, memory, other processes)."""
+    shown = gpu.logical_index if gpu.logical_index is not None else gpu.index
+    util = "util n/a" if gpu.utilization_percent is None else f"util {gpu.utilization_percent}%"
+    pids = ", ".join(map(str, gpu.processes))
+    value = f"{gpu.name}, {gpu.memory_free_mib}/{gpu.memory_total_mib} MiB free, {util}, " + (
+        f"processes {pids}" if pids else "no processes"
+    )
+    busy = busy_reason(gpu, busy_if_processes=True)
+    if busy is None:
+        return ok("gpu", f"gpu {shown}", value)
+    return warn(
+        "gpu",
+        f"gpu {shown}",
+        f"{value}: in use ({busy})",
+        "`multigpu run` takes only idle GPUs (--gpus auto); choose others with --gpus i,j, "
+        + (f"or stop pids {pids} (`nvidia-smi` names them)" if pids else "or wait for the job"),
+    )
+
+
+def gpu_checks(facts: GPUFacts, environ: Mapping[str, str]) -> list[Check]:
+    """Rows for the GPUs this process sees and the links between them; one SKIP row without any."""
+    inventory = facts.inventory
+    if not inventory.gpus:
+        return [skip("gpu", "gpus", "no GPU found (NVML, nvidia-smi and torch.cuda asked)")]
+    visible: Sequence[GPUInfo] = visible_devices(inventory, environ)
+    if not visible:
+        hidden = f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', '')!r}"
+        why = f"{len(inventory.gpus)} GPU(s) on the machine, hidden from this process by {hidden}"
+        return [skip("gpu", "gpus", why)]
+    rows = [gpu_row(gpu) for gpu in visible]
+    # Links are between physical GPUs: keep the pairs of those this process sees.
+    physical = {gpu.index for gpu in visible}
+    links = {pair: link for pair, link in facts.links.items() if set(pair) <= physical}
+    rows.append(topology_check(links, gpus=len(visible)))
+    return rows
