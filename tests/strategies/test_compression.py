@@ -17,16 +17,12 @@ from typing import Any
 import pytest
 import torch
 
+from multigpu.choices import COMPRESSIONS
 from multigpu.diagnostics.diagnose import find_reasons
 from multigpu.diagnostics.records import RunRecord, load_run
 from multigpu.errors import UsageError
 from multigpu.examples.digits import build_parser, train
-from multigpu.strategies import (
-    COMPRESSIONS,
-    DDPStrategy,
-    SingleDeviceStrategy,
-    resolve_strategy,
-)
+from multigpu.strategies import DDPStrategy, SingleDeviceStrategy, resolve_strategy
 from multigpu.strategies.compression import parse_compression
 from multigpu.testing import run_distributed
 from tests.launch._util import run_multigpu

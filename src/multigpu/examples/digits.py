@@ -9,12 +9,10 @@ Kept plain on purpose: it is also the reference for what a multigpu training scr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,11 +21,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
 from multigpu.examples import job_cli
 from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
-from multigpu.examples.run_state import RunState, parameter_sha256
+from multigpu.examples.run_state import RunState, parameter_sha256, write_outputs
 from multigpu.hang.recorder import active_log
 from multigpu.hang.stragglers import SLOW, slowest
 from multigpu.strategies import DDPStrategy
@@ -185,8 +182,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "resumed_from_step": resumed,
             "history": history,
         }
-        if ctx.is_main:
-            _write_outputs(ctx, whole, metrics, args)
+        saved = write_outputs(whole, metrics, args.out, args.save) if ctx.is_main else None
+        if saved is not None:
+            ctx.print(f"saved the model's state dict (unwrapped, CPU tensors) to {saved}")
         ctx.print(
             f"test accuracy {metrics['test_accuracy']:.4f} on {ctx.world_size} process(es) in "
             f"{metrics['seconds']:.1f} s ({metrics['samples_per_second']:.0f} samples/s)"
@@ -252,20 +250,6 @@ def _progress(ctx: Context, mode: str) -> Any:
     )
     progress.start()
     return progress
-
-
-def _write_outputs(
-    ctx: Context, state: dict[str, torch.Tensor], metrics: dict[str, Any], args: Any
-) -> None:
-    out = Path(args.out) if args.out else None
-    save = Path(args.save) if args.save else (out / "model.pt" if out else None)
-    if save is not None:
-        atomic_write(save, lambda fh: torch.save(state, fh))
-        metrics["model_path"] = str(save)
-        ctx.print(f"saved the model's state dict (unwrapped, CPU tensors) to {save}")
-    if out is not None:
-        text = json.dumps(metrics, indent=2) + "\n"
-        atomic_write(out / "metrics.json", lambda fh: fh.write(text.encode()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from multigpu import variables
 from multigpu.arguments import Parser, positive
 from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import add_checkpoint_options
+from multigpu.examples.job_cli import add_checkpoint_options, add_seed_and_accumulation
 
 NO_DDP = ("single", "dp", "fsdp")
 """Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
@@ -55,13 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-batch-size", type=positive(int), default=256, help="global eval batch")
     p.add_argument("--lr", type=positive(float), default=3e-3, help="Adam learning rate (3e-3)")
-    p.add_argument("--seed", type=int, default=0, help="seed for every RNG (0)")
-    p.add_argument(
-        "--accumulation-steps",
-        type=positive(int),
-        default=1,
-        help="micro-batches per optimizer step (the global batch stays --batch-size)",
-    )
+    add_seed_and_accumulation(p, seed="seed for every RNG (0)")
     p.add_argument("--precision", choices=PRECISIONS, default="32", help="32, bf16-mixed, 16-mixed")
     p.add_argument(
         "--strategy",

@@ -54,6 +54,17 @@ def add_checkpoint_options(p: argparse.ArgumentParser, *, every: str, resume: st
     add("--resume", default="auto", help=resume)
 
 
+def add_seed_and_accumulation(p: argparse.ArgumentParser, *, seed: str) -> None:
+    """``--seed`` (``seed``: its help, in the job's words) and ``--accumulation-steps``."""
+    p.add_argument("--seed", type=int, default=0, help=seed)
+    p.add_argument(
+        "--accumulation-steps",
+        type=positive(int),
+        default=1,
+        help="micro-batches per optimizer step (the global batch stays --batch-size)",
+    )
+
+
 def check_outputs(args: argparse.Namespace, *, writes_outputs: bool = True) -> None:
     """Refuse, before training, a ``--out`` / ``--checkpoint-dir`` / ``--save`` it cannot write.
 
@@ -141,12 +152,13 @@ def run_job(
     argv: list[str] | None,
 ) -> int:
     """Parse ``argv`` with ``parser`` and ``train``: 0, or 2 with one line on a usage error."""
+    first = os.environ.get("RANK", "0") == "0"
     try:
         args = parser.parse_args(argv)
-        check_outputs(args, writes_outputs=os.environ.get("RANK", "0") == "0")
+        check_outputs(args, writes_outputs=first)
         train(args)
     except UsageError as e:
-        if os.environ.get("RANK", "0") == "0":  # the same message on every rank: say it once
+        if first:  # the same message on every rank: say it once
             print(f"multigpu train: error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0

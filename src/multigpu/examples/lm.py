@@ -9,9 +9,9 @@ download (``lm_data``); options are in ``lm_options``, reports in ``lm_log``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 import multigpu
 from multigpu.examples import job_cli, lm_data, lm_options
 from multigpu.examples.lm_log import RunLog
+from multigpu.examples.run_state import write_outputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,7 +176,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         step = resumed or 0
         run = RunLog(ctx, args, baseline, corpus, start_step=step)
         ctx.print(run.header(ctx.unwrap(model), loader.batch_size))
-        batches = lm_data.forever(loader)  # epoch after epoch, each in its own order
+        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
         while step < args.steps:
             x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)
             with ctx.accumulate(model):  # gradients synchronized on the last micro-batch only
@@ -199,14 +200,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             ctx.print(bubble_line(ctx.strategy, ctx.strategy.bubble(model)))  # collective
         state = ctx.full_state_dict(model)  # gathered from the shards under FSDP (collective)
         if ctx.is_main and args.out:
-            run.write(Path(args.out), state)  # model.pt and metrics.json, each atomically
+            write_outputs(state, run.metrics(), args.out)  # model.pt and metrics.json
         ctx.print(run.summary())
     return run.metrics()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m multigpu.examples.lm``: exit 0, or 2 on a usage error."""
-    return lm_options.run(train, argv)
+    return job_cli.run_job(lm_options.build_parser(), train, argv)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,13 @@ import hashlib
 import math
 import os
 import sysconfig
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 from torch.utils.data import Dataset
 
 from multigpu.errors import UsageError
-
-T = TypeVar("T")
 
 VOCAB_SIZE = 256
 """Bytes are the tokens."""
@@ -127,8 +123,6 @@ class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.block_size = block_size
         count = (len(data) - 1) // block_size
         self.indices = list(range(count)) if indices is None else list(indices)
-        if any(not 0 <= i < count for i in self.indices):
-            raise ValueError(f"window indices must lie in [0, {count})")
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -154,9 +148,3 @@ def evenly_spaced(data: torch.Tensor, block_size: int, count: int, multiple_of: 
             "expected a larger corpus or a smaller block size"
         )
     return Windows(data, block_size, [i * total // take for i in range(take)])
-
-
-def forever(loader: Iterable[T]) -> Iterator[T]:
-    """The loader's batches, pass after pass (a training run counted in steps, not epochs)."""
-    while True:
-        yield from loader

@@ -9,16 +9,13 @@ Environment variables read: ``TORCHELASTIC_RESTART_COUNT`` (recorded in metrics.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from multigpu.checkpoint import atomic_write
 from multigpu.context import Context
 from multigpu.examples.lm_data import Corpus
 
@@ -76,7 +73,7 @@ class RunLog:
         """Stop the training clock (before an evaluation, which is not training time)."""
         self._elapsed = time.perf_counter() - self._clock
 
-    def evaluated(self, step: int, val_loss: float) -> dict[str, Any]:
+    def evaluated(self, step: int, val_loss: float) -> None:
         """Record (and on rank 0 print) an evaluation at ``step``; restart the training clock."""
         elapsed = self._elapsed if self._elapsed is not None else time.perf_counter() - self._clock
         steps = step - self.last_step
@@ -100,7 +97,6 @@ class RunLog:
         self.train_seconds += elapsed
         self.last_step, self._losses, self._elapsed = step, [], None
         self._clock = time.perf_counter()
-        return record
 
     def metrics(self) -> dict[str, Any]:
         """Everything metrics.json holds (plain values)."""
@@ -144,9 +140,3 @@ class RunLog:
             f"{m['world_size']} process(es) in {m['seconds']:.1f} s "
             f"({m['tokens_per_second'] or 0} tokens/s)"
         )
-
-    def write(self, out: Path, state: dict[str, torch.Tensor]) -> None:
-        """Write ``out/model.pt`` (``state``) and ``out/metrics.json``, each atomically."""
-        atomic_write(out / "model.pt", lambda fh: torch.save(state, fh))
-        text = json.dumps({**self.metrics(), "model_path": str(out / "model.pt")}, indent=2)
-        atomic_write(out / "metrics.json", lambda fh: fh.write(text.encode() + b"\n"))

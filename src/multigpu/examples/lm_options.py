@@ -18,9 +18,8 @@ from torch import nn
 import multigpu
 from multigpu.context import Context
 from multigpu.examples import lm_parser
-from multigpu.examples.job_cli import run_job
 from multigpu.examples.lm_data import Corpus
-from multigpu.examples.lm_parser import build_parser
+from multigpu.examples.lm_parser import build_parser as build_parser  # the job parses with it
 
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
@@ -89,8 +88,3 @@ def check_data(ctx: Context, args: argparse.Namespace, corpus: Corpus) -> None:
             f"({args.batch_size}) and one per process ({ctx.world_size}): raise --corpus-mb or "
             "lower --block-size / --batch-size"
         )
-
-
-def run(train: Callable[[argparse.Namespace], Any], argv: list[str] | None) -> int:
-    """Parse ``argv`` and call ``train``: exit code 0, or 2 with one line on a usage error."""
-    return run_job(build_parser(), train, argv)

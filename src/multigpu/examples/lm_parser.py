@@ -11,7 +11,7 @@ import argparse
 from multigpu.arguments import Parser, positive
 from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import add_checkpoint_options
+from multigpu.examples.job_cli import add_checkpoint_options, add_seed_and_accumulation
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
@@ -45,13 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=5e-3,
         help="AdamW peak learning rate, after a linear warm-up, cosine-decayed to a tenth (5e-3)",
     )
-    add("--seed", type=int, default=0, help="seed for every RNG and the data order (0)")
-    add(
-        "--accumulation-steps",
-        type=positive(int),
-        default=1,
-        help="micro-batches per optimizer step (the global batch stays --batch-size)",
-    )
+    add_seed_and_accumulation(p, seed="seed for every RNG and the data order (0)")
     add("--precision", choices=("32", "bf16-mixed"), default="32", help="32 or bf16-mixed")
     add(
         "--strategy",

@@ -1,19 +1,22 @@
-"""The digits job's own progress as a checkpointable object: epoch records and running sums.
+"""The digits job's own progress as a checkpointable object, and the files both jobs write.
 
-Kept in the checkpoint beside the model, so a run killed at any step and resumed (by hand or by
-``multigpu run --max-restarts``) ends with the same per-epoch history — including an epoch whose
-last step was saved just before the crash but whose evaluation had not run yet.
+``RunState`` is kept in the checkpoint beside the model, so a run killed at any step and resumed
+(by hand or by ``multigpu run --max-restarts``) ends with the same per-epoch history — including
+an epoch whose last step was saved just before the crash but whose evaluation had not run yet.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+
+from multigpu.checkpoint import atomic_write
 
 
 def _empty() -> dict[str, Any]:
@@ -64,16 +67,33 @@ class RunState:
         self.current = dict(state["current"])
 
 
-def parameter_sha256(state: nn.Module | Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over the names and raw bytes of a state dict (or a model's), in order.
+def parameter_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over the names and raw bytes of a state dict, in order.
 
     Two runs have bitwise-equal weights exactly when their checksums match, whatever the device.
     """
     digest = hashlib.sha256()
-    tensors = state.state_dict() if isinstance(state, nn.Module) else state
-    for name, tensor in tensors.items():
+    for name, tensor in state.items():
         digest.update(name.encode())
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(str(flat.dtype).encode())
         digest.update(flat.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def write_outputs(
+    state: Mapping[str, torch.Tensor],
+    metrics: dict[str, Any],
+    out: str | None,
+    save: str | None = None,
+) -> Path | None:
+    """Save ``state`` to ``save`` (default ``out/model.pt``), then ``metrics`` with its
+    ``model_path`` to ``out/metrics.json``, each atomically; return where the model went."""
+    target = Path(save) if save else (Path(out) / "model.pt" if out else None)
+    if target is not None:
+        atomic_write(target, lambda fh: torch.save(state, fh))
+        metrics["model_path"] = str(target)
+    if out:
+        text = json.dumps(metrics, indent=2) + "\n"
+        atomic_write(Path(out) / "metrics.json", lambda fh: fh.write(text.encode()))
+    return target

@@ -14,7 +14,7 @@ from multigpu import variables
 from multigpu.choices import STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy, unwrap_module
-from multigpu.strategies.compression import COMPRESSION_ENV, COMPRESSIONS, parse_compression
+from multigpu.strategies.compression import COMPRESSION_ENV
 from multigpu.strategies.ddp import DDPStrategy
 from multigpu.strategies.dp import DataParallelStrategy
 from multigpu.strategies.fsdp import FSDPStrategy
@@ -43,9 +43,7 @@ def resolve_strategy(
         'fp16'
     """
     env = os.environ if environ is None else environ
-    compression = None
-    if env.get(COMPRESSION_ENV, "").strip():
-        compression = parse_compression(env[COMPRESSION_ENV], given_as=COMPRESSION_ENV)
+    compression = variables.compression(env)
     if isinstance(strategy, Strategy):
         if isinstance(strategy, DDPStrategy) and strategy.compression is None:
             strategy.compression = compression
@@ -104,9 +102,6 @@ def _with_env_mesh(strategy: Strategy, world_size: int, env: Mapping[str, str]) 
 
 
 __all__ = [
-    "COMPRESSIONS",
-    "COMPRESSION_ENV",
-    "STRATEGY_NAMES",
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 import torch
 from torch import nn
 
 from multigpu.device import move_to_device
+from multigpu.errors import UsageError
 from multigpu.precision import Precision
 from multigpu.strategies import state
-from multigpu.strategies.optimizers import parameter_names, repoint_optimizers
 from multigpu.wrappers import unwrap_module
 
 __all__ = ["Strategy", "unwrap_module"]
@@ -29,6 +29,58 @@ __all__ = ["Strategy", "unwrap_module"]
 def is_count(value: object) -> TypeGuard[int]:
     """Whether ``value`` is an integer >= 1 (a bool is not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def parameter_names(model: nn.Module) -> dict[int, str]:
+    """``{id(parameter): name}`` of ``model``'s parameters (taken before wrapping)."""
+    return {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def repoint_optimizers(
+    model: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    names: dict[int, str],
+    *,
+    drop_missing: bool = False,
+) -> None:
+    """Point every param group of ``optimizers`` at ``model``'s current parameters, by name.
+
+    ``ctx.setup`` takes optimizers built on the user's plain model, as a one-device script builds
+    them. FSDP's ``fully_shard`` replaces each parameter by a sharded one, and a meta model gets
+    new ones when it is materialized: an optimizer left pointing at the old objects would step
+    tensors nobody trains. ``names``: ``parameter_names`` of the model before wrapping; ``model``:
+    the plain (unwrapped) model after it. ``drop_missing``: a parameter ``model`` no longer has
+    (another pipeline stage's) leaves the optimizer instead of being refused.
+    """
+    current = dict(model.named_parameters(remove_duplicate=False))
+    live = {id(p) for p in current.values()}
+    for index, optimizer in enumerate(optimizers):
+        replaced = False
+        for group in optimizer.param_groups:
+            params = []
+            for param in group["params"]:
+                name = names.get(id(param))
+                # Kept: a live parameter, or one not the model's (e.g. a learned loss weight).
+                if id(param) in live or name is None:
+                    params.append(param)
+                    continue
+                if name not in current:
+                    if drop_missing:
+                        continue
+                    raise UsageError(
+                        f"optimizer {index} ({type(optimizer).__name__}) steps the model's "
+                        f"parameter {name!r}, which the strategy's model no longer has; build "
+                        "the optimizer on the model given to ctx.setup"
+                    )
+                params.append(current[name])
+                replaced = True
+            group["params"] = params
+        if replaced and optimizer.state:
+            raise UsageError(
+                f"optimizer {index} ({type(optimizer).__name__}) already has state, but its "
+                "parameters were replaced by the strategy (sharded or materialized); load "
+                "optimizer state after ctx.setup (ctx.load, or Checkpointer.resume), not before"
+            )
 
 
 class Strategy(ABC):
@@ -95,27 +147,21 @@ class Strategy(ABC):
         names = parameter_names(module)
         wrapped = self.wrap(module)
         repoint_optimizers(unwrap_module(wrapped), optimizers, names)
-        for optimizer in optimizers:
-            self.setup_optimizer(optimizer)
-        return wrapped
-
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Move loaded optimizer state to the device; the parameters move with the model."""
-        for opt_state in optimizer.state.values():
+        # Optimizer state loaded before setup follows the parameters to the device; "step" stays
+        # where torch keeps it (CPU for most optimizers).
+        for opt_state in (s for optimizer in optimizers for s in optimizer.state.values()):
             for key, value in list(opt_state.items()):
-                # "step" stays where torch keeps it (CPU for most optimizers).
                 if isinstance(value, torch.Tensor) and key != "step":
                     opt_state[key] = move_to_device(value, self.device)
-        return optimizer
+        return wrapped
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         """Return the plain module (no ``module.``/``_orig_mod.`` prefixes in its state dict)."""
         return unwrap_module(module)
 
-    @contextlib.contextmanager
-    def no_sync(self, module: nn.Module) -> Iterator[None]:
+    def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skip gradient synchronisation inside the block (no-op unless the wrapper supports it)."""
-        yield
+        return contextlib.nullcontext()
 
     def join(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context for uneven inputs across ranks (no-op unless the wrapper supports it)."""

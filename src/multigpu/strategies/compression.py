@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.choices import COMPRESSIONS
 from multigpu.errors import UsageError
-from multigpu.strategies.base import is_count
 from multigpu.torch_compat import powersgd_hook_for
 
 log = logging.getLogger(__name__)
@@ -53,20 +52,6 @@ def parse_compression(value: str | None, *, given_as: str = "compression") -> st
     return name
 
 
-def check_powersgd_options(rank: int, start_iter: int) -> None:
-    """Refuse PowerSGD settings torch would reject later, inside the first backward pass."""
-    if not is_count(rank):
-        raise UsageError(
-            f"powersgd_rank={rank!r}; expected an integer >= 1 (the rank of the gradient "
-            "approximation: 1 sends least, 2-4 keep more accuracy)"
-        )
-    if not is_count(start_iter) or start_iter < 2:
-        raise UsageError(
-            f"powersgd_start_iter={start_iter!r}; expected an integer >= 2: PowerSGD's error "
-            "feedback cannot start before DDP has rebuilt its buckets after the first step"
-        )
-
-
 def register_compression(
     ddp: DistributedDataParallel,
     name: str,
@@ -86,10 +71,11 @@ def register_compression(
         return None
     group = ddp.process_group
     backend = backend or str(tdist.get_backend(group))
-    hook = comm_hook(name, backend)
+    hook: Callable[..., Any] = default_hooks.fp16_compress_hook  # for "fp16"
     state: Any = None
-    if name == "powersgd":
-        check_powersgd_options(powersgd_rank, powersgd_start_iter)
+    if name == "bf16":
+        hook = _bf16_gloo_hook if backend == "gloo" else default_hooks.bf16_compress_hook
+    elif name == "powersgd":
         hook = powersgd_hook_for(next(ddp.module.parameters()).device)
         state = powerSGD_hook.PowerSGDState(
             process_group=group,
@@ -106,24 +92,6 @@ def register_compression(
         ) from e
     log.debug("gradient compression %s registered (backend %s)", name, backend)
     return state
-
-
-def comm_hook(name: str, backend: str) -> Callable[..., Any]:
-    """The communication hook of compression ``name`` (not ``"none"``) on ``backend``.
-
-    Example:
-        >>> comm_hook("fp16", "nccl").__name__, comm_hook("bf16", "gloo").__name__
-        ('fp16_compress_hook', '_bf16_gloo_hook')
-    """
-    if name == "fp16":
-        return default_hooks.fp16_compress_hook
-    if name == "bf16":
-        return _bf16_gloo_hook if backend == "gloo" else default_hooks.bf16_compress_hook
-    if name == "powersgd":
-        return powerSGD_hook.powerSGD_hook
-    raise UsageError(
-        f"compression={name!r} has no hook; expected one of {', '.join(COMPRESSIONS[1:])}"
-    )
 
 
 def _bf16_gloo_hook(

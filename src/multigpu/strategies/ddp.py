@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -14,12 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
 from multigpu.precision import AutocastModule
-from multigpu.strategies.base import Strategy
-from multigpu.strategies.compression import (
-    check_powersgd_options,
-    parse_compression,
-    register_compression,
-)
+from multigpu.strategies.base import Strategy, is_count
+from multigpu.strategies.compression import parse_compression, register_compression
 from multigpu.strategies.materialize import place
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 
@@ -53,7 +48,18 @@ class DDPStrategy(Strategy):
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
-        check_powersgd_options(powersgd_rank, powersgd_start_iter)
+        # Refused here: torch would refuse them later, inside the first backward pass.
+        if not is_count(powersgd_rank):
+            raise UsageError(
+                f"powersgd_rank={powersgd_rank!r}; expected an integer >= 1 (the rank of the "
+                "gradient approximation: 1 sends least, 2-4 keep more accuracy)"
+            )
+        if not is_count(powersgd_start_iter) or powersgd_start_iter < 2:
+            raise UsageError(
+                f"powersgd_start_iter={powersgd_start_iter!r}; expected an integer >= 2: "
+                "PowerSGD's error feedback cannot start before DDP has rebuilt its buckets after "
+                "the first step"
+            )
         self.compression = None if compression is None else parse_compression(compression)
         """The gradient compression; None until given (``resolve_strategy`` fills it in)."""
         self.powersgd_rank = powersgd_rank
@@ -99,22 +105,13 @@ class DDPStrategy(Strategy):
             self.hook_states.append(state)
         return ddp
 
-    @contextlib.contextmanager
-    def no_sync(self, module: nn.Module) -> Iterator[None]:
-        while isinstance(module, AutocastModule):  # mixed precision wraps outside DDP
-            module = module.module
-        if isinstance(module, DistributedDataParallel):
-            with module.no_sync():
-                yield
-        else:
-            yield
+    def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
+        ddp = _ddp(module)
+        return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
 
     def join(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        while isinstance(module, AutocastModule):
-            module = module.module
-        if isinstance(module, DistributedDataParallel):
-            return Join([module])
-        return contextlib.nullcontext()
+        ddp = _ddp(module)
+        return Join([ddp]) if ddp is not None else contextlib.nullcontext()
 
     def teardown(self) -> None:
         """Free every DDP reducer before the process group is destroyed.
@@ -144,3 +141,10 @@ class DDPStrategy(Strategy):
             described["powersgd_rank"] = self.powersgd_rank
             described["powersgd_start_iter"] = self.powersgd_start_iter
         return described
+
+
+def _ddp(module: nn.Module) -> DistributedDataParallel | None:
+    """The DDP wrapper ``module`` is, under mixed precision's ``AutocastModule`` if any."""
+    while isinstance(module, AutocastModule):  # mixed precision wraps outside DDP
+        module = module.module
+    return module if isinstance(module, DistributedDataParallel) else None

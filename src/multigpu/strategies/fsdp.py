@@ -15,7 +15,8 @@ import contextlib
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from multigpu.errors import EnvError, UsageError
+from multigpu.errors import UsageError
 from multigpu.log import warn_once
 from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, shard_units
@@ -31,8 +32,6 @@ from multigpu.strategies.materialize import check_initializable, has_meta_tensor
 from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 from multigpu.torch_compat import (
-    FSDP_MIN_VERSION,
-    TORCH_VERSION,
     cpu_offload_policy,
     drop_fsdp_process_groups,
     drop_mesh_process_groups,
@@ -129,11 +128,6 @@ class FSDPStrategy(Strategy):
         self.shape = shape
 
     def validate(self) -> None:
-        if TORCH_VERSION < FSDP_MIN_VERSION:
-            raise EnvError(
-                f"strategy='fsdp' needs torch >= {'.'.join(map(str, FSDP_MIN_VERSION))} (FSDP2); "
-                f"this is torch {torch.__version__}: upgrade torch or use strategy='ddp'"
-            )
         if self.precision.name == "16-mixed":
             raise UsageError(
                 "precision='16-mixed' with strategy='fsdp': float16 needs a loss scaler over "
@@ -181,17 +175,13 @@ class FSDPStrategy(Strategy):
         units = shard_units(module, self.blocks, self.min_block_params)
         options = self._shard_options()
         for _, unit in units[:-1]:
-            if self.activation_checkpointing:
-                unit.forward = _checkpointed(unit.forward)
+            if self.activation_checkpointing:  # recompute the unit's activations in backward
+                unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
             fully_shard(unit, **options)
         # The root's parameters are the first the backward needs: keep them (FSDP2's default).
         options["reshard_after_forward"] = False
-        if self.precision.dtype is not None:  # the root returns float32, as autocast would
-            options["mp_policy"] = mixed_precision_policy(
-                param_dtype=self.precision.dtype,
-                reduce_dtype=torch.float32,
-                output_dtype=torch.float32,
-            )
+        if "mp_policy" in options:  # the root returns float32, as autocast would
+            options["mp_policy"] = replace(options["mp_policy"], output_dtype=torch.float32)
         fully_shard(module, **options)
         if meta:
             materialize(module, self.device)
@@ -270,13 +260,3 @@ class FSDPStrategy(Strategy):
             "cpu_offload": self.cpu_offload and self.device.type == "cuda",
             "activation_checkpointing": self.activation_checkpointing,
         }
-
-
-def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """``forward`` whose activations are recomputed in the backward instead of kept."""
-
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    return run

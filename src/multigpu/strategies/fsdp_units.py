@@ -9,7 +9,7 @@ outermost modules of those classes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from torch import nn
 
@@ -20,24 +20,16 @@ in collectives than it saves in memory."""
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
-def _looked_through(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    for name, child in module.named_children():
-        path = f"{prefix}{name}"
-        if isinstance(child, _CONTAINERS):
-            yield from _looked_through(f"{path}.", child)
-        else:
-            yield path, child
-
-
-def _of_classes(
-    module: nn.Module, classes: tuple[type[nn.Module], ...], prefix: str = ""
+def _outermost(
+    module: nn.Module, wanted: Callable[[nn.Module], bool], prefix: str = ""
 ) -> Iterator[tuple[str, nn.Module]]:
+    """The ``wanted`` submodules of ``module`` not inside another wanted one, in order."""
     for name, child in module.named_children():
         path = f"{prefix}{name}"
-        if isinstance(child, classes):
+        if wanted(child):
             yield path, child
         else:
-            yield from _of_classes(child, classes, f"{path}.")
+            yield from _outermost(child, wanted, f"{path}.")
 
 
 def count_params(module: nn.Module) -> int:
@@ -60,11 +52,11 @@ def shard_units(
         ['0', '2', '']
     """
     if blocks:
-        found = list(_of_classes(model, tuple(blocks)))
-    else:
+        found = list(_outermost(model, lambda m: isinstance(m, tuple(blocks))))
+    else:  # the children, looked through containers
         found = [
             (name, child)
-            for name, child in _looked_through("", model)
+            for name, child in _outermost(model, lambda m: not isinstance(m, _CONTAINERS))
             if count_params(child) >= min_block_params
         ]
     return [*found, ("", model)]

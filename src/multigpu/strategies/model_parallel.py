@@ -15,6 +15,7 @@ Stages follow the order modules are registered in (``named_modules``), which is 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,7 +90,7 @@ def place_stages(
     for name, module in _whole_units(model, stages):
         device = targets[stages[name]]
         module.to(device)
-        module.register_forward_pre_hook(_mover(device), with_kwargs=True)
+        module.register_forward_pre_hook(functools.partial(_move_inputs, device), with_kwargs=True)
     return model
 
 
@@ -114,11 +115,8 @@ def _whole_units(model: nn.Module, stages: dict[str, int]) -> list[tuple[str, nn
     return units
 
 
-def _mover(device: torch.device) -> Any:
-    def move(
-        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        # The tutorial's x.to("cuda:1"): autograd carries the gradient back across the copy.
-        return move_to_device(args, device), move_to_device(kwargs, device)
-
-    return move
+def _move_inputs(
+    device: torch.device, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # The tutorial's x.to("cuda:1"): autograd carries the gradient back across the copy.
+    return move_to_device(args, device), move_to_device(kwargs, device)

@@ -16,7 +16,7 @@ import gc
 import logging
 import math
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,9 +25,8 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.strategies import state
-from multigpu.strategies.base import Strategy, is_count
+from multigpu.strategies.base import Strategy, is_count, parameter_names, repoint_optimizers
 from multigpu.strategies.materialize import place
-from multigpu.strategies.optimizers import parameter_names
 from multigpu.strategies.pipeline_model import PipelinedModel
 from multigpu.strategies.pipeline_plan import (
     check_microbatches,
@@ -113,8 +112,7 @@ class PipelineStrategy(Strategy):
         """Every process reads the whole batch: the first stage its inputs, the last its targets."""
         return 0, 1
 
-    @contextlib.contextmanager
-    def no_sync(self, module: nn.Module) -> Iterator[None]:
+    def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Refused: the schedule averages the gradients it accumulates over its micro-batches,
         so a second batch before ``ctx.step`` would be averaged with the first wrongly."""
         raise UsageError(
@@ -122,30 +120,19 @@ class PipelineStrategy(Strategy):
             "pipeline already accumulates over its micro-batches; use accumulation_steps=1 and "
             f"more micro-batches, e.g. PipelineStrategy(microbatches={self.microbatches * 2})"
         )
-        yield  # pragma: no cover - a generator for contextmanager
 
     def setup(self, module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> nn.Module:
         """Split ``module``; keep in each optimizer only the parameters of this process's stages."""
-        names = parameter_names(module)
-        wrapped = self.wrap(module)
-        current = dict(unwrap_module(wrapped).named_parameters())
         for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                kept = []
-                for param in group["params"]:
-                    name = names.get(id(param))
-                    if name is None:  # not the model's (a learned loss weight): left alone
-                        kept.append(param)
-                    elif name in current:
-                        kept.append(current[name])
-                group["params"] = kept
             if optimizer.state:
                 raise UsageError(
                     f"{type(optimizer).__name__} already has state, but strategy='pipeline' "
                     "keeps only this stage's parameters in it; load optimizer state after "
                     "ctx.setup (ctx.load, or Checkpointer.resume), not before"
                 )
-            self.setup_optimizer(optimizer)
+        names = parameter_names(module)
+        wrapped = self.wrap(module)
+        repoint_optimizers(unwrap_module(wrapped), optimizers, names, drop_missing=True)
         return wrapped
 
     def wrap(self, module: nn.Module) -> nn.Module:
