@@ -39,6 +39,9 @@ when a torch release changes it, so upgrading torch is this file and that test.
   ``quiet_sequential_redistribution`` drops that one message while the tensor-parallel
   strategy makes its gradient norms whole (a handful of scalars) and while a whole state dict
   is gathered (once per save), where one all-gather per axis costs nothing that matters.
+- **Gradient norms by parts** (``torch.nn.utils.get_total_norm``, ``clip_grads_with_norm_``):
+  public since 2.6; before, ``grad_norm`` and ``clip_with_norm`` do the same arithmetic (the
+  pipeline sums its stages' norms across processes between the two).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import functools
 import importlib
 import logging
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -335,3 +338,36 @@ def quiet_sequential_redistribution() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(_not_sequential)
+
+
+def grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """The ``norm_type`` norm of ``grads`` taken together (torch's ``get_total_norm``)."""
+    if TORCH_VERSION >= (2, 6):
+        return torch.nn.utils.get_total_norm(grads, norm_type)
+    return _grad_norm_before_2_6(grads, norm_type)
+
+
+def _grad_norm_before_2_6(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    if not grads:
+        return torch.tensor(0.0)
+    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+
+
+def clip_with_norm(
+    parameters: Iterable[torch.Tensor], max_norm: float, total: torch.Tensor
+) -> None:
+    """Scale the gradients so that their norm ``total`` becomes at most ``max_norm``."""
+    if TORCH_VERSION >= (2, 6):
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    else:
+        _clip_with_norm_before_2_6(parameters, max_norm, total)
+
+
+def _clip_with_norm_before_2_6(
+    parameters: Iterable[torch.Tensor], max_norm: float, total: torch.Tensor
+) -> None:
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.mul_(scale.to(p.grad.device))

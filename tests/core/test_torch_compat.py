@@ -315,3 +315,29 @@ def test_dtensor_still_warns_about_sequential_collectives_on_the_logger_we_filte
         "another message",
         "2 sequential operations, outside the block",
     ]
+
+
+def test_the_gradient_norm_by_parts_matches_torchs_clip_grad_norm_on_every_path() -> None:
+    """``grad_norm`` then ``clip_with_norm`` (and their pre-2.6 arithmetic) must clip exactly
+    as ``clip_grad_norm_`` does: the pipeline relies on it for every torch it accepts."""
+    torch.manual_seed(0)
+    grads = [torch.randn(5, 3), torch.randn(7)]
+    for norm_type in (2.0, 1.0, float("inf")):
+        expected = [g.clone() for g in grads]
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(params, expected, strict=True):
+            p.grad = g
+        want = torch.nn.utils.clip_grad_norm_(params, 0.5, norm_type)
+        for norm, clip in (
+            (torch_compat.grad_norm, torch_compat.clip_with_norm),
+            (torch_compat._grad_norm_before_2_6, torch_compat._clip_with_norm_before_2_6),
+        ):
+            mine = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+            for p, g in zip(mine, grads, strict=True):
+                p.grad = g.clone()
+            total = norm([p.grad for p in mine if p.grad is not None], norm_type)
+            clip(mine, 0.5, total)
+            assert torch.allclose(total, want)
+            for p, q in zip(mine, params, strict=True):
+                assert torch.allclose(p.grad, q.grad)
+    assert float(torch_compat._grad_norm_before_2_6([], 2.0)) == 0.0

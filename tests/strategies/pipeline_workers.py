@@ -1,7 +1,8 @@
 """Module-level workers for the pipeline tests (run_distributed pickles them by name).
 
 One small model (an input layer, four blocks, a head), trained with SGD and momentum on a fixed
-regression set through ``ctx.forward_backward`` — the same loop under every strategy.
+regression set through ``ctx.forward_backward``, its gradients clipped by ``ctx.clip_grad_norm``
+— the same loop under every strategy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from multigpu.seed import seed_everything
 BATCH = 16
 SAMPLES = 160  # 10 steps an epoch: runs cross epochs
 MICROBATCHES = 4
+MAX_NORM = 0.5  # below most steps' gradient norm: the clipping shapes the run
 
 
 class Net(nn.Module):
@@ -79,9 +81,11 @@ def train(
                 ckpt.resume(Path(ckpt_dir) / f"step-{resume_from:08d}")
         step = ckpt.steps if ckpt is not None else 0
         losses: list[float] = []
+        norms: list[float] = []
         while step < (stop or steps):
             for x, y in loader:
                 loss = ctx.forward_backward(model, x, target=y, loss_fn=F.mse_loss)
+                norms.append(float(ctx.clip_grad_norm(model, opt, MAX_NORM)))
                 ctx.step(opt)
                 losses.append(float(loss))
                 step += 1
@@ -99,8 +103,8 @@ def train(
         evaluated.compute()
         bubble = ctx.strategy.bubble(model) if schedule != "single" else None
         out = out.cpu()  # the parent may have no GPU context
-        return {"losses": losses, "state": state, "local": local, "out": out, "bubble": bubble,
-                "evaluated": evaluated.count}  # fmt: skip
+        return {"losses": losses, "norms": norms, "state": state, "local": local, "out": out,
+                "bubble": bubble, "evaluated": evaluated.count}  # fmt: skip
 
 
 def several(runs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

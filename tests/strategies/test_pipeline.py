@@ -60,6 +60,10 @@ def test_two_stages_train_like_the_unsplit_model(
     assert len(run0["losses"]) == STEPS
     assert run0["losses"] == run1["losses"]  # the loss on every rank, not only the last stage's
     assert max(abs(a - b) for a, b in zip(run0["losses"], alone["losses"], strict=True)) <= 1e-6
+    # The whole model's gradient norm: each stage's part summed across the processes.
+    assert run0["norms"] == run1["norms"]
+    assert max(abs(a - b) for a, b in zip(run0["norms"], alone["norms"], strict=True)) <= 1e-5
+    assert max(alone["norms"]) > pipeline_workers.MAX_NORM  # the clipping did something
     assert max_relative(run0["state"], alone["state"]) <= 1e-5
     assert max_relative(run0["state"], pipeline_workers_initial()) > 1e-2  # it trained
     assert run1["state"] == {}  # gathered on rank 0

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from multigpu import torch_compat
 from multigpu.errors import UsageError
 from multigpu.strategies import state
 from multigpu.strategies.base import Strategy, is_count, parameter_names, repoint_optimizers
@@ -180,7 +181,7 @@ class PipelineStrategy(Strategy):
     ) -> torch.Tensor:
         """Clip by the whole model's gradient norm: every stage's part summed across processes."""
         grads = [p.grad for p in module.parameters() if p.grad is not None]
-        local = torch.nn.utils.get_total_norm(grads, norm_type)
+        local = torch_compat.grad_norm(grads, norm_type)
         if math.isinf(norm_type):
             dist.all_reduce(local, op=dist.ReduceOp.MAX)
             total = local
@@ -188,7 +189,7 @@ class PipelineStrategy(Strategy):
             powered = local.double() ** norm_type
             dist.all_reduce(powered)
             total = (powered ** (1.0 / norm_type)).to(local.dtype)
-        torch.nn.utils.clip_grads_with_norm_(module.parameters(), max_norm, total)
+        torch_compat.clip_with_norm(module.parameters(), max_norm, total)
         return total
 
     # ---- state: each stage its part, under the whole model's names --------------------------
