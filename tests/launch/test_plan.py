@@ -142,6 +142,9 @@ def test_dp_is_one_process_seeing_every_gpu() -> None:
         (["--cpu", "x"], 0, "--cpu x is not a number of processes"),
         (["--cpu", "-1"], 0, "--cpu -1 is not a number of processes"),
         (["--backend", "mpi"], 0, "invalid choice"),
+        (["--nnodes", "2", "--node-rank", "2"], 0, "--node-rank 2 is not a node of --nnodes 2"),
+        (["--nnodes", "1:4", "--node-rank", "4"], 0, "expected 0 to 3"),
+        (["--node-rank", "-1"], 0, "--node-rank -1 is not a node of --nnodes 1"),
     ],
 )
 def test_bad_options_are_usage_errors(argv: list[str], gpus: int, match: str) -> None:

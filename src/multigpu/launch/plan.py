@@ -140,6 +140,13 @@ def request_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> De
             f"--nproc-per-node {nproc} is not a number of processes; expected >= 1; "
             "e.g. --nproc-per-node 2"
         )
+    node_rank = int(options.get("node_rank", 0))  # torchrun's parser made it an int
+    if not 0 <= node_rank < options.max_nodes:
+        # Otherwise the node waits out the rendezvous timeout for a place that cannot exist.
+        raise UsageError(
+            f"--node-rank {node_rank} is not a node of --nnodes {options.get('nnodes', 1)}; "
+            f"expected 0 to {options.max_nodes - 1}; give each node its own rank below --nnodes"
+        )
     if options.cpu is not None and options.gpus is not None:
         raise UsageError(
             f"--cpu {options.cpu} and --gpus {options.gpus} were given together; expected one "
