@@ -130,12 +130,12 @@ def load_file(
     Every storage in a ``torch.save`` file carries the device it was saved from ("cuda:0");
     a ``map_location`` callable sees that string, which is how a CUDA-saved file is detected.
     """
-    seen: set[str] = set()
+    seen: dict[str, None] = {}  # the devices in the order the file holds them
     target = str(torch.device(map_location))
     placing: list[Exception] = []
 
     def restore(storage: Any, location: str) -> Any:
-        seen.add(location)
+        seen[location] = None
         try:
             # What torch.load itself does for a string map_location.
             return torch.serialization.default_restore_location(storage, target)

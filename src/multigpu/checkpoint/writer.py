@@ -10,6 +10,7 @@ directory whose every byte is on disk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -98,12 +99,28 @@ def write_small(path: Path, text: str) -> FileInfo:
     return _write(path, lambda fh: fh.write(text.encode()))
 
 
-def _write(path: Path, fill: Callable[[BinaryIO], Any]) -> FileInfo:
+class _HashingFile:
+    """Counts and hashes what goes through it: a file just written need not be read back."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.digest, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.digest.update(data)
+        self.size += memoryview(data).nbytes
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _write(path: Path, fill: Callable[[Any], Any]) -> FileInfo:
     with path.open("wb") as fh:
-        fill(fh)
+        hashing = _HashingFile(fh)
+        fill(hashing)
         fh.flush()
         os.fsync(fh.fileno())
-    return hash_file(path)  # read back, from the page cache
+    return {"bytes": hashing.size, "sha256": hashing.digest.hexdigest()}
 
 
 def commit(tmp: Path, manifest: Mapping[str, Any], final: Path) -> None:
