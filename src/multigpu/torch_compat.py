@@ -350,7 +350,7 @@ def grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
 def _grad_norm_before_2_6(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     if not grads:
         return torch.tensor(0.0)
-    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]
+    norms = [torch.linalg.vector_norm(g, norm_type).to(grads[0].device) for g in grads]
     return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 

@@ -101,6 +101,17 @@ def test_a_corrupt_cache_is_ignored_with_a_warning(
     assert json.loads(cache.read_text())["format"] == 1
 
 
+def test_an_entry_without_its_host_is_not_taken_for_a_measurement_made_here(
+    cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _record("t.py", (2, 1))
+    data = json.loads(cache.read_text())
+    del data["entries"][0]["host"]  # a hand-edited or truncated cache
+    cache.write_text(json.dumps(data))
+    assert cpu_auto_split("t.py", is_module=False, cores=2)[0] == 1
+    assert "ignoring the CPU split cache" in caplog.text
+
+
 def test_cpu_auto_on_the_command_line_reaches_the_plan(cache: Path, tmp_path: Path) -> None:
     assert cpu_count_arg("auto") == "auto"
     script = tmp_path / "train.py"

@@ -153,6 +153,13 @@ def test_bad_options_are_usage_errors(argv: list[str], gpus: int, match: str) ->
     assert "\n" not in str(info.value)
 
 
+def test_node_rank_is_checked_where_torchrun_uses_it_only() -> None:
+    # c10d's rendezvous assigns node ranks itself and ignores --node-rank, as torchrun does.
+    plan = plan_for("--nnodes", "2", "--node-rank", "5", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "127.0.0.1:29500", "--cpu", "1", "t.py", gpus=0)  # fmt: skip
+    assert plan.nproc_per_node == 1
+
+
 def test_rendezvous_store_port_to_check() -> None:
     assert store_port(parse("t.py")) is None  # --standalone: torchrun picks a free port
     assert store_port(parse("--master-port", "29511", "t.py")) == ("--master-port 29511", 29511)

@@ -96,6 +96,8 @@ class Watchdog:
         torch's code by then.
         """
         self._stop.set()
+        if self._thread.ident is None or self._thread is threading.current_thread():
+            return not self._thread.is_alive()  # never started, or asked from the thread itself
         self._thread.join(wait_s)
         if self._thread.is_alive():  # a store that stopped answering: nothing more to do here
             log.warning(

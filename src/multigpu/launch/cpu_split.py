@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from multigpu.atomic_file import atomic_write
@@ -93,6 +93,10 @@ def load_records(path: Path) -> list[SplitRecord]:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             return []
+        # Every field must be there: the defaults describe a measurement made here and now.
+        needed = {f.name for f in fields(SplitRecord)}
+        if any(needed - entry.keys() for entry in data["entries"]):
+            raise KeyError("an entry lacks a field")
         return [SplitRecord(**entry) for entry in data["entries"]]
     except FileNotFoundError:
         return []

@@ -141,7 +141,8 @@ def request_devices(options: LaunchOptions, *, gpu_count: int, cores: int) -> De
             "e.g. --nproc-per-node 2"
         )
     node_rank = int(options.get("node_rank", 0))  # torchrun's parser made it an int
-    if not 0 <= node_rank < options.max_nodes:
+    static = options.get("rdzv_backend", "static") == "static"  # c10d ranks nodes itself
+    if static and not 0 <= node_rank < options.max_nodes:
         # Otherwise the node waits out the rendezvous timeout for a place that cannot exist.
         raise UsageError(
             f"--node-rank {node_rank} is not a node of --nnodes {options.get('nnodes', 1)}; "

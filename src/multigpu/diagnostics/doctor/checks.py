@@ -20,7 +20,7 @@ import json
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TextIO
 
 from rich.console import Console
@@ -71,8 +71,12 @@ class Check:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Check:
-        """The row back from ``as_dict`` (another rank's rows arrive this way)."""
-        return cls(**data)
+        """The row back from ``as_dict`` (another rank's rows arrive this way). Keys this
+        version does not know are dropped: a rank running another multigpu must still report."""
+        known = {f.name for f in fields(cls)} - {"detail"}
+        return cls(
+            **{k: v for k, v in data.items() if k in known}, detail=dict(data.get("detail") or {})
+        )
 
 
 def _make(
