@@ -80,7 +80,7 @@ def _number(text: str) -> int | None:
     """An integer field, or None for ``[N/A]``, ``[Not Supported]``, ``N/A`` and the like."""
     try:
         return int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # "[N/A]" and the like; "inf"
         return None
 
 
