@@ -38,6 +38,10 @@ _SIZE = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)")
 def _estimate(
     ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], precision: str
 ) -> MemoryEstimate:
+    strategy = ctx.strategy
+    units: dict[str, Any] = {}
+    if isinstance(strategy, FSDPStrategy):  # the units it shards into, not the default ones
+        units = {"blocks": strategy.blocks, "min_block_params": strategy.min_block_params}
     return estimate_memory(
         model,
         world_size=ctx.world_size,
@@ -45,6 +49,7 @@ def _estimate(
         precision=precision,
         capacity=device_capacity(ctx.device, ctx.local_world_size),
         device=ctx.device,
+        **units,
     )
 
 

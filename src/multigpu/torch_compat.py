@@ -71,9 +71,16 @@ def _fsdp() -> Any:
     return importlib.import_module("torch.distributed._composable.fsdp")  # 2.4, 2.5: private
 
 
-def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
-    """FSDP2's ``fully_shard`` (``torch.distributed.fsdp.fully_shard``)."""
+def fully_shard(module: torch.nn.Module | list[torch.nn.Module], **kwargs: Any) -> Any:
+    """FSDP2's ``fully_shard`` (``torch.distributed.fsdp.fully_shard``); a list of modules (one
+    unit for all of them) only where ``fully_shard_takes_module_lists()``."""
     return _fsdp().fully_shard(module, **kwargs)
+
+
+def fully_shard_takes_module_lists() -> bool:
+    """Whether ``fully_shard([a, b])`` shards several modules as one unit: torch >= 2.5 (2.4's
+    takes one module). Tied weights in different modules need it."""
+    return TORCH_VERSION >= (2, 5)
 
 
 def fsdp_module_class() -> type:

@@ -186,6 +186,26 @@ def test_fsdp_state_and_mesh_still_keep_their_process_groups_where_teardown_drop
         dist.destroy_process_group()
 
 
+def test_fully_shard_takes_a_list_of_modules_sharing_a_weight_from_torch_2_5(group: None) -> None:
+    """fsdp_ties groups the modules holding a tied weight with ``fully_shard([a, b])``; 2.4's
+    ``fully_shard`` takes one module (the gate then keeps tied weights with the root)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert torch_compat.fully_shard_takes_module_lists() == (torch_compat.TORCH_VERSION >= (2, 5))
+    if not torch_compat.fully_shard_takes_module_lists():
+        return
+    mesh = init_device_mesh("cpu", (1,))
+    emb, head = nn.Embedding(6, 4), nn.Linear(4, 6, bias=False)
+    head.weight = emb.weight
+    net = nn.Sequential(emb, head)
+    torch_compat.fully_shard([emb, head], mesh=mesh)
+    torch_compat.fully_shard(net, mesh=mesh)
+    assert isinstance(emb, torch_compat.fsdp_module_class()) and emb.weight is head.weight
+    net(torch.tensor([1, 2])).sum().backward()
+    assert emb.weight.grad is not None
+    torch_compat.drop_fsdp_process_groups(net)
+
+
 def test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_names_we_replace() -> (
     None
 ):

@@ -11,7 +11,6 @@ from torch import nn
 
 import multigpu
 from multigpu.data import make_loader
-from multigpu.strategies.fsdp_units import shard_units
 
 
 @pytest.fixture
@@ -93,15 +92,6 @@ def test_bad_options_are_usage_errors() -> None:
     with pytest.raises(multigpu.UsageError, match="does not divide the world size 4"):
         multigpu.MeshShape(dp_replicate=3).resolve(4)
     assert multigpu.MeshShape(dp_replicate=2).resolve(4).sizes == (2, 2)
-
-
-def test_default_units_are_direct_children_of_100k_parameters_through_containers() -> None:
-    net = nn.Sequential(
-        nn.Embedding(1000, 128),  # 128k: a unit
-        nn.ModuleList([nn.Linear(256, 512), nn.Linear(8, 8)]),  # looked through: 131k, 72
-        nn.Linear(128, 10),  # 1.3k: stays in the root
-    )
-    assert [name for name, _ in shard_units(net)] == ["0", "1.0", ""]
 
 
 def test_even_batches_give_a_rank_short_of_data_an_empty_batch() -> None:

@@ -3,10 +3,10 @@
 Each rank keeps 1/N of every parameter, gradient and optimizer state (ZeRO-3). A unit's whole
 parameters are all-gathered just before its forward and backward and freed after; gradients are
 reduce-scattered, so each rank steps only its shard. What multigpu adds around ``fully_shard``:
-units chosen per block (``fsdp_units``), mixed precision from ``precision``, the optimizer
-re-pointed at the sharded parameters, meta-device models materialized shard by shard with the
-weights a one-process run would have, accumulation without re-sharding between micro-batches,
-and clipping over the sharded gradients with DDP's norm.
+units chosen per block, with tied weights in one unit (``fsdp_units``), mixed precision from
+``precision``, the optimizer re-pointed at the sharded parameters, meta-device models
+materialized shard by shard with the weights a one-process run would have, accumulation without
+re-sharding between micro-batches, and clipping over the sharded gradients with DDP's norm.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from multigpu.errors import UsageError
 from multigpu.log import warn_once
 from multigpu.strategies.base import Strategy, is_count
-from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, shard_units
+from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, plan_units
 from multigpu.strategies.materialize import check_initializable, has_meta_tensors, materialize
 from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
@@ -50,8 +50,12 @@ class FSDPStrategy(Strategy):
 
     Args:
         blocks: module classes to shard as units of their own (e.g. ``(TransformerBlock,)``).
-            None: every direct child holding at least ``min_block_params`` parameters (see
-            ``fsdp_units``). The root module is always a unit.
+            None: the model's blocks — the classes it declares (Hugging Face's
+            ``_no_split_modules``), else the modules repeated in a ``ModuleList``/``Sequential``
+            at any depth, else its children of ``min_block_params`` or more (``fsdp_units``).
+            The root module is always a unit; modules sharing a parameter share a unit.
+        min_block_params: the size below which a plain layer (a repeated ``Linear``) or a child
+            of a model without blocks stays in its parent's unit; blocks are units at any size.
         reshard_after_forward: False keeps each unit's gathered parameters from its forward to
             its backward (ZeRO-2-like: less communication, more memory). The root unit stays
             gathered either way, as in FSDP2 (its backward comes first).
@@ -112,6 +116,7 @@ class FSDPStrategy(Strategy):
             self.set_mesh_shape(mesh_shape, given_as="mesh_shape")
         self._mesh: Any = None
         self._units: list[str] = []
+        self._unit_rule = ""
         self._wrapped: list[weakref.ref[nn.Module]] = []
 
     def set_mesh_shape(
@@ -172,12 +177,16 @@ class FSDPStrategy(Strategy):
             check_initializable(module)  # before any collective or allocation
         else:
             module = module.to(self.device)
-        units = shard_units(module, self.blocks, self.min_block_params)
+        plan = plan_units(module, self.blocks, self.min_block_params)
+        if plan.warning:
+            warn_once(log, plan.warning)
         options = self._shard_options()
-        for _, unit in units[:-1]:
-            if self.activation_checkpointing:  # recompute the unit's activations in backward
-                unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
-            fully_shard(unit, **options)
+        for unit in plan.units[:-1]:
+            if self.activation_checkpointing and not unit.tied:  # recompute it in backward
+                (block,) = unit.modules
+                block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            many = len(unit.modules) > 1  # modules sharing parameters: one unit for them all
+            fully_shard(list(unit.modules) if many else unit.modules[0], **options)
         # The root's parameters are the first the backward needs: keep them (FSDP2's default).
         options["reshard_after_forward"] = False
         if "mp_policy" in options:  # the root returns float32, as autocast would
@@ -185,7 +194,8 @@ class FSDPStrategy(Strategy):
         fully_shard(module, **options)
         if meta:
             materialize(module, self.device)
-        self._units = [name or "<root>" for name, _ in units]
+        self._units = plan.names
+        self._unit_rule = str(plan.choice)
         log.debug("fsdp units: %s", ", ".join(self._units))
         self._wrapped.append(weakref.ref(module))
         return module
@@ -256,6 +266,7 @@ class FSDPStrategy(Strategy):
             if self.shape.dp_shard > 0
             else None,
             "units": self._units,
+            "unit_rule": self._unit_rule,
             "reshard_after_forward": self.reshard_after_forward,
             "cpu_offload": self.cpu_offload and self.device.type == "cuda",
             "activation_checkpointing": self.activation_checkpointing,
