@@ -75,6 +75,59 @@ def test_nodes_multiply_the_processes_fsdp_shards_over(capsys: pytest.CaptureFix
     assert any("activations" in note for note in info["notes"])
 
 
+BLOCKS = """
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(512, 2048), nn.Linear(2048, 512)
+
+class Net(nn.Module):  # three blocks, but as attributes: nothing says they are blocks
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.third = Block(), Block(), Block()
+
+def build():
+    return Net()
+"""
+GPT2 = Path(__file__).resolve().parents[1] / "strategies" / "scripts" / "gpt2_train.py"
+
+
+def test_the_units_are_listed_and_one_holding_most_of_the_model_is_warned_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    target = f"{tmp_path / 'blocks.py'}:build"
+    argv = ["estimate", target, "--nproc", "2", "--cpu"]
+    assert main([*argv, "--min-block-params", "10000000"]) == 0  # blocks of 2.1M: too small
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "FSDP units (children of 10,000,000+ parameters): <root> (6.30M) parameters"
+    assert lines[2] == (
+        "warning: FSDP unit <root> holds 100% of the model's 6,299,136 parameters: it is gathered "
+        "whole, so sharding saves little; name blocks to shard one at a time: "
+        "FSDPStrategy(blocks=(Block,)) (multigpu estimate --blocks Block)"
+    )
+    assert main([*argv, "--min-block-params", "10000000", "--blocks", "Block", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["fsdp_unit_rule"] == "given: Block" and info["fsdp_unit_warning"] is None
+    assert [u["name"] for u in info["fsdp_units"]] == ["first", "second", "third", "<root>"]
+    assert [u["parameters"] for u in info["fsdp_units"]] == [2_099_712] * 3 + [0]
+
+
+@pytest.mark.requires("module:transformers")
+def test_a_hugging_face_gpt2_is_listed_per_block_with_its_tied_head_in_the_root(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["estimate", f"{GPT2}:build", "--nproc", "2", "--cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        "FSDP units (declared: GPT2Block): transformer.h.0 (198.3k), transformer.h.1 (198.3k), "
+        "<root> (132.4k) parameters"
+    )
+    assert not any(line.startswith("warning:") for line in out)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -88,6 +141,7 @@ def test_nodes_multiply_the_processes_fsdp_shards_over(capsys: pytest.CaptureFix
         (["estimate", "lm", "--nnodes", "0"], "'0' is not a number of processes"),
         (["estimate", "lm", "--optimizer", "lion"], "invalid choice: 'lion'"),
         (["estimate", "{dir}/raises.py:build"], "raises.py raised ZeroDivisionError"),
+        (["estimate", "lm", "--blocks", "Blok"], "has no module of class Blok; expected"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(

@@ -67,10 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=sorted(STATES_PER_PARAM), default="adamw", help="(adamw)")
     p.add_argument("--precision", choices=PRECISIONS, default="32", help="(32)")
     p.add_argument(
+        "--blocks",
+        metavar="CLASS[,CLASS...]",
+        help="FSDP's units: the model's modules of these class names, as "
+        "FSDPStrategy(blocks=...) (default: FSDP's own choice)",
+    )
+    p.add_argument(
         "--min-block-params",
         type=processes_arg,
         default=DEFAULT_MIN_BLOCK_PARAMS,
-        help=f"FSDP's unit size threshold ({DEFAULT_MIN_BLOCK_PARAMS:,})",
+        help="size from which FSDP makes a plain layer, or a child of a model without blocks, "
+        f"a unit ({DEFAULT_MIN_BLOCK_PARAMS:,})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -138,6 +145,29 @@ def build_model(target: str) -> nn.Module:
     return model
 
 
+def block_classes(model: nn.Module, names: str | None) -> list[type[nn.Module]] | None:
+    """The classes ``--blocks`` names (comma-separated class names of ``model``'s modules).
+
+    Raises:
+        UsageError: a name no module of the model has.
+    """
+    if names is None:
+        return None
+    found: dict[str, type[nn.Module]] = {}
+    for module in model.modules():
+        found.setdefault(type(module).__name__, type(module))
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    missing = [name for name in wanted if name not in found]
+    if missing or not wanted:
+        known = ", ".join(list(found)[:8])
+        raise UsageError(
+            f"--blocks {names!r}: the model ({type(model).__name__}) has no module of class "
+            f"{', '.join(missing) or '(none given)'}; expected class names of its modules, "
+            f"e.g. {known}"
+        )
+    return [found[name] for name in wanted]
+
+
 def devices(nproc: int | None, *, cpu: bool = False) -> tuple[int, Capacity, str]:
     """(processes on this node, what one rank has, the devices in words) on this machine.
 
@@ -165,12 +195,14 @@ def estimate_main(argv: Sequence[str]) -> int:
     """Entry point of ``multigpu estimate``; 0, or a UsageError for the caller (exit 2)."""
     ns = build_parser().parse_args(list(argv))
     model = build_model(ns.target)
+    blocks = block_classes(model, ns.blocks)
     n, capacity, where = devices(ns.nproc, cpu=ns.cpu)
     est = estimate_memory(
         model,
         world_size=n * ns.nnodes,
         optimizer=ns.optimizer,
         precision=ns.precision,
+        blocks=blocks,
         min_block_params=ns.min_block_params,
         capacity=capacity,
     )

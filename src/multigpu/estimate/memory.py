@@ -45,7 +45,7 @@ from multigpu.errors import UsageError
 from multigpu.estimate import choice, render
 from multigpu.estimate.capacity import Capacity
 from multigpu.estimate.optimizers import optimizer_state_count
-from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, unit_sizes
+from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, plan_units
 
 PRECISIONS = ("32", "bf16-mixed")
 """The precisions the estimate knows (``16-mixed`` has no FSDP here)."""
@@ -125,7 +125,14 @@ class MemoryEstimate:
     precision: str
     """``"32"`` or ``"bf16-mixed"``."""
     units: tuple[tuple[str, int], ...]
-    """FSDP's units (name, parameters), the root (``""``) last."""
+    """FSDP's units (name, parameters), the root (``""``) last; ``a+b``: modules sharing
+    parameters (tied weights), one unit."""
+    unit_rule: str = ""
+    """How FSDP chose its blocks: ``declared: GPT2Block``, ``repeated: Block``, ``given: ...``
+    or ``children of 100,000+ parameters`` (``multigpu.strategies.fsdp_units``)."""
+    unit_warning: str | None = None
+    """One line when a unit holds most of the model (sharding then saves little), with the
+    ``FSDPStrategy(blocks=...)`` that splits it."""
     strategies: tuple[StrategyMemory, ...] = field(default=())
     """``ddp``, ``fsdp`` and ``fsdp+offload``, in that order."""
     capacity: Capacity | None = None
@@ -254,7 +261,8 @@ def estimate_memory(
     if device is not None:
         kind = torch.device(device).type
     copies = states + (opt.step_copies if kind == "cuda" else 0)
-    units = tuple(unit_sizes(model, blocks, min_block_params))
+    plan = plan_units(model, blocks, min_block_params)
+    units = tuple(plan.sizes)
     per_element = stored / count if count else 4.0
     compute = 2.0 if precision == "bf16-mixed" else per_element
     ddp = StrategyMemory(
@@ -295,6 +303,8 @@ def estimate_memory(
         states_per_param=states,
         precision=precision,
         units=units,
+        unit_rule=str(plan.choice),
+        unit_warning=plan.warning,
         strategies=(ddp, fsdp, offload),
         capacity=capacity,
         resident_bytes=sum(p.numel() * p.element_size() for p in resident),

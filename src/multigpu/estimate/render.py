@@ -66,9 +66,57 @@ def summary(estimate: MemoryEstimate) -> str:
     ).replace("(largest 0.00M)", "(largest 0)")
 
 
+def count(n: int) -> str:
+    """A number of parameters, short.
+
+    Example:
+        >>> count(512), count(198_272), count(6_738_415_616)
+        ('512', '198.3k', '6.74B')
+    """
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.{1 if suffix == 'k' else 2}f}{suffix}"
+    return str(n)
+
+
+def units_line(estimate: MemoryEstimate) -> str:
+    """FSDP's units and their parameters in one line; a run of same-sized units named alike
+    (a model's blocks) is shown as its first and last.
+
+    Example:
+        >>> import torch
+        >>> from multigpu.estimate.memory import estimate_memory
+        >>> with torch.device("meta"):
+        ...     net = torch.nn.Sequential(*(torch.nn.Linear(400, 400) for _ in range(6)))
+        >>> units_line(estimate_memory(net, world_size=2))
+        'FSDP units (repeated: Linear): 0 … 5 (6 × 160.4k), <root> (0) parameters'
+    """
+    runs: list[list[tuple[str, int]]] = []
+    for name, size in estimate.units:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last[1] == size and _alike(last[0], name):
+            runs[-1].append((name, size))
+        else:
+            runs.append([(name, size)])
+    parts = []
+    for run in runs:
+        if len(run) >= 3:
+            parts.append(f"{run[0][0]} … {run[-1][0]} ({len(run)} × {count(run[0][1])})")
+        else:
+            parts.extend(f"{name or '<root>'} ({count(size)})" for name, size in run)
+    return f"FSDP units ({estimate.unit_rule}): {', '.join(parts)} parameters"
+
+
+def _alike(a: str, b: str) -> bool:
+    """Whether two unit names differ only in their last dotted part, a number (``h.3``)."""
+    (pa, _, na), (pb, _, nb) = a.rpartition("."), b.rpartition(".")
+    return pa == pb and na.isdigit() and nb.isdigit()
+
+
 def rich_view(estimate: MemoryEstimate, *, header: str | None = None) -> RenderableType:
-    """The estimate as rich renderables: a header (default ``summary``), the table, what one
-    rank has, what ``strategy="auto"`` chooses, and what the figures leave out."""
+    """The estimate as rich renderables: a header (default ``summary``), FSDP's units (and a
+    warning when one holds most of the model), the table, what one rank has, what
+    ``strategy="auto"`` chooses, and what the figures leave out."""
     table = Table(title="memory per rank for the training state", title_justify="left")
     names = ["strategy", "params", "grads", "optimizer", "buffers", "total", "on device", "host"]
     for name in names + ["fits"] * (estimate.capacity is not None):
@@ -78,7 +126,10 @@ def rich_view(estimate: MemoryEstimate, *, header: str | None = None) -> Rendera
         if estimate.capacity is not None:
             cells.append(_fit(estimate, row.strategy))
         table.add_row(*cells)
-    lines: list[RenderableType] = [Text(header or summary(estimate)), table]
+    lines: list[RenderableType] = [Text(header or summary(estimate)), Text(units_line(estimate))]
+    if estimate.unit_warning:
+        lines.append(Text(f"warning: {estimate.unit_warning}"))
+    lines.append(table)
     if estimate.capacity is not None:
         lines.append(Text(f"one rank has {size(estimate.room() or 0)}: {estimate.capacity.source}"))
         name, why = estimate.choose()
@@ -100,6 +151,11 @@ def as_json(estimate: MemoryEstimate) -> dict[str, Any]:
     out |= {
         "units": len(estimate.units),
         "largest_unit": estimate.largest_unit,
+        "fsdp_units": [
+            {"name": name or "<root>", "parameters": size} for name, size in estimate.units
+        ],
+        "fsdp_unit_rule": estimate.unit_rule,
+        "fsdp_unit_warning": estimate.unit_warning,
         "strategies": {
             s.strategy: {name: getattr(s, name) for name in BYTES}
             | {"fits": estimate.fits(s.strategy)}
