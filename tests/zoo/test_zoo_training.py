@@ -1,0 +1,83 @@
+"""Hugging Face architectures under ddp and the default fsdp: two processes train like one.
+
+Built from small configs (tests/zoo/models.py): a decoder with tied embeddings (GPT-2), a
+Llama-style decoder, an encoder with a tied decoder head (BERT), an encoder-decoder sharing one
+embedding three ways (T5) and a vision transformer. Each is also resumed under fsdp on two
+processes from a one-process checkpoint, which continues exactly where the one process went on.
+Two process starts in all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from multigpu.testing import run_distributed
+from tests.zoo import workers
+from tests.zoo.models import ZOO
+
+pytestmark = pytest.mark.requires("module:transformers")
+
+
+def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Every tensor within 1e-5 of the other's largest value, or 1e-9 absolute: an attention
+    key's bias gets no gradient but rounding (softmax ignores it), so it stays near 1e-13 and
+    only an absolute bound says anything of it."""
+    assert a.keys() == b.keys()
+    for k in b:
+        diff = (a[k] - b[k]).abs().max().item()
+        assert diff <= 1e-5 * b[k].abs().max().item() + 1e-9, (k, diff)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("zoo")
+
+
+@pytest.fixture(scope="module")
+def alone(root: Path) -> dict[str, Any]:
+    (result,) = run_distributed(workers.one_process, world_size=1, args=(str(root),), timeout=240)
+    return result  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def two(root: Path, alone: dict[str, Any]) -> dict[str, Any]:
+    rank0, rank1 = run_distributed(
+        workers.two_processes, world_size=2, args=(str(root),), timeout=300
+    )
+    assert all(run["state"] == {} for run in rank1.values())  # gathered on rank 0 alone
+    for key, run in rank0.items():
+        assert run["losses"] == rank1[key]["losses"], key  # the loss every rank logs
+    return rank0  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_like_one(
+    name: str, strategy: str, alone: dict[str, Any], two: dict[str, Any]
+) -> None:
+    one, run = alone[name], two[f"{strategy}-{name}"]
+    assert len(run["losses"]) == workers.STEPS
+    assert run["losses"] == pytest.approx(one["losses"], rel=1e-5)
+    assert_close(run["state"], one["state"])
+    assert run["state"].keys() == one["state"].keys()  # tied weights saved as the model has them
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_default_fsdp_shards_each_block_as_a_unit(name: str, two: dict[str, Any]) -> None:
+    units = two[f"fsdp-{name}"]["describe"]["units"]
+    assert units[-1] == "<root>"
+    assert len(units) >= 3, units  # two blocks (T5: two per stack) and the root
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_a_one_process_checkpoint_resumes_under_fsdp_on_two(
+    name: str, alone: dict[str, Any], two: dict[str, Any]
+) -> None:
+    resumed = two[f"resumed-{name}"]
+    assert len(resumed["losses"]) == workers.STEPS - workers.SAVE_AT
+    assert resumed["losses"] == pytest.approx(alone[name]["losses"][workers.SAVE_AT :], rel=1e-5)
+    assert_close(resumed["state"], alone[name]["state"])

@@ -1,0 +1,86 @@
+"""Module-level workers of the zoo tests (run_distributed pickles them by name).
+
+Every architecture trains in the same process group, one after another; each run reseeds and
+builds its own model, optimizer and loader, so it is the run a process of its own would make.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import multigpu
+from multigpu.seed import seed_everything
+from tests.zoo.models import BATCH, ZOO, Arch, dataset
+
+STEPS = 6
+SAVE_AT = 3
+LR = 0.05
+"""SGD with momentum: AdamW's first steps are the gradient's sign, so a parameter whose gradient
+is zero but for rounding (an attention key's bias: softmax ignores it) moves by a full step in a
+direction the reduction order decides, at 1 and 2 processes alike, and the comparison would
+measure that instead of the strategy."""
+
+
+def train(
+    ctx: Any, arch: Arch, *, save: Path | None = None, resume: Path | None = None
+) -> dict[str, Any]:
+    """SGD for STEPS steps; with ``save``, a checkpoint at SAVE_AT and at the end; with
+    ``resume``, from that checkpoint on. The whole final state on rank 0, the losses everywhere."""
+    seed_everything(0)
+    net = arch.build()
+    model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9))
+    loader = ctx.loader(dataset(arch), batch_size=BATCH)
+    directory = save or (resume.parent if resume else None)
+    ckpt = (
+        ctx.checkpointer(directory, model=model, optimizer=opt, loader=loader)
+        if directory
+        else None
+    )
+    done = ckpt.resume(resume) if ckpt and resume else 0
+    losses: list[float] = []
+    while done < STEPS:
+        for batch in loader:
+            loss = arch.loss(model, batch)
+            ctx.backward(loss)
+            ctx.step(opt)
+            done += 1
+            losses.append(ctx.all_reduce(loss.item()))
+            if ckpt is not None:
+                ckpt.step()
+                if save is not None and done in (SAVE_AT, STEPS):
+                    ckpt.save()
+            if done == STEPS:
+                break
+    if ckpt is not None:
+        ckpt.close()
+    return {
+        "state": ctx.full_state_dict(model),
+        "losses": losses,
+        "describe": ctx.strategy.describe(),
+    }
+
+
+def one_process(root: str) -> dict[str, Any]:
+    """The reference: every architecture on one process, each saving checkpoints."""
+    with multigpu.init(strategy="single", seed=0) as ctx:
+        return {
+            name: train(ctx, arch, save=Path(root) / f"single-{name}") for name, arch in ZOO.items()
+        }
+
+
+def two_processes(root: str) -> dict[str, Any]:
+    """Every architecture under ddp and the default fsdp on two processes; fsdp also resumes
+    the one-process checkpoint of step SAVE_AT and saves its own (for the export test)."""
+    out: dict[str, Any] = {}
+    with multigpu.init(strategy="fsdp", seed=0) as fsdp:
+        for name, arch in ZOO.items():
+            out[f"fsdp-{name}"] = train(fsdp, arch, save=Path(root) / f"fsdp-{name}")
+            step = Path(root) / f"single-{name}" / f"step-{SAVE_AT:08d}"
+            out[f"resumed-{name}"] = train(fsdp, arch, resume=step)
+        with multigpu.init(strategy="ddp", seed=0) as ddp:  # the same process group
+            for name, arch in ZOO.items():
+                out[f"ddp-{name}"] = train(ddp, arch)
+    return out
