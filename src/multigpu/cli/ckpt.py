@@ -131,7 +131,9 @@ def _print_summary(info: dict[str, Any]) -> None:
     elif info.get("format_version") is not None:
         lines.append("complete: marker present, sizes and SHA-256 checksums match the manifest")
     elif "shards" in info:
-        lines.append("complete: every file the index names is there, as long as it says")
+        lines.append(
+            "complete: every file the index names is there and long enough (DCP keeps no checksums)"
+        )
     for line in lines:
         console.print(line, highlight=False)
 
