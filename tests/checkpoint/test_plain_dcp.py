@@ -5,6 +5,7 @@ and loaded as a plain torch script or torchtitan left them."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,13 @@ def test_flat_and_nested_dcp_directories_convert_inspect_and_load(
     assert "model: not one model state dict; convert and load_weights need --key" in (
         capsys.readouterr().out
     )
+    shutil.copytree(tmp_path / "flat", tmp_path / "cut")
+    shard = tmp_path / "cut" / "__0_0.distcp"  # cut short: inspect says so, exit 1
+    shard.write_bytes(shard.read_bytes()[:-100])
+    assert ckpt_main(["inspect", str(tmp_path / "cut"), "--json"]) == 1
+    said = json.loads(capsys.readouterr().out)["problems"]
+    assert said == [f"__0_0.distcp: {shard.stat().st_size} bytes, the index reads up to "
+                    f"{shard.stat().st_size + 100} (truncated)"]  # fmt: skip
     # Several models: the choice is the user's, with what there is in the message.
     with pytest.raises(multigpu.UsageError, match="holds 2 model state dicts among student"):
         multigpu.load_weights(w.net(), tmp_path / "two")

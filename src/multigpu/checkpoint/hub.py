@@ -93,10 +93,15 @@ class HubWeights:
         """Bytes of every tensor together."""
         return sum(_numel(s) * self.dtypes[k].itemsize for k, s in self.shapes.items())
 
-    def describe(self) -> str:
-        """Where the tensors come from, for a report line."""
+    @property
+    def kind(self) -> str:
+        """``safetensors (N files)``."""
         files = len(set(self.files.values()))
-        return f"safetensors ({files} file{'s' if files > 1 else ''}) ({self.path})"
+        return f"safetensors ({files} file{'s' if files > 1 else ''})"
+
+    def describe(self) -> str:
+        """Where the tensors come from, for a report line: the kind and the path."""
+        return f"{self.kind} ({self.path})"
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -175,6 +175,21 @@ def export_hub(
     Atomic: the files are written in a temporary directory beside ``dst``, renamed to ``dst``
     when complete; on any failure nothing is left at ``dst`` (an existing one, with ``force``,
     is replaced only by a complete export).
+
+    Args:
+        src: anything ``multigpu.load_weights`` reads; a multigpu or plain DCP checkpoint is
+            read one tensor at a time.
+        dst: the directory to write (``model.safetensors``, or the shards and their index).
+        key: which object of ``src`` holds the model, when several could.
+        config: the model's ``config.json``, copied into ``dst``; with ``transformers``
+            installed it also says which weights are tied (written once).
+        max_shard_size: the largest output file: bytes, or ``"5GB"``, ``"500MiB"``...
+        trust: allow a legacy pickle / an index naming other classes (runs code).
+        force: replace an existing ``dst`` (only a safetensors model directory).
+
+    Raises:
+        UsageError: bad arguments or an unusable destination (nothing read yet).
+        CheckpointError: ``src`` cannot be read, or its tied weights differ.
     """
     target = Path(dst)
     limit = parse_size(max_shard_size)
@@ -182,6 +197,8 @@ def export_hub(
     _check_destination(target, force)
     writer = safetensors_module()  # refused before anything is read
     model = open_model(src, key=key, trust=trust)
+    if not model.shapes:
+        raise UsageError(f"{src} holds no tensors for its model; nothing to export")
     tied, note = tied_names(settings)
     dropped = {n: k for n, k in tied.items() if n in model.shapes and k in model.shapes}
     kept = {n: model.nbytes(n) for n in model.shapes if n not in dropped}

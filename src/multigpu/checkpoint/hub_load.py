@@ -151,7 +151,10 @@ class HubPlanner(DefaultLoadPlanner):
             ):
                 shapes.append(f"{name} {tuple(info.size)} in the files vs {tuple(value.shape)}")
         problems = [f"shapes differ: {_few(shapes, 3)}"] if shapes else []
-        problems += [f"the files lack {len(missing)}: {_few(missing)}"] if missing else []
+        if missing:  # with what the files have instead: a renamed prefix shows at once
+            unmatched = sorted(k for k in saved if k not in self.state_dict)
+            instead = f" (they have, unmatched here: {_few(unmatched)})" if unmatched else ""
+            problems.append(f"the files lack {len(missing)}: {_few(missing)}{instead}")
         if problems:
             raise CheckpointMismatchError(
                 f"the weights in {self.where} do not fit this model: {'; '.join(problems)}; "

@@ -259,7 +259,7 @@ def _read(
                 "(safetensors); drop key"
             )
         found: Mapping[str, Any] = read_hub(weights)
-        return found, LoadReport(path=file, source=weights.describe(), tensors=len(found))
+        return found, LoadReport(path=file, source=weights.kind, tensors=len(found))
     if file.is_dir():  # a plain DCP checkpoint (resolve: ours are read from their state.pt)
         metadata = read_metadata(file, trust=trust)
         objects = objects_of(metadata)

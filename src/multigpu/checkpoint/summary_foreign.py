@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,7 +107,20 @@ def _file_problems(directory: Path, metadata: Any) -> tuple[dict[str, int], list
 def summarize_dcp(directory: Path, *, trust: bool) -> dict[str, Any]:
     """``summarize`` of a plain DCP checkpoint directory, from its index (and the files' sizes);
     the only data read is torchtitan's ``train_state`` (its step)."""
-    metadata = read_metadata(directory, trust=trust)
+    try:
+        metadata = read_metadata(directory, trust=trust)
+    except CheckpointError as e:  # a broken index: described, exit 1 (as for our checkpoints)
+        refused = isinstance(e.__cause__, pickle.UnpicklingError) and not trust
+        hint = "; only if you trust its source, pass --trust" if refused else ""
+        return _totals(
+            {
+                "path": str(directory),
+                "kind": "DCP checkpoint",
+                "complete": False,
+                "problems": [f"{e}{hint}"],
+                "tensors": [],
+            }
+        )
     objects = objects_of(metadata)
     titan = is_torchtitan(objects)
     files, problems = _file_problems(directory, metadata)
