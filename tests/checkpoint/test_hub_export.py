@@ -61,6 +61,12 @@ def test_gpt2_and_llama_export_as_save_pretrained_and_load_with_equal_logits(
     argv = ["convert", str(tmp_path / "gpt2"), str(one), "--to", "safetensors", "--config", config]
     assert ckpt_main(argv) == 0
     assert _layout(one) == (["model.safetensors"], None)
+    # From a torch.save file without a config: both names written, each its own memory.
+    torch.save(models["gpt2"].state_dict(), tmp_path / "gpt2.pt")
+    both = tmp_path / "both"
+    assert ckpt_main(["convert", str(tmp_path / "gpt2.pt"), str(both), "--to", "safetensors"]) == 0
+    assert "29 tensors from plain state dict" in capsys.readouterr().out
+    assert _layout(both) == (["model.safetensors"], None)
     # ... which ctx.load takes back into a GPT-2: the tied head read from the embedding.
     again = w.hf_model("gpt2")
     torch.nn.init.zeros_(again.transformer.wte.weight)

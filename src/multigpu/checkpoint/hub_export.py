@@ -250,8 +250,15 @@ def _write_shards(
     pending = dict(dropped)
     for index, names in enumerate(shards):
         tensors: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
         for name, tensor in model.read(names):
-            tensors[name] = tensor.contiguous()
+            tensor = tensor.contiguous()
+            # safetensors refuses two names on one memory (tied weights of a file read whole,
+            # written under both names when no config says they are tied): each its own copy.
+            if tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
+                tensor = tensor.clone()
+            storages.add(tensor.untyped_storage().data_ptr())
+            tensors[name] = tensor
             if name in sources:
                 digests[name] = _digest(tensor)
         file = tmp / shard_file(index, len(shards))

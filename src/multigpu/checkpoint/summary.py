@@ -108,6 +108,16 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
     entries), and for an optimizer ``stats``: {"exp_avg": 4, ...}) and ``shards`` (per
     ``__<rank>_<n>.distcp`` file: ``pieces`` and ``objects``: {name: pieces}); for a root
     ``checkpoints`` (name, step, complete, problems) and ``newest_complete``.
+
+    A plain DCP checkpoint (``dcp.save``'s directory, or its ``.metadata``) has ``objects``
+    (name: ``model`` | ``optimizer`` | ``values`` | ``mixed``), ``sharded``, ``shards``,
+    ``files``, ``problems`` (missing or truncated shard files), ``model`` (the object
+    ``convert`` and ``load_weights`` read; None when ``--key`` must say) and ``step`` (from
+    torchtitan's ``train_state`` or a ``step-N`` name). Safetensors weights (a file, or a
+    directory with ``model.safetensors`` or its index) have ``files`` and ``config`` (from a
+    ``config.json`` beside them). A ``torch.save``d optimizer state dict has ``optimizer``
+    (``params_with_state``, ``stats``: {"exp_avg": 4, ...}, ``param_groups``: each one's
+    ``params`` count and hyperparameters).
     """
     p = Path(path)
     if not p.exists():
