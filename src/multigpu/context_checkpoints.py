@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from multigpu.checkpoint.dcp_load import load_dcp
+from multigpu.checkpoint.hub import SUFFIX, is_hub
+from multigpu.checkpoint.hub_load import load_hub
 from multigpu.checkpoint.layout import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -23,10 +26,12 @@ from multigpu.checkpoint.layout import (
     read_manifest,
     usable,
 )
+from multigpu.checkpoint.loading import is_dcp_directory
 from multigpu.checkpoint.manager import Checkpointer
 from multigpu.checkpoint.objects import epoch_of, kind_of
 from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
 from multigpu.checkpoint.saving import SaveJob, decided_by_rank0, save
+from multigpu.checkpoint.sharded import METADATA_FILE
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 from multigpu.precision import Precision
 from multigpu.strategies import Strategy
@@ -134,9 +139,21 @@ class Checkpointing:
         replaced in ``state``. Collective: every rank calls it. The saved plain values and small
         objects' states that ``state`` has no entry for are returned (saved model and optimizer
         states not asked for stay on disk).
+
+        Also read: a plain DCP checkpoint (a directory written by
+        ``torch.distributed.checkpoint.save``, or its ``.metadata``; torchtitan's step
+        directories), whose top-level objects are the names to ask for — its top-level tensors
+        are ``model`` (see ``multigpu.checkpoint.dcp_load``); and weights in the hub format (a
+        ``.safetensors`` file, or a directory with ``model.safetensors`` or its index) with
+        ``{"model": model}``: after ``ctx.setup``, each rank reads only the part of each tensor
+        it holds (its rows under FSDP; see ``multigpu.checkpoint.hub_load``).
         """
         _check_names(state, "load")
-        where = decided_by_rank0(self.rank, lambda: _resolve(path))
+        kind, where = decided_by_rank0(self.rank, lambda: _resolve(path))
+        if kind == "hub":
+            return load_hub(where, state, self.strategy, rank=self.rank)
+        if kind == "dcp":
+            return load_dcp(where, state, self.strategy)
         manifest = read_manifest(where)
         small_saved = load_part(where / STATE_FILE).get("objects", {})
         available = saved_names(manifest, small_saved)
@@ -178,19 +195,26 @@ def _check_names(state: Mapping[str, Any], verb: str) -> None:
         )
 
 
-def _resolve(path: str | Path) -> Path:
-    """Rank 0: the complete checkpoint ``path`` names (a CheckpointError if none)."""
+def _resolve(path: str | Path) -> tuple[str, Path]:
+    """Rank 0: what ``path`` names — ("multigpu", a complete checkpoint), ("dcp", a plain DCP
+    checkpoint directory) or ("hub", safetensors weights) — else a CheckpointError."""
     p = Path(path)
+    if p.is_file() and p.name == METADATA_FILE:  # DCP's index: its checkpoint directory
+        p = p.parent
+    if p.is_file() and p.name.endswith(SUFFIX):
+        return "hub", p
     if not p.is_dir():
         raise CheckpointError(
-            f"{p} is not a checkpoint directory; expected a path given to ctx.save or a "
-            "Checkpointer's directory"
+            f"{p} is not a checkpoint directory; expected a path given to ctx.save, a "
+            "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
         )
-    if not (p / MANIFEST_FILE).is_file():
-        latest = find_latest(p)
-        if latest is None:
-            raise CheckpointError(
-                f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'"
-            )
-        return latest.path
-    return usable(p)
+    if (p / MANIFEST_FILE).is_file():
+        return "multigpu", usable(p)
+    if is_dcp_directory(p):
+        return "dcp", p
+    if is_hub(p):
+        return "hub", p
+    latest = find_latest(p)
+    if latest is None:
+        raise CheckpointError(f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'")
+    return "multigpu", latest.path

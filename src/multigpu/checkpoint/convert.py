@@ -6,7 +6,8 @@
   as one model object, which ``ctx.load`` and a ``Checkpointer`` resume.
 
 Both read the model (never an optimizer) into one process's memory and write atomically:
-nothing is left at the destination when they fail.
+nothing is left at the destination when they fail. The hub layout (``--to safetensors``),
+streamed a tensor at a time, is ``hub_export``'s.
 """
 
 from __future__ import annotations
@@ -21,34 +22,19 @@ import torch
 from torch import nn
 
 from multigpu.atomic_file import atomic_write
+from multigpu.checkpoint.hub import SUFFIX, safetensors_module
 from multigpu.checkpoint.layout import MANIFEST_FILE, TMP_PREFIX
 from multigpu.checkpoint.portable import read_weights
 from multigpu.checkpoint.saving import SaveJob, save
 from multigpu.errors import UsageError
 
-SAFETENSORS = ".safetensors"
-
-
-def _safetensors() -> Any:
-    try:
-        import safetensors.torch
-    except ImportError as e:
-        raise UsageError(
-            "a .safetensors file needs the safetensors package, which is not installed; run "
-            "pip install 'multigpu[safetensors]' (or use a .pt path)"
-        ) from e
-    return safetensors.torch
-
 
 def read_plain(
     src: str | os.PathLike[str], *, key: str | None, trust: bool
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """The model state dict in ``src`` (any checkpoint, or a .safetensors file) and where from."""
-    if str(src).endswith(SAFETENSORS):
-        if not Path(src).is_file():
-            raise UsageError(f"{src} does not exist; expected a checkpoint file or directory")
-        state = _safetensors().load_file(str(src), device="cpu")
-        return dict(state), f"{len(state)} tensors from safetensors file ({src})"
+    """The model state dict in ``src`` (any checkpoint, safetensors too) and where it came from."""
+    if str(src).endswith(SUFFIX) and Path(src).is_file():
+        safetensors_module()  # said before the file is looked at
     found, report = read_weights(src, key=key, trust=trust)
     # Our own copy, in place, so the state dict keeps its _metadata (per-module versions).
     for name, value in found.items():
@@ -76,7 +62,7 @@ def to_file(
 ) -> str:
     """Write ``src``'s model to the file ``dst`` (``.safetensors``: safetensors); say what."""
     _check_destination(dst, force=force, directory=False)
-    writer = _safetensors() if str(dst).endswith(SAFETENSORS) else None  # refused before reading
+    writer = safetensors_module() if str(dst).endswith(SUFFIX) else None  # before reading
     state, report = read_plain(src, key=key, trust=trust)
     if writer is not None:
         tensors = _unshared(state)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from multigpu.checkpoint.hub import is_hub
 from multigpu.checkpoint.layout import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -34,18 +35,25 @@ _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
-    """The file to read for ``path``: a checkpoint root → its newest complete ``state.pt``."""
+    """What to read for ``path``: a file as it is; a multigpu checkpoint (a root: its newest
+    complete one) → its ``state.pt``; a plain DCP checkpoint (its directory or its
+    ``.metadata``) or a directory of hub-format weights → that directory."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
     if p.is_file():
-        if p.name == METADATA_FILE or p.suffix == ".distcp":
+        if p.name == METADATA_FILE:  # DCP's index stands for its checkpoint: the directory
+            p = p.parent
+        elif p.suffix == ".distcp":
             raise UsageError(
                 f"{p} is one file of a sharded (DCP) checkpoint; pass its directory {p.parent}"
             )
-        return p
+        else:
+            return p
     if (p / MANIFEST_FILE).exists() or (p / STATE_FILE).exists():
         return usable(p) / STATE_FILE
+    if (p / METADATA_FILE).is_file() or is_hub(p):
+        return p
     if list_checkpoints(p, checksums=False):
         latest = find_latest(p)
         if latest is None:
@@ -55,7 +63,19 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         return latest.path / STATE_FILE
     raise UsageError(
         f"{p} is a directory without a checkpoint; expected a step-XXXXXXXX directory, a "
-        "directory of them, or a file"
+        "directory of them, a DCP checkpoint directory (with .metadata), a directory of "
+        "safetensors weights (model.safetensors or its index), or a file"
+    )
+
+
+def is_dcp_directory(path: Path) -> bool:
+    """Whether ``path`` is a DCP checkpoint directory that is not a multigpu checkpoint (one
+    written by ``torch.distributed.checkpoint.save`` itself, e.g. by torchtitan)."""
+    return (
+        path.is_dir()
+        and (path / METADATA_FILE).is_file()
+        and not (path / MANIFEST_FILE).exists()
+        and not (path / STATE_FILE).exists()
     )
 
 

@@ -2,7 +2,10 @@
 
 Accepted: multigpu checkpoints (a checkpoint directory, one ``step-*`` directory or a
 ``ctx.save`` directory, its ``state.pt``; sharded ones are read whole from their DCP files),
-plain state dicts, state dicts nested under a usual key (``state_dict``, ``model_state_dict``,
+plain DCP checkpoints (a directory written by ``torch.distributed.checkpoint.save``, flat or
+nested, torchtitan's step directories; or its ``.metadata``), weights in the hub format (a
+``.safetensors`` file, or a directory with ``model.safetensors`` or its sharded index), plain
+state dicts, state dicts nested under a usual key (``state_dict``, ``model_state_dict``,
 ``model``, ``module``, ``net``), saved from DataParallel / DDP (``module.`` keys), from
 ``torch.compile`` (``_orig_mod.``) or on CUDA (loaded on the CPU). Files are read with
 ``weights_only=True``; a legacy pickle needs ``trust=True`` (see ``loading``).
@@ -21,10 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu.checkpoint.dcp_objects import choose_model, is_torchtitan, objects_of, read_object
+from multigpu.checkpoint.hub import is_hub, open_hub, read_hub
 from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
-from multigpu.checkpoint.sharded import read_whole
+from multigpu.checkpoint.sharded import read_metadata, read_whole
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.wrappers import unwrap_module
 
@@ -119,11 +124,25 @@ _NOT_WEIGHTS = frozenset({"optimizer", "scheduler", "scaler", "loader", "value"}
 """Kinds of checkpoint objects that never hold a model's weights."""
 
 
-def _from_our_checkpoint(
-    obj: Mapping[str, Any], state_file: Path, key: str | None, trust: bool = False
-) -> tuple[Mapping[str, Any], str]:
-    """The model of a multigpu checkpoint: from ``state.pt`` (format 1, small objects) or, for
-    what the manifest says is in the DCP part (format 2), read whole from the shards."""
+@dataclass(frozen=True, kw_only=True)
+class OurModel:
+    """Which object of a multigpu checkpoint holds the model, and where it is stored."""
+
+    directory: Path
+    """The checkpoint (``step-*`` or ``ctx.save``) directory."""
+    key: str
+    """The object's name."""
+    storage: str
+    """``dcp`` (the sharded part), ``state`` (whole in ``state.pt``) or ``rank`` (per rank)."""
+    source: str
+    """Where the weights were found, for a ``LoadReport``."""
+    where: str
+    """The object, for a message."""
+
+
+def choose_ours(obj: Mapping[str, Any], state_file: Path, key: str | None) -> OurModel:
+    """The model of a multigpu checkpoint whose ``state.pt`` holds ``obj``: ``key``'s object, or
+    the one module (``model`` among several); a UsageError saying what there is otherwise."""
     try:
         manifest = read_manifest(state_file.parent)
     except CheckpointError:  # a state.pt away from its manifest: it describes itself
@@ -158,19 +177,34 @@ def _from_our_checkpoint(
             f"key=NAME naming a module ({', '.join(models) or 'it holds none'})"
         )
     source = f"multigpu checkpoint step {step}, object {key!r}"
-    where = f"object {key!r} (kind {kinds[key]}) of {state_file.parent}"
     storage = described.get(key, {}).get("storage", "state")
     if storage == "dcp":
-        saved = read_whole(state_file.parent, {key}, trust=trust).get(key, {})
         strategy = manifest.get("strategy", {}).get("strategy", "?")
         source += f" (sharded: {manifest.get('world_size')} rank(s), {strategy})"
-        return _as_state_dict(saved, where), source
-    if key not in small:  # saved per rank (rank-XXXXX.pt): no one model state to load
+    return OurModel(
+        directory=state_file.parent,
+        key=key,
+        storage=storage,
+        source=source,
+        where=f"object {key!r} (kind {kinds[key]}) of {state_file.parent}",
+    )
+
+
+def _from_our_checkpoint(
+    obj: Mapping[str, Any], state_file: Path, key: str | None, trust: bool = False
+) -> tuple[Mapping[str, Any], str]:
+    """The model of a multigpu checkpoint: from ``state.pt`` (format 1, small objects) or, for
+    what the manifest says is in the DCP part (format 2), read whole from the shards."""
+    chosen = choose_ours(obj, state_file, key)
+    if chosen.storage == "dcp":
+        saved = read_whole(chosen.directory, {chosen.key}, trust=trust).get(chosen.key, {})
+        return _as_state_dict(saved, chosen.where), chosen.source
+    if chosen.key not in obj["objects"]:  # saved per rank (rank-XXXXX.pt): no one model state
         raise UsageError(
-            f"{where} is saved per rank ({storage}), not as one model state dict; pass "
-            "key=NAME naming a model"
+            f"{chosen.where} is saved per rank ({chosen.storage}), not as one model state dict; "
+            "pass key=NAME naming a model"
         )
-    return _as_state_dict(small[key], where), source
+    return _as_state_dict(obj["objects"][chosen.key], chosen.where), chosen.source
 
 
 def extract_state_dict(
@@ -215,8 +249,30 @@ def _read(
     path: str | os.PathLike[str], key: str | None, trust: bool, map_location: str | torch.device
 ) -> tuple[Mapping[str, Any], LoadReport]:
     """The model state dict in ``path`` as saved, and the report of reading it (naming a
-    multigpu checkpoint's directory, else the file read)."""
+    multigpu checkpoint's directory, else the file or directory read)."""
     file = resolve(path)
+    if is_hub(file):
+        weights = open_hub(file)
+        if key is not None:
+            raise UsageError(
+                f"key={key!r} names an object, but {file} holds one model's tensors "
+                "(safetensors); drop key"
+            )
+        found: Mapping[str, Any] = read_hub(weights)
+        return found, LoadReport(path=file, source=weights.kind, tensors=len(found))
+    if file.is_dir():  # a plain DCP checkpoint (resolve: ours are read from their state.pt)
+        metadata = read_metadata(file, trust=trust)
+        objects = objects_of(metadata)
+        chosen = choose_model(objects, key, file)
+        found = read_object(file, chosen, metadata=metadata, trust=trust)
+        layout = "torchtitan step directory" if is_torchtitan(objects) else "DCP checkpoint"
+        part = ", the top-level tensors" if chosen.top_level else ""
+        return found, LoadReport(
+            path=file,
+            source=f"{layout}, object {chosen.name!r}{part}",
+            tensors=len(found),
+            trusted=trust,
+        )
     obj, mapped = load_file(file, trust=trust, map_location=map_location)
     found, source = extract_state_dict(obj, file, key, trust)
     ours = isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj

@@ -70,14 +70,22 @@ def read_metadata(directory: str | os.PathLike[str], *, trust: bool = False) -> 
 
 class SafeReader(FileSystemReader):
     """``FileSystemReader`` whose metadata is read with the allow-list (see the module doc);
-    ``trust=True`` lifts it, for an index naming other classes from a source you trust."""
+    ``trust=True`` lifts it, for an index naming other classes from a source you trust.
+    ``metadata``: the index already read (a reader of one tensor at a time reads it once)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, trust: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        trust: bool = False,
+        metadata: Metadata | None = None,
+    ) -> None:
         super().__init__(path)
         self.trust = trust
+        self.metadata = metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = read_metadata(self.path, trust=self.trust)
+        metadata = self.metadata or read_metadata(self.path, trust=self.trust)
         storage = metadata.storage_meta or StorageMeta()
         storage.load_id = self.load_id  # as FileSystemReader does
         metadata.storage_meta = storage
@@ -201,16 +209,34 @@ def check_fits(
 
 
 def load_sharded(
-    targets: dict[str, Any], directory: Path, *, trust: bool = False, alone: bool = False
+    targets: dict[str, Any],
+    directory: Path,
+    *,
+    trust: bool = False,
+    alone: bool = False,
+    metadata: Metadata | None = None,
 ) -> None:
     """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place;
-    ``alone``: in this process only, whatever process group there is."""
+    ``alone``: in this process only, whatever process group there is; ``metadata``: the
+    directory's index, when already read."""
     with _quiet(), one_line_failures():
         dcp.load(
             targets,
-            storage_reader=SafeReader(directory, trust=trust),
+            storage_reader=SafeReader(directory, trust=trust, metadata=metadata),
             planner=SafeLoadPlanner(),
             no_dist=alone or not dist.is_initialized(),
+        )
+
+
+def load_with_reader(targets: dict[str, Any], reader: Any, planner: Any) -> None:
+    """Fill ``targets`` through DCP's planning with another ``StorageReader`` (collective when
+    there is a process group): each rank reads the pieces its tensors hold."""
+    with _quiet(), one_line_failures():
+        dcp.load(
+            targets,
+            storage_reader=reader,
+            planner=planner,
+            no_dist=not dist.is_initialized(),
         )
 
 
@@ -254,7 +280,7 @@ def read_whole(
         if isinstance(info, TensorStorageMetadata):
             value = torch.empty(tuple(info.size), dtype=info.properties.dtype)
         _place(target, path, value)
-    load_sharded(target, Path(directory), trust=trust, alone=True)
+    load_sharded(target, Path(directory), trust=trust, alone=True, metadata=metadata)
     return target
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from multigpu.checkpoint.hub import is_hub
 from multigpu.checkpoint.layout import (
     FORMAT,
     MANIFEST_FILE,
@@ -19,27 +19,24 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     verify_checkpoint,
 )
-from multigpu.checkpoint.loading import load_file, resolve
+from multigpu.checkpoint.loading import is_dcp_directory, load_file, resolve
 from multigpu.checkpoint.portable import extract_state_dict
-from multigpu.checkpoint.sharded import read_metadata
+from multigpu.checkpoint.sharded import METADATA_FILE, read_metadata
+from multigpu.checkpoint.summary_foreign import (
+    all_tensors,
+    is_optimizer_state,
+    row,
+    shard_files,
+    summarize_dcp,
+    summarize_hub,
+    summarize_optimizer,
+)
 from multigpu.errors import CheckpointError, UsageError
-
-
-def _row(name: str, shape: Any, dtype: torch.dtype, pieces: int = 1) -> dict[str, Any]:
-    numel = math.prod(shape)
-    return {
-        "name": name,
-        "shape": list(shape),
-        "dtype": str(dtype).removeprefix("torch."),
-        "numel": numel,
-        "bytes": numel * dtype.itemsize,
-        "pieces": pieces,
-    }
 
 
 def _tensor_rows(state: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
     return [
-        _row(prefix + str(name), value.shape, value.dtype)
+        row(prefix + str(name), value.shape, value.dtype)
         for name, value in state.items()
         if isinstance(value, torch.Tensor)
     ]
@@ -84,37 +81,16 @@ def _sharded_part(
         if not isinstance(info, TensorStorageMetadata):
             total["values"] += 1  # hyperparameters, extra state: small pickled values
             continue
-        row = _row(f"{name}/{rest}", info.size, info.properties.dtype, len(info.chunks))
+        entry = row(f"{name}/{rest}", info.size, info.properties.dtype, len(info.chunks))
         total["tensors"] += 1
-        total["numel"] += row["numel"]
-        total["bytes"] += row["bytes"]
+        total["numel"] += entry["numel"]
+        total["bytes"] += entry["bytes"]
         if len(parts) > 3 and parts[1] == "state":  # an optimizer's state.<param>.<stat>
             stats = total.setdefault("stats", {})
             stats[parts[-1]] = stats.get(parts[-1], 0) + 1
         elif storage.get(name) == "dcp" and rest and parts[1] != "param_groups":
-            rows.append(row)
-    return rows, sizes, _shard_files(metadata, paths)
-
-
-def _shard_files(metadata: Any, paths: Mapping[str, Any]) -> dict[str, Any]:
-    """{file: {"pieces": n, "objects": {object: pieces}}} from the index's storage records.
-
-    A record's ``relative_path`` is the field of DCP's ``FileSystemWriter`` (``_StorageInfo``);
-    another writer's records are skipped rather than guessed at.
-    """
-    files: dict[str, Any] = {}
-    for index, where in (metadata.storage_data or {}).items():
-        file = getattr(where, "relative_path", None)
-        if not isinstance(file, str):
-            continue
-        fqn = getattr(index, "fqn", "")
-        name = str(paths.get(fqn, (fqn.split(".", 1)[0],))[0])
-        entry = files.setdefault(file, {"pieces": 0, "objects": {}})
-        entry["pieces"] += 1
-        entry["objects"][name] = entry["objects"].get(name, 0) + 1
-    for entry in files.values():
-        entry["objects"] = dict(sorted(entry["objects"].items()))
-    return dict(sorted(files.items()))
+            rows.append(entry)
+    return rows, sizes, shard_files(metadata, paths)
 
 
 def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str, Any]:
@@ -132,10 +108,26 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
     entries), and for an optimizer ``stats``: {"exp_avg": 4, ...}) and ``shards`` (per
     ``__<rank>_<n>.distcp`` file: ``pieces`` and ``objects``: {name: pieces}); for a root
     ``checkpoints`` (name, step, complete, problems) and ``newest_complete``.
+
+    A plain DCP checkpoint (``dcp.save``'s directory, or its ``.metadata``) has ``objects``
+    (name: ``model`` | ``optimizer`` | ``values`` | ``mixed``), ``sharded``, ``shards``,
+    ``files``, ``problems`` (missing or truncated shard files), ``model`` (the object
+    ``convert`` and ``load_weights`` read; None when ``--key`` must say) and ``step`` (from
+    torchtitan's ``train_state`` or a ``step-N`` name). Safetensors weights (a file, or a
+    directory with ``model.safetensors`` or its index) have ``files`` and ``config`` (from a
+    ``config.json`` beside them). A ``torch.save``d optimizer state dict has ``optimizer``
+    (``params_with_state``, ``stats``: {"exp_avg": 4, ...}, ``param_groups``: each one's
+    ``params`` count and hyperparameters).
     """
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
+    if p.is_file() and p.name == METADATA_FILE:  # DCP's index stands for its directory
+        p = p.parent
+    if is_dcp_directory(p):
+        return summarize_dcp(p, trust=trust)
+    if is_hub(p):
+        return summarize_hub(p)
     info: dict[str, Any] = {"path": str(p)}
     if p.is_dir() and not (p / MANIFEST_FILE).exists() and not (p / STATE_FILE).exists():
         statuses = list_checkpoints(p)
@@ -203,14 +195,18 @@ def summarize(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str,
                 and all(isinstance(v, torch.Tensor) for v in state.values())
             ):
                 rows += _tensor_rows(state, f"{name}/")
+    elif is_optimizer_state(obj):
+        described = summarize_optimizer(obj)
+        rows = described.pop("tensors")
+        info.update(described, complete=True)
     else:
         try:
             state, source = extract_state_dict(obj, file, None)
             rows = _tensor_rows(state)
             info["kind"] = source
-        except UsageError:
+        except UsageError:  # every tensor it has, by its path: never "0 tensors" when it has some
             info["kind"] = f"{type(obj).__name__} (no single state dict)"
-            rows = _tensor_rows(obj) if isinstance(obj, Mapping) else []
+            rows = all_tensors(obj)
         info["complete"] = True
     info["tensors"] = rows
     info["total_numel"] = sum(r["numel"] for r in rows)

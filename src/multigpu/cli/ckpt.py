@@ -16,6 +16,7 @@ from typing import Any
 
 from multigpu.arguments import Parser
 from multigpu.checkpoint.convert import to_dcp, to_file
+from multigpu.checkpoint.hub_export import DEFAULT_MAX_SHARD_SIZE, export_hub
 from multigpu.checkpoint.summary import summarize
 from multigpu.errors import CheckpointError, UsageError
 
@@ -39,20 +40,37 @@ def build_parser() -> argparse.ArgumentParser:
         "convert",
         help="one plain state dict from any checkpoint (sharded too), or a sharded checkpoint "
         "from a plain state dict",
-        description="--to file (default): the model of a multigpu checkpoint (sharded by any "
-        "number of ranks under any strategy), or of a DataParallel/DDP/compiled/CUDA-saved "
-        "state dict, as one plain state dict loadable with torch.load(..., weights_only=True) "
-        "(DST ending in .safetensors: a safetensors file). --to dcp: a plain state dict (.pt or "
-        ".safetensors) as a sharded checkpoint directory that ctx.load and a Checkpointer "
-        "resume on any world size and strategy.",
+        description="SRC: a multigpu checkpoint (sharded by any number of ranks under any "
+        "strategy), a plain DCP checkpoint directory (torch.distributed.checkpoint.save, "
+        "torchtitan), safetensors weights (a file, or a directory with model.safetensors or "
+        "its index), or a DataParallel/DDP/compiled/CUDA-saved state dict. --to file "
+        "(default): its model as one plain state dict loadable with torch.load(..., "
+        "weights_only=True) (DST ending in .safetensors: one safetensors file). --to dcp: as a "
+        "sharded checkpoint directory that ctx.load and a Checkpointer resume on any world size "
+        "and strategy. --to safetensors: DST becomes a Hugging Face model directory "
+        "(model.safetensors, or model-0000N-of-0000M.safetensors and "
+        "model.safetensors.index.json past --max-shard-size; config.json from --config; tied "
+        "weights written once), read one tensor at a time from a sharded SRC.",
     )
     convert.add_argument("src")
     convert.add_argument("dst")
     convert.add_argument(
-        "--to", choices=("file", "dcp"), default="file", help="what to write (default file)"
+        "--to",
+        choices=("file", "dcp", "safetensors"),
+        default="file",
+        help="what to write (default file)",
     )
     convert.add_argument("--key", help="the object or dict key holding the model in SRC")
     convert.add_argument("--name", help="--to dcp: the model's object name in DST (model)")
+    convert.add_argument(
+        "--config", metavar="PATH", help="--to safetensors: the model's config.json, copied to DST"
+    )
+    convert.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        help=f"--to safetensors: the largest file (default {DEFAULT_MAX_SHARD_SIZE}; KB, MB, GB "
+        "are powers of 1000, KiB, MiB, GiB of 1024)",
+    )
     convert.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
     convert.add_argument("--force", action="store_true", help="overwrite DST")
     return parser
@@ -92,14 +110,17 @@ def _print_summary(info: dict[str, Any]) -> None:
         console.print(table)
     lines = [f"{len(info['tensors'])} tensors, {info['total_numel']:,} values, "
              f"{_size(info['total_bytes'])}"]  # fmt: skip
-    if "step" in info:
+    if "step" in info and info.get("world_size") is not None:
         epoch = f", epoch {info['epoch']}" if info.get("epoch") is not None else ""
         lines.append(
             f"step {info['step']}, saved by {info.get('world_size')} rank(s){epoch}, torch "
             f"{info.get('torch_version')}"
         )
+    elif "step" in info:
+        lines.append(f"step {info['step']}")
     if info.get("objects"):
         lines.append("objects: " + ", ".join(f"{n} ({k})" for n, k in info["objects"].items()))
+    lines += _foreign_lines(info)
     lines += _layout_lines(info)
     if info.get("newest_complete"):
         lines.append(f"newest complete: {info['newest_complete']}")
@@ -107,10 +128,39 @@ def _print_summary(info: dict[str, Any]) -> None:
         lines.append("saved on " + ", ".join(sorted(info["devices_mapped"])) + ", loaded on cpu")
     if info.get("problems"):
         lines.append("BROKEN: " + "; ".join(info["problems"]))
-    elif "step" in info:
+    elif info.get("format_version") is not None:
         lines.append("complete: marker present, sizes and SHA-256 checksums match the manifest")
+    elif "shards" in info:
+        lines.append(
+            "complete: every file the index names is there and long enough (DCP keeps no checksums)"
+        )
     for line in lines:
         console.print(line, highlight=False)
+
+
+def _foreign_lines(info: dict[str, Any]) -> list[str]:
+    """What only checkpoints multigpu did not write say: the model a plain DCP checkpoint's
+    conversion takes, an optimizer state dict's make-up, a hub directory's config."""
+    lines = []
+    if "model" in info:
+        lines.append(
+            f"model (what convert and load_weights read): {info['model']}"
+            if info["model"]
+            else "model: not one model state dict; convert and load_weights need --key NAME"
+        )
+    optimizer = info.get("optimizer")
+    if optimizer:
+        stats = ", ".join(f"{k} {n}" for k, n in optimizer["stats"].items()) or "no statistics"
+        groups = "; ".join(
+            f"{g['params']} params" + "".join(f", {k} {v}" for k, v in g.items() if k != "params")
+            for g in optimizer["param_groups"]
+        )
+        lines.append(f"optimizer: {optimizer['params_with_state']} parameters with state ({stats})")
+        lines.append(f"param groups ({len(optimizer['param_groups'])}): {groups}")
+    config = info.get("config")
+    if config:
+        lines.append("config.json: " + ", ".join(f"{k} {v}" for k, v in config.items() if v))
+    return lines
 
 
 def _layout_lines(info: dict[str, Any]) -> list[str]:
@@ -124,10 +174,14 @@ def _layout_lines(info: dict[str, Any]) -> list[str]:
         shape = " on mesh " + ", ".join(f"{a}={n}" for a, n in mesh.items()) if mesh else ""
         origin = f" from {strategy['from']}" if strategy.get("from") else ""
         lines.append(f"saved under {strategy['strategy']}{shape}{origin}")
+    units = strategy.get("units")
+    if units:  # FSDP's fully_shard units, as FSDPStrategy.describe() recorded them
+        lines.append(f"FSDP units ({len(units)}): {', '.join(str(u) for u in units)}")
     sharded = info.get("sharded") or {}
     if sharded:
         lines.append("sharded (DCP, reshards on load): " + ", ".join(
             f"{n} {s['tensors']} tensors{_stats(s)}, {_size(s['bytes'])}"
+            if s["tensors"] else f"{n} {s['values']} values"
             for n, s in sharded.items()
         ))  # fmt: skip
     files = info.get("files") or {}
@@ -160,7 +214,29 @@ def _inspect(ns: argparse.Namespace) -> int:
 
 def _convert(ns: argparse.Namespace) -> int:
     dst = Path(ns.dst)
-    if ns.to == "dcp":
+    hub_only = [o for o, v in (("--config", ns.config), ("--max-shard-size", ns.max_shard_size))
+                if v is not None]  # fmt: skip
+    if hub_only and ns.to != "safetensors":
+        raise UsageError(
+            f"{hub_only[0]} is an option of --to safetensors (a Hugging Face model directory); "
+            f"drop it, or add --to safetensors"
+        )
+    if ns.to == "safetensors":
+        if ns.name is not None:
+            raise UsageError(
+                f"--name {ns.name} names the model in a checkpoint written with --to dcp; a "
+                "safetensors directory holds one model: drop --name"
+            )
+        said = export_hub(
+            ns.src,
+            dst,
+            key=ns.key,
+            config=ns.config,
+            max_shard_size=ns.max_shard_size or DEFAULT_MAX_SHARD_SIZE,
+            trust=ns.trust,
+            force=ns.force,
+        )
+    elif ns.to == "dcp":
         name = ns.name or "model"
         saving = logging.getLogger("multigpu.checkpoint.saving")
         level = saving.level

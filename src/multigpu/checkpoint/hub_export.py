@@ -1,0 +1,290 @@
+"""``ckpt convert --to safetensors``: a checkpoint's model in the Hugging Face hub layout.
+
+``DST/`` gets ``model.safetensors`` — or, past ``max_shard_size``, ``model-0000N-of-0000M
+.safetensors`` and ``model.safetensors.index.json`` — split as ``transformers``'
+``save_pretrained`` splits (in the checkpoint's order, a new file when the next tensor would
+pass the limit, a larger tensor alone in its own), plus the given ``config.json``. Tensors are
+read one at a time from a sharded checkpoint and written a file at a time: the memory it takes
+is about one output file (``benchmarks/export_memory.py``).
+
+Tied weights are written once, as ``save_pretrained`` does: with a ``config.json`` naming an
+architecture ``transformers`` has, that model is built on the meta device (no memory) and its
+parameters shared under several names (GPT-2's ``lm_head.weight`` and
+``transformer.wte.weight``) show which names to leave out; the checkpoint's tensors under those
+names must be equal, else the export is refused. ``transformers`` is imported here only, and
+only then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.checkpoint.hub import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, safetensors_module
+from multigpu.checkpoint.layout import TMP_PREFIX
+from multigpu.checkpoint.model_source import ModelSource, open_model
+from multigpu.checkpoint.sharded import first_line
+from multigpu.checkpoint.writer import fsync_dir, write_small
+from multigpu.errors import CheckpointError, UsageError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text``: a whole number, or a number and a unit as ``transformers`` takes them
+    (``KB``/``MB``/``GB``/``TB``: powers of 1000; ``KiB``/``MiB``/``GiB``/``TiB``: of 1024).
+
+    Example:
+        >>> parse_size("5GB"), parse_size("1.5MiB"), parse_size(4096)
+        (5000000000, 1572864, 4096)
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value: float = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = match.group(2).upper() if match else ""
+        if match is None or unit not in _UNITS:
+            raise UsageError(
+                f"shard size {text!r} is not a size; expected bytes or a number with KB, MB, GB "
+                "(or KiB, MiB, GiB), e.g. 5GB"
+            )
+        value = float(match.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise UsageError(f"shard size {text!r} is below one byte; expected e.g. 5GB")
+    return int(value)
+
+
+def plan_shards(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
+    """The names in each output file, as ``huggingface_hub``'s splitter groups them.
+
+    Example:
+        >>> plan_shards({"a": 6, "b": 6, "c": 2, "d": 12, "e": 2}, 10)
+        [['a'], ['d'], ['b', 'c', 'e']]
+    """
+    shards: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for name, size in sizes.items():
+        if size > max_bytes:
+            shards.append([name])
+            continue
+        if used + size > max_bytes and current:
+            shards.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    if current:
+        shards.append(current)
+    return shards
+
+
+def shard_file(index: int, count: int) -> str:
+    """The file name of shard ``index`` (0-based) of ``count``, as ``transformers`` names it."""
+    return SINGLE_FILE if count == 1 else f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` (a UsageError when it is not one)."""
+    p = Path(path)
+    try:
+        config = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--config {p} does not exist; expected the model's config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--config {p} is not readable JSON ({e}); expected a config.json") from e
+    if not isinstance(config, dict):
+        raise UsageError(f"--config {p} holds a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def tied_names(config: Mapping[str, Any] | None) -> tuple[dict[str, str], str]:
+    """``{name left out: the name it is tied to}`` for the model ``config`` describes, and a
+    phrase saying how that was found (empty when there is nothing to say)."""
+    if config is None:
+        return {}, ""
+    try:
+        import transformers
+    except ImportError:
+        return {}, "tied weights not looked for: transformers is not installed"
+    if "model_type" not in config:
+        return {}, "tied weights not looked for: the config has no model_type"
+    architectures = config.get("architectures") or []
+    cls = getattr(transformers, str(architectures[0]), None) if architectures else None
+    try:
+        built = transformers.AutoConfig.for_model(**config)
+        with torch.device("meta"):  # no memory: only which parameters are one object matters
+            # No architecture named: the causal LM of its model type, as exported models mostly are.
+            model = cls(built) if cls else transformers.AutoModelForCausalLM.from_config(built)
+    except Exception as e:  # a config this transformers cannot build: say so, write every tensor
+        return {}, f"tied weights not looked for: no model built from the config ({first_line(e)})"
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            tied[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return tied, ""
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return f"{tensor.dtype}{tuple(tensor.shape)}" + hashlib.sha256(flat.numpy().data).hexdigest()
+
+
+def _check_destination(dst: Path, force: bool) -> None:
+    if not dst.exists():
+        return
+    if not force:
+        raise UsageError(f"{dst} exists; expected a new directory; pass --force to replace it")
+    if not dst.is_dir() or not ((dst / INDEX_FILE).is_file() or (dst / SINGLE_FILE).is_file()):
+        raise UsageError(
+            f"{dst} exists and is not a safetensors model directory; --force replaces only one "
+            "(with model.safetensors or its index): choose a new path"
+        )
+
+
+def export_hub(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    key: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    trust: bool = False,
+    force: bool = False,
+) -> str:
+    """Write the model of ``src`` to the directory ``dst`` in the hub layout; say what was done.
+
+    Atomic: the files are written in a temporary directory beside ``dst``, renamed to ``dst``
+    when complete; on any failure nothing is left at ``dst`` (an existing one, with ``force``,
+    is replaced only by a complete export).
+
+    Args:
+        src: anything ``multigpu.load_weights`` reads; a multigpu or plain DCP checkpoint is
+            read one tensor at a time.
+        dst: the directory to write (``model.safetensors``, or the shards and their index).
+        key: which object of ``src`` holds the model, when several could.
+        config: the model's ``config.json``, copied into ``dst``; with ``transformers``
+            installed it also says which weights are tied (written once).
+        max_shard_size: the largest output file: bytes, or ``"5GB"``, ``"500MiB"``...
+        trust: allow a legacy pickle / an index naming other classes (runs code).
+        force: replace an existing ``dst`` (only a safetensors model directory).
+
+    Raises:
+        UsageError: bad arguments or an unusable destination (nothing read yet).
+        CheckpointError: ``src`` cannot be read, or its tied weights differ.
+    """
+    target = Path(dst)
+    limit = parse_size(max_shard_size)
+    settings = read_config(config) if config is not None else None
+    _check_destination(target, force)
+    writer = safetensors_module()  # refused before anything is read
+    model = open_model(src, key=key, trust=trust)
+    if not model.shapes:
+        raise UsageError(f"{src} holds no tensors for its model; nothing to export")
+    tied, note = tied_names(settings)
+    dropped = {n: k for n, k in tied.items() if n in model.shapes and k in model.shapes}
+    kept = {n: model.nbytes(n) for n in model.shapes if n not in dropped}
+    shards = plan_shards(kept, limit)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f"{TMP_PREFIX}{target.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        _write_shards(tmp, model, shards, dropped, writer)
+        if len(shards) > 1:
+            index = {
+                "metadata": {"total_size": sum(kept.values())},
+                "weight_map": {
+                    n: shard_file(i, len(shards)) for i, s in enumerate(shards) for n in s
+                },
+            }
+            write_small(tmp / INDEX_FILE, json.dumps(index, indent=2, sort_keys=True) + "\n")
+        if config is not None:
+            shutil.copyfile(config, tmp / CONFIG_FILE)
+        fsync_dir(tmp)
+        _replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    said = [f"{sum(len(s) for s in shards)} tensors from {model.source}"]
+    said.append(f"{len(shards)} safetensors file{'s' if len(shards) > 1 else ''}")
+    if dropped:
+        said.append("tied, written once: " + ", ".join(f"{n} (= {k})" for n, k in dropped.items()))
+    if model.skipped:
+        said.append(f"left out {len(model.skipped)} non-tensor entries ({model.skipped[0]}, ...)")
+    if note:
+        said.append(note)
+    if config is not None:
+        said.append(f"with {CONFIG_FILE}")
+    return "; ".join(said)
+
+
+def _write_shards(
+    tmp: Path,
+    model: ModelSource,
+    shards: list[list[str]],
+    dropped: Mapping[str, str],
+    writer: Any,
+) -> None:
+    """Each shard's tensors, read one at a time, then written as one safetensors file. A tied
+    name is read too (its digest compared), never kept."""
+    sources = set(dropped.values())
+    digests: dict[str, str] = {}
+    pending = dict(dropped)
+    for index, names in enumerate(shards):
+        tensors: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
+        for name, tensor in model.read(names):
+            tensor = tensor.contiguous()
+            # safetensors refuses two names on one memory (tied weights of a file read whole,
+            # written under both names when no config says they are tied): each its own copy.
+            if tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
+                tensor = tensor.clone()
+            storages.add(tensor.untyped_storage().data_ptr())
+            tensors[name] = tensor
+            if name in sources:
+                digests[name] = _digest(tensor)
+        file = tmp / shard_file(index, len(shards))
+        writer.save_file(tensors, str(file), metadata={"format": "pt"})
+        with open(file, "rb") as fh:
+            os.fsync(fh.fileno())
+        del tensors
+        ready = [n for n, k in pending.items() if k in digests]
+        for name, tensor in model.read(ready):
+            if _digest(tensor) != digests[pending[name]]:
+                raise CheckpointError(
+                    f"{name} differs from {pending[name]} in the checkpoint, but the config's "
+                    "model ties them (one tensor under both names): exported, one would replace "
+                    "the other; check --config (tie_word_embeddings) against the trained model"
+                )
+            del pending[name]
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``; an existing ``final`` is moved aside first, removed after."""
+    old = None
+    if final.exists():
+        old = final.parent / f"{TMP_PREFIX}old-{final.name}-{secrets.token_hex(4)}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(old)
