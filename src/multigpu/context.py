@@ -204,9 +204,9 @@ class Context(RankTools, Checkpointing):
         loss is divided there), returning this rank's loss. Step with ``ctx.step`` after it.
 
         With ``num_items`` (see ``backward``), ``loss_fn`` returns a sum over the items of its
-        output and ``num_items`` counts those of the whole batch; the loss returned is per item
-        (under a pipeline each micro-batch's sum is weighted so that the schedule's average
-        over micro-batches is the batch's mean per item).
+        output and ``num_items`` counts the items of the batch given; the loss returned is per
+        item (under a pipeline, whose processes all hold the whole batch, each micro-batch's
+        sum is weighted so that the schedule's average over them is the batch's mean per item).
         """
         if not callable(loss_fn):
             raise UsageError(
@@ -240,8 +240,9 @@ class Context(RankTools, Checkpointing):
 
         Wrap each micro-batch's forward, ``ctx.backward`` and ``ctx.step`` in it: every
         micro-batch but the last of an optimizer step skips DDP's all-reduce (``no_sync``) and
-        ``ctx.step``; the loss is divided by the number of micro-steps. ``sync`` overrides the
-        loader's judgement (for loops that do not use ``ctx.loader``).
+        ``ctx.step``; the loss is divided by the number of micro-steps (a sum with ``num_items``
+        is weighted instead: see ``backward``). ``sync`` overrides the loader's judgement (for
+        loops that do not use ``ctx.loader``).
 
         Example:
             >>> import torch.nn.functional as F

@@ -152,7 +152,7 @@ class StepControl:
         if self._plain_in_step:
             self._plain_in_step = False
             raise UsageError(MIXED.format(had="this", this="an earlier one"))
-        if not self._parameters():
+        if not self._trained:
             raise UsageError(
                 "ctx.backward(num_items=...) rescales the gradients of the model given to "
                 "ctx.setup once the step's items are counted, and no model was set up; call "
