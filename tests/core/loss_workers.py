@@ -88,18 +88,25 @@ def reference(clip: float | None) -> dict[str, Any]:
     return {"state": net.state_dict(), "losses": losses}
 
 
-def train(ctx: Any, loop: str, accumulation: int, clip: float | None) -> dict[str, Any]:
-    """``STEPS`` optimizer steps of ``loop``: ``plain`` (the user's ``optimizer.step()``),
-    ``accumulate`` (``ctx.accumulate`` + ``ctx.step``), ``naive`` (a per-micro-batch mean),
-    ``forward_backward`` (``ctx.forward_backward(..., num_items=n)``)."""
-    net = model()
+def train(
+    ctx: Any,
+    loop: str,
+    accumulation: int,
+    clip: float | None,
+    dtype: torch.dtype = torch.float64,
+    epochs: int = 1,
+) -> dict[str, Any]:
+    """``STEPS`` optimizer steps an epoch of ``loop``: ``plain`` (the user's
+    ``optimizer.step()``), ``accumulate`` (``ctx.accumulate`` + ``ctx.step``), ``naive`` (a
+    per-micro-batch mean), ``forward_backward`` (``ctx.forward_backward(..., num_items=n)``)."""
+    net = model(dtype)
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     wrapped, opt = ctx.setup(net, opt)
     loader = ctx.loader(
         padded_data(), batch_size=GLOBAL_BATCH, shuffle=False, accumulation_steps=accumulation
     )
     losses = []
-    for x, y in loader:
+    for x, y in (batch for _ in range(epochs) for batch in loader):
         if loop == "plain":
             opt.zero_grad()
             ctx.backward(loss_sum(wrapped(x), y), num_items=items(y))
@@ -157,4 +164,19 @@ def train_all() -> dict[str, dict[str, Any]]:
             chosen = pipeline() if strategy == "pipeline" else strategy
             with multigpu.init(strategy=chosen, seed=0) as ctx:  # the same process group
                 out[name] = train(ctx, loop, accumulation, clip)
+    return out
+
+
+def one_process(precision: str, epochs: int) -> dict[int, dict[str, Any]]:
+    """Accumulation 1 and 4 in float32 on this process's device (a GPU under
+    ``run_distributed(..., device="cuda")``): states, step losses, the GradScaler's last scale."""
+    out: dict[int, dict[str, Any]] = {}
+    with multigpu.init(seed=0):
+        for accumulation in (1, 4):
+            with multigpu.init(precision=precision, seed=0) as ctx:  # the same process group
+                ran = train(ctx, "accumulate", accumulation, MAX_NORM, torch.float32, epochs)
+                scaler = ctx.precision.scaler
+                ran["scale"] = None if scaler is None else scaler.get_scale()
+                ran["device"] = str(ctx.device)
+                out[accumulation] = ran
     return out
