@@ -33,6 +33,8 @@ def test_accumulation_is_verifys_own_option_and_reaches_the_script_as_accumulati
     passed = ["--accumulation-steps", "2", "--accumulation-steps", "4"]  # the last one counts
     assert verify_argv(opts, 2, "cpu", 4)[-4:] == passed
     assert parse_verify_args([SCRIPT]).accumulation is None  # type: ignore[union-attr]
+    alone = parse_verify_args([SCRIPT, "--nproc", "1", "--accumulation", "1,4"])
+    assert alone is not None and alone.nproc == (1,)  # accumulation alone: one world size will do
 
 
 @pytest.mark.parametrize(

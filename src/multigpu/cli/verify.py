@@ -38,13 +38,7 @@ EPILOG = (
 
 
 def _nproc(text: str) -> tuple[int, ...]:
-    sizes = process_counts(text)
-    if len(sizes) < 2:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} names one world size; expected at least two different ones to "
-            "compare, e.g. --nproc 1,2"
-        )
-    return tuple(sizes)
+    return tuple(process_counts(text))
 
 
 def _accumulation(text: str) -> tuple[int, ...]:
@@ -79,7 +73,8 @@ def build_verify_parser() -> argparse.ArgumentParser:
         "--nproc",
         type=_nproc,
         metavar="N,M,...",
-        help="world sizes to compare, the first is the reference (default 1,2)",
+        help="world sizes to compare, the first is the reference (default 1,2; one is enough "
+        "with --accumulation)",
     )
     p.add_argument(
         "--accumulation",
@@ -127,10 +122,17 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
     """Parse ``multigpu verify``'s command line; None when it asked for ``--help`` (printed)."""
-    parsed = parse_with_target(build_verify_parser(), argv)
+    parser = build_verify_parser()
+    parsed = parse_with_target(parser, argv)
     if parsed is None:
         return None
     ns, target = parsed
+    if ns.nproc is not None and len(ns.nproc) < 2 and ns.accumulation is None:
+        given = ",".join(map(str, ns.nproc))
+        parser.error(
+            f"argument --nproc: {given!r} names one world size; expected at least two different "
+            "ones to compare, e.g. --nproc 1,2 (or one with --accumulation 1,4)"
+        )
     given = ns.nproc is not None
     ns.nproc = ns.nproc or VerifyOptions.nproc
     return options_from(ns, VerifyOptions, **target, nproc_given=given)
