@@ -128,9 +128,9 @@ def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
         return None
     ns, target = parsed
     if ns.nproc is not None and len(ns.nproc) < 2 and ns.accumulation is None:
-        given = ",".join(map(str, ns.nproc))
+        sizes = ",".join(map(str, ns.nproc))
         parser.error(
-            f"argument --nproc: {given!r} names one world size; expected at least two different "
+            f"argument --nproc: {sizes!r} names one world size; expected at least two different "
             "ones to compare, e.g. --nproc 1,2 (or one with --accumulation 1,4)"
         )
     given = ns.nproc is not None
