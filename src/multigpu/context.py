@@ -61,7 +61,7 @@ class Context(RankTools, Checkpointing):
         self.seed = seed
         self.precision = precision or Precision("32", device)
         self._hooks = tuple(hooks)  # instruments chosen by init() (verify, bench, hang tools)
-        self._steps = StepControl(strategy, self.precision)
+        self._steps = StepControl(strategy, self.precision, self._comm_device)
         self._backward = self._steps.backward
         for hook in self._hooks:
             self._backward = hook.wrap_backward(self, self._backward)
@@ -108,6 +108,7 @@ class Context(RankTools, Checkpointing):
             wrapped = self.strategy.setup(model, optimizers)
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)
+        self._steps.note_setup(wrapped, optimizers)
         for hook in self._hooks:
             hook.on_setup(self, wrapped, optimizers)
         if not optimizers:
@@ -149,14 +150,32 @@ class Context(RankTools, Checkpointing):
         """Skip DDP's gradient all-reduce inside the block (for gradient accumulation)."""
         return self.strategy.no_sync(model)
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, scaled for float16 and divided by the micro-steps when accumulating.
+    def backward(self, loss: torch.Tensor, *, num_items: Any = None, **kwargs: Any) -> None:
+        """``loss.backward()``, scaled for float16 and normalised over the optimizer step.
 
-        Gradients are averaged across ranks by DDP (on the last micro-step only, when
-        accumulating), so they are the mean over the global batch.
+        With a mean ``loss``: divided by the micro-steps inside ``accumulate``; DDP and FSDP
+        average over the ranks, so the gradient is the mean of the micro-batches' means.
+
+        With ``num_items`` (an int, float or one-element tensor): ``loss`` is a *sum* over that
+        many items (tokens, say: ``reduction="sum"``, and ``num_items=(labels != -100).sum()``).
+        At the micro-batch that ends the step, one all-reduce adds up every rank's and
+        micro-batch's items and the gradients are rescaled, so they are those of the mean over
+        every item of the step — the same at any world size and accumulation, however the items
+        fall into micro-batches (padding). Give it on every micro-batch of a step or on none;
+        ``ctx.step_loss`` is then the step's mean loss per item.
         """
+        extra = {} if num_items is None else {"num_items": num_items}
         with self._memory_said("ctx.backward"):
-            self._backward(loss, **kwargs)
+            self._backward(loss, **extra, **kwargs)
+
+    @property
+    def step_loss(self) -> float | None:
+        """The global mean loss per item of the last optimizer step whose ``ctx.backward``
+        calls gave ``num_items`` (every rank's and micro-batch's loss sums over their items,
+        the same number on every rank), or None before one ended. Reading it waits for the GPU.
+        """
+        last = self._steps.last_loss
+        return None if last is None else float(last)
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
         """Step the optimizer(s) at the end of an optimizer step, then zero the gradients.
@@ -173,6 +192,7 @@ class Context(RankTools, Checkpointing):
         *inputs: Any,
         target: Any,
         loss_fn: Callable[[Any, Any], torch.Tensor],
+        num_items: Any = None,
     ) -> torch.Tensor:
         """``loss_fn(model(*inputs), target)`` and its backward; the loss (detached) on every rank.
 
@@ -182,18 +202,26 @@ class Context(RankTools, Checkpointing):
         over the micro-batches, broadcast from the last stage. Under any other strategy it is
         the model's forward, ``loss_fn`` and ``ctx.backward`` (inside ``ctx.accumulate`` the
         loss is divided there), returning this rank's loss. Step with ``ctx.step`` after it.
+
+        With ``num_items`` (see ``backward``), ``loss_fn`` returns a sum over the items of its
+        output and ``num_items`` counts the items of the batch given; the loss returned is per
+        item (under a pipeline, whose processes all hold the whole batch, each micro-batch's
+        sum is weighted so that the schedule's average over them is the batch's mean per item).
         """
         if not callable(loss_fn):
             raise UsageError(
                 f"forward_backward(loss_fn={loss_fn!r}): expected a function of (output, "
                 "target) returning the loss, e.g. loss_fn=torch.nn.functional.cross_entropy"
             )
-        done = self.strategy.forward_backward(model, inputs, target, loss_fn)
+        if num_items is None:
+            done = self.strategy.forward_backward(model, inputs, target, loss_fn)
+        else:
+            done = self._steps.weighted_schedule(model, inputs, target, loss_fn, num_items)
         if done is not None:
             return done
         loss = loss_fn(model(*inputs), target)
-        self.backward(loss)
-        return loss.detach()
+        self.backward(loss, num_items=num_items)
+        return loss.detach() if num_items is None else loss.detach() / num_items
 
     @contextlib.contextmanager
     def _memory_said(self, where: str) -> Iterator[None]:
@@ -212,8 +240,9 @@ class Context(RankTools, Checkpointing):
 
         Wrap each micro-batch's forward, ``ctx.backward`` and ``ctx.step`` in it: every
         micro-batch but the last of an optimizer step skips DDP's all-reduce (``no_sync``) and
-        ``ctx.step``; the loss is divided by the number of micro-steps. ``sync`` overrides the
-        loader's judgement (for loops that do not use ``ctx.loader``).
+        ``ctx.step``; the loss is divided by the number of micro-steps (a sum with ``num_items``
+        is weighted instead: see ``backward``). ``sync`` overrides the loader's judgement (for
+        loops that do not use ``ctx.loader``).
 
         Example:
             >>> import torch.nn.functional as F

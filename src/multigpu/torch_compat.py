@@ -42,6 +42,9 @@ when a torch release changes it, so upgrading torch is this file and that test.
 - **Gradient norms by parts** (``torch.nn.utils.get_total_norm``, ``clip_grads_with_norm_``):
   public since 2.6; before, ``grad_norm`` and ``clip_with_norm`` do the same arithmetic (the
   pipeline sums its stages' norms across processes between the two).
+- **What a loss averaged over** (``NllLossBackward0._saved_reduction`` / ``_saved_target`` /
+  ``_saved_ignore_index``, read back unsigned): ``mean_over_ignored`` finds a cross-entropy
+  mean whose targets include ignored ones, for ``multigpu verify``'s explanation.
 """
 
 from __future__ import annotations
@@ -378,3 +381,23 @@ def _clip_with_norm_before_2_6(
     for p in parameters:
         if p.grad is not None:
             p.grad.mul_(scale.to(p.grad.device))
+
+
+_NLL_NODES = ("NllLossBackward0", "NllLoss2DBackward0")
+
+
+def mean_over_ignored(loss: torch.Tensor, depth: int = 4) -> tuple[int, int] | None:
+    """(ignored targets, all targets) of a ``reduction="mean"`` NLL / cross-entropy within
+    ``depth`` autograd nodes of ``loss`` whose targets include ``ignore_index``; None if none."""
+    nodes: list[Any] = [loss.grad_fn]  # autograd nodes: their saved values are untyped
+    for _ in range(depth):
+        following: list[Any] = []
+        for node in filter(None, nodes):
+            if type(node).__name__ in _NLL_NODES and node._saved_reduction == 1:
+                ignore = (node._saved_ignore_index + 2**63) % 2**64 - 2**63  # read back unsigned
+                target = node._saved_target
+                if ignored := int((target == ignore).sum()):
+                    return ignored, target.numel()
+            following.extend(next_node for next_node, _ in node.next_functions)
+        nodes = following
+    return None

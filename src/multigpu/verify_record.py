@@ -9,10 +9,14 @@ plain ``optimizer.step()`` counts too), the models and loaders the Context set u
 Files, in ``MULTIGPU_VERIFY_DIR``:
 
 - ``rank{r}.json``: ``{"rank", "world_size", "steps", "losses" (this rank's mean loss of each
-  optimizer step; null where ``ctx.backward`` was not used), "loaders" [{"global_batch_size",
-  "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout" [module names],
-  "dtype", "optimizers" (class names), "precision", "deterministic", "strategy", "batchnorm"
-  ({module name: true when synchronised across ranks (SyncBatchNorm), else false})}``;
+  optimizer step, or the global mean per item ``ctx.step_loss`` where ``ctx.backward`` got
+  ``num_items``; null where ``ctx.backward`` was not used), "weighted_backward" (calls with
+  ``num_items``), "mean_over_ignored" ({"calls", "ignored", "targets"}: calls without it whose
+  loss is a cross-entropy mean over targets some of which are ``ignore_index``), "loaders"
+  [{"global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout"
+  [module names], "dtype", "optimizers" (class names), "precision", "deterministic",
+  "strategy", "batchnorm" ({module name: true when synchronised across ranks (SyncBatchNorm),
+  else false})}``;
 - ``params.pt`` (rank 0): the unwrapped models' ``state_dict`` on CPU (``model{i}.`` prefixed
   when there are several).
 """
@@ -27,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu import torch_compat
 from multigpu.atomic_file import atomic_write
 from multigpu.hooks import Hook
 from multigpu.strategies.base import unwrap_module
@@ -61,6 +66,10 @@ class VerifyRecorder(Hook):
         self.loaders: list[dict[str, Any]] = []
         self.losses: list[float | None] = []
         self._pending: list[float] = []
+        self._weighted_pending = False  # a ctx.backward of this step got num_items
+        self.weighted = 0
+        self.mean_over_ignored = {"calls": 0, "ignored": 0, "targets": 0}
+        self._ctx: Any = None
         self.steps = 0
         self.info: dict[str, Any] = {}
         self.written = False
@@ -80,8 +89,15 @@ class VerifyRecorder(Hook):
         self.loaders.append({name: getattr(loader.sampler, name) for name in names})
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
+        self._ctx = ctx
+
         def recorded(loss: torch.Tensor, **kwargs: Any) -> None:
-            self._pending.append(float(loss.detach().float().mean()))
+            if kwargs.get("num_items") is not None:
+                self.weighted += 1
+                self._weighted_pending = True  # a sum: the step's loss is ctx.step_loss
+            else:
+                self._pending.append(float(loss.detach().float().mean()))
+                self._note_mean(loss)
             backward(loss, **kwargs)
 
         return recorded
@@ -96,9 +112,21 @@ class VerifyRecorder(Hook):
             self.write()
             raise VerifyStop()
 
+    def _note_mean(self, loss: torch.Tensor) -> None:
+        """A mean over targets some of which are ignored: its weight per item depends on how
+        many are ignored in this micro-batch (``verify`` says so if results differ)."""
+        found = torch_compat.mean_over_ignored(loss)
+        if found is not None:
+            self.mean_over_ignored["calls"] += 1
+            self.mean_over_ignored["ignored"] += found[0]
+            self.mean_over_ignored["targets"] += found[1]
+
     def _note_step(self) -> None:
-        self.losses.append(sum(self._pending) / len(self._pending) if self._pending else None)
-        self._pending = []
+        loss = sum(self._pending) / len(self._pending) if self._pending else None
+        if self._weighted_pending and self._ctx is not None:
+            loss = self._ctx.step_loss  # the same global mean per item on every rank
+        self.losses.append(loss)
+        self._pending, self._weighted_pending = [], False
 
     def write(self) -> None:
         """Write this rank's record (and rank 0's parameters) once."""
@@ -118,6 +146,8 @@ class VerifyRecorder(Hook):
             "world_size": self.world_size,
             "steps": self.steps,
             "losses": self.losses,
+            "weighted_backward": self.weighted,
+            "mean_over_ignored": self.mean_over_ignored,
             "loaders": self.loaders,
             "dropout": [name for name, mod in modules if isinstance(mod, _DROPOUT) and mod.p > 0],
             "batchnorm": {

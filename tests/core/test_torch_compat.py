@@ -361,3 +361,15 @@ def test_the_gradient_norm_by_parts_matches_torchs_clip_grad_norm_on_every_path(
             for p, q in zip(mine, params, strict=True):
                 assert torch.allclose(p.grad, q.grad)
     assert float(torch_compat._grad_norm_before_2_6([], 2.0)) == 0.0
+
+
+def test_mean_over_ignored_reads_what_a_cross_entropy_mean_saved() -> None:
+    cross_entropy = torch.nn.functional.cross_entropy
+    logits = torch.randn(6, 5, requires_grad=True)
+    labels = torch.tensor([1, 2, -100, 3, -100, 0])
+    assert torch_compat.mean_over_ignored(cross_entropy(logits, labels) / 4) == (2, 6)
+    per_token = logits.view(2, 3, 5).transpose(1, 2)  # (batch, classes, positions): the 2-D node
+    assert torch_compat.mean_over_ignored(cross_entropy(per_token, labels.view(2, 3))) == (2, 6)
+    summed = cross_entropy(logits, labels, reduction="sum")
+    assert torch_compat.mean_over_ignored(summed) is None
+    assert torch_compat.mean_over_ignored(cross_entropy(logits, labels.clamp(min=0))) is None

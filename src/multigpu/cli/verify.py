@@ -1,6 +1,7 @@
 """The command line of ``multigpu verify``: its options, taken out of the script's arguments.
 
-``multigpu verify [script.py | -m module] [script args] [--nproc 1,2] [--steps K] ...``: verify's
+``multigpu verify [script.py | -m module] [script args] [--nproc 1,2] [--steps K]
+[--accumulation 1,4] ...``: verify's
 own options are recognised by name anywhere on the line (like ``multigpu train``'s launch
 options); everything else is the script and its arguments, in order. ``--`` ends verify's
 options: what follows goes to the script even if it has the same name (``-- --steps 5``).
@@ -22,7 +23,8 @@ DESCRIPTION = (
     "Check that a training script gives the same results at every world size: run it for "
     "--steps optimizer steps at each world size of --nproc and compare the final parameters "
     "(per tensor: max|a-b| and max|a-b| / max|b|), the number of steps and the per-step global "
-    "loss against the first world size; on failure, say what breaks the invariance. The script "
+    "loss against the first world size (with --accumulation, at every accumulation too, against "
+    "the first of each); on failure, say what breaks the invariance. The script "
     "must call multigpu.init() (records are taken there), use the same seed at every world "
     "size and pass the GLOBAL batch to ctx.loader (multigpu's loader then makes the data order "
     "and the global batch independent of the world size). Without a script: the built-in "
@@ -36,13 +38,26 @@ EPILOG = (
 
 
 def _nproc(text: str) -> tuple[int, ...]:
-    sizes = process_counts(text)
-    if len(sizes) < 2:
+    return tuple(process_counts(text))
+
+
+def _accumulation(text: str) -> tuple[int, ...]:
+    steps: list[int] = []
+    for part in text.split(","):
+        value = int(part) if part.strip().isdigit() else 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a list of accumulation steps; expected numbers >= 1 separated "
+                "by commas, e.g. --accumulation 1,4"
+            )
+        if value not in steps:
+            steps.append(value)
+    if len(steps) < 2:
         raise argparse.ArgumentTypeError(
-            f"{text!r} names one world size; expected at least two different ones to "
-            "compare, e.g. --nproc 1,2"
+            f"{text!r} names one number of accumulation steps; expected at least two different "
+            "ones to compare, e.g. --accumulation 1,4"
         )
-    return tuple(sizes)
+    return tuple(steps)
 
 
 def build_verify_parser() -> argparse.ArgumentParser:
@@ -58,7 +73,16 @@ def build_verify_parser() -> argparse.ArgumentParser:
         "--nproc",
         type=_nproc,
         metavar="N,M,...",
-        help="world sizes to compare, the first is the reference (default 1,2)",
+        help="world sizes to compare, the first is the reference (default 1,2; one is enough "
+        "with --accumulation)",
+    )
+    p.add_argument(
+        "--accumulation",
+        type=_accumulation,
+        metavar="K,L,...",
+        help="accumulation steps to compare too, the first is the reference: every world size "
+        "runs at each, the script getting --accumulation-steps K after its arguments (to pass "
+        "to ctx.loader(..., accumulation_steps=K); the built-in jobs take it)",
     )
     p.add_argument(
         "--steps",
@@ -98,10 +122,17 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 def parse_verify_args(argv: Sequence[str]) -> VerifyOptions | None:
     """Parse ``multigpu verify``'s command line; None when it asked for ``--help`` (printed)."""
-    parsed = parse_with_target(build_verify_parser(), argv)
+    parser = build_verify_parser()
+    parsed = parse_with_target(parser, argv)
     if parsed is None:
         return None
     ns, target = parsed
+    if ns.nproc is not None and len(ns.nproc) < 2 and ns.accumulation is None:
+        sizes = ",".join(map(str, ns.nproc))
+        parser.error(
+            f"argument --nproc: {sizes!r} names one world size; expected at least two different "
+            "ones to compare, e.g. --nproc 1,2 (or one with --accumulation 1,4)"
+        )
     given = ns.nproc is not None
     ns.nproc = ns.nproc or VerifyOptions.nproc
     return options_from(ns, VerifyOptions, **target, nproc_given=given)

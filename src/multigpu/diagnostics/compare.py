@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from multigpu.diagnostics.records import RunRecord
+from multigpu.diagnostics.records import RunRecord, run_label
 
 TINY = 1e-12
 """Added to the reference's scale so that an all-zero tensor does not divide by zero."""
@@ -106,6 +106,18 @@ class RunComparison:
     losses: LossDiff
     steps: int
     reference_steps: int
+    accumulation: int | None = None
+    """This run's accumulation steps when verify varies them (``--accumulation``), else None."""
+    reference_accumulation: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``world size N`` (``, accumulation K``): this run."""
+        return run_label(self.world_size, self.accumulation)
+
+    @property
+    def reference_label(self) -> str:
+        return run_label(self.reference_world_size, self.reference_accumulation)
 
     @property
     def tensors_ok(self) -> bool:
@@ -226,4 +238,6 @@ def compare_runs(run: RunRecord, reference: RunRecord, tol: Tolerance) -> RunCom
         losses=compare_losses(run.losses, reference.losses, tol),
         steps=run.steps,
         reference_steps=reference.steps,
+        accumulation=run.accumulation,
+        reference_accumulation=reference.accumulation,
     )

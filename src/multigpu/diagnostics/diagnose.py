@@ -2,7 +2,8 @@
 
 ``find_reasons`` names what breaks world-size invariance when ``multigpu verify`` fails
 (Dropout, a per-rank batch size, a world-size dependent dataset, different step counts, no
-``ctx.loader``, BatchNorm without synchronisation whose tensors differ, gradient compression...);
+``ctx.loader``, BatchNorm without synchronisation whose tensors differ, gradient compression,
+losses averaged per micro-batch over padded targets, accumulation steps the script ignored...);
 ``find_notes`` says what could not be checked (no losses, no model, a script that ended early)
 and is shown on PASS too. Each is one line: what was seen, why it matters, what to do.
 """
@@ -23,7 +24,7 @@ NOT_DETERMINISTIC = (
 
 
 def _by_world_size(runs: Sequence[RunRecord], value: Callable[[RunRecord], Any]) -> str:
-    return ", ".join(f"{value(run)} at world size {run.world_size}" for run in runs)
+    return ", ".join(f"{value(run)} at {run.label}" for run in runs)
 
 
 def _differs(runs: Sequence[RunRecord], value: Callable[[RunRecord], Any]) -> bool:
@@ -99,6 +100,9 @@ def find_reasons(runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]
             "sends nothing to compress; verify without it (--compression none, "
             "MULTIGPU_COMPRESSION unset) or accept the difference (--rtol 1e-2 for bf16/fp16)"
         )
+    ignored = _mean_over_ignored(runs)
+    if ignored:
+        reasons.append(ignored)
     batchnorm = _unsynchronized_batchnorm(runs, comparisons)
     if batchnorm:
         reasons.append(
@@ -125,14 +129,41 @@ def _loader_reasons(runs: Sequence[RunRecord]) -> list[str]:
             f"({_by_world_size(runs, samples)}): the dataset depends on the world size (a "
             "per-rank subset?); give ctx.loader the whole dataset, it shards it"
         )
+    accumulation = _loader_field("accumulation_steps")
+    if any(run.accumulation is not None for run in runs):  # verify varies it: it must follow
+        ignored = [run for run in runs if accumulation(run) != run.accumulation]
+        if ignored:
+            reasons.append(
+                "the script does not follow --accumulation: its loaders' accumulation steps are "
+                f"{_by_world_size(ignored, accumulation)}; verify passes --accumulation-steps K "
+                "to the script: read it and give it to ctx.loader(..., accumulation_steps=K)"
+            )
     for name, what in (("accumulation_steps", "accumulation steps"), ("seed", "seed")):
         field = _loader_field(name)
+        if name == "accumulation_steps" and any(run.accumulation is not None for run in runs):
+            continue
         if _differs(runs, field):
             reasons.append(
                 f"the loaders' {what} differ between runs ({_by_world_size(runs, field)}): "
                 f"keep the {what} the same at every world size"
             )
     return reasons
+
+
+def _mean_over_ignored(runs: Sequence[RunRecord]) -> str | None:
+    """Losses averaged per micro-batch over the targets that are not ``ignore_index``."""
+    seen = [run.mean_over_ignored for run in runs if run.mean_over_ignored["calls"]]
+    if not seen:
+        return None
+    ignored = sum(s["ignored"] for s in seen) / max(1, sum(s["targets"] for s in seen))
+    return (
+        "ctx.backward got cross-entropy means over targets of which some are ignore_index "
+        f"(padding: {ignored:.0%} of them): each micro-batch's mean divides by its own count of "
+        "the others, so a token weighs more in a micro-batch with more padding, and the "
+        "micro-batches change with the world size and accumulation; sum the loss and pass the "
+        "count: ctx.backward(F.cross_entropy(..., reduction='sum'), num_items=(labels != -100)"
+        ".sum()) gives the gradient of the mean over every token of the step"
+    )
 
 
 def _compression(run: RunRecord) -> str:
@@ -173,7 +204,9 @@ def unexplained(comparisons: Sequence[RunComparison], runs: Sequence[RunRecord] 
         "add in a different order at each world size and a learning rate or momentum "
         f"compounds it (largest relative difference {worst:.2e}: if that small, raise --rtol), "
         "or code that depends on ctx.rank or ctx.world_size (per-rank seeds or data, a "
-        "learning rate scaled by the world size)"
+        "learning rate scaled by the world size), or a loss averaged per micro-batch over a "
+        "varying number of items (a padding mask: sum it and pass ctx.backward(loss_sum, "
+        "num_items=n))"
     )
 
 

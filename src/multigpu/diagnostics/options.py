@@ -28,6 +28,9 @@ class VerifyOptions:
     script_args: tuple[str, ...] = ()
     nproc: tuple[int, ...] = (1, 2)
     """World sizes, the reference first."""
+    accumulation: tuple[int, ...] | None = None
+    """Accumulation steps to run every world size at, the reference first: the script gets
+    ``--accumulation-steps K`` after its arguments. None: the script's own, once."""
     nproc_given: bool = True
     """``nproc`` was asked for; the default (1, 2) moves to CPU processes where GPUs are fewer."""
     steps: int = 50

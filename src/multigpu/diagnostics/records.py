@@ -31,6 +31,20 @@ PARAMS_FILE = "params.pt"
 """Rank 0's unwrapped ``state_dict`` at the end of the run (CPU tensors)."""
 
 
+def run_label(world_size: int, accumulation: int | None, *, short: bool = False) -> str:
+    """How a run is named in verify's report: by its world size, and by the accumulation steps
+    verify asked for (``--accumulation``) if any.
+
+    Example:
+        >>> run_label(2, None), run_label(2, 4), run_label(2, 4, short=True)
+        ('world size 2', 'world size 2, accumulation 4', '2, acc 4')
+    """
+    if short:
+        return str(world_size) if accumulation is None else f"{world_size}, acc {accumulation}"
+    text = f"world size {world_size}"
+    return text if accumulation is None else f"{text}, accumulation {accumulation}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunRecord:
     """The records of the run at one world size (hand-made ones make the unit tests)."""
@@ -41,6 +55,13 @@ class RunRecord:
     """Each rank's ``rank{r}.json``, in rank order (missing ranks left out)."""
     params: Mapping[str, torch.Tensor] = field(default_factory=dict)
     """Rank 0's parameters and buffers (``params.pt``); empty when no model was set up."""
+    accumulation: int | None = None
+    """The accumulation steps verify asked the script for (``--accumulation``), else None."""
+
+    @property
+    def label(self) -> str:
+        """``world size N`` (``, accumulation K``)."""
+        return run_label(self.world_size, self.accumulation)
 
     @property
     def main(self) -> Mapping[str, Any]:
@@ -95,6 +116,22 @@ class RunRecord:
         return self.main.get("precision")
 
     @property
+    def weighted_backward(self) -> int:
+        """``ctx.backward`` calls with ``num_items`` (every rank's)."""
+        return sum(int(r.get("weighted_backward", 0)) for r in self.ranks)
+
+    @property
+    def mean_over_ignored(self) -> dict[str, int]:
+        """Every rank's ``ctx.backward`` calls without ``num_items`` whose loss is a
+        cross-entropy mean over targets some of which are ignored: ``calls``, ``ignored`` and
+        ``targets`` (all of theirs)."""
+        total = {"calls": 0, "ignored": 0, "targets": 0}
+        for r in self.ranks:
+            for key, value in dict(r.get("mean_over_ignored") or {}).items():
+                total[key] = total.get(key, 0) + int(value)
+        return total
+
+    @property
     def losses(self) -> list[float | None]:
         """The global loss of each optimizer step: the mean over ranks of each rank's loss.
 
@@ -113,7 +150,7 @@ class RunRecord:
         ]
 
 
-def load_run(directory: Path, world_size: int) -> RunRecord | None:
+def load_run(directory: Path, world_size: int, accumulation: int | None = None) -> RunRecord | None:
     """Read the records a run wrote in ``directory``; None when rank 0 wrote none."""
     ranks: list[Mapping[str, Any]] = []
     for rank in range(world_size):
@@ -128,4 +165,4 @@ def load_run(directory: Path, world_size: int) -> RunRecord | None:
         # weights_only: the file is plain tensors; nothing else should be unpickled.
         params = torch.load(params_path, map_location="cpu", weights_only=True)
     log.debug("loaded %d rank record(s) and %d tensors from %s", len(ranks), len(params), directory)
-    return RunRecord(world_size=world_size, ranks=ranks, params=params)
+    return RunRecord(world_size=world_size, ranks=ranks, params=params, accumulation=accumulation)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from multigpu.diagnostics.compare import RunComparison, TensorDiff, Tolerance
+from multigpu.diagnostics.records import run_label
 
 MAX_ROWS = 40
 """Tensors shown in the table: the failing ones and the worst, the rest counted."""
@@ -26,6 +27,15 @@ class RunOutcome:
     command: tuple[str, ...]
     stderr_tail: str = ""
     """The last lines of its stderr (shown when it failed)."""
+    error: str = ""
+    """Why it failed, in one line: the launcher's (``rank R on HOST failed: Type: message``)
+    or the last exception line of its stderr; empty when it did not fail or nothing says."""
+    accumulation: int | None = None
+    """The accumulation steps asked of the script (``--accumulation``), else None."""
+
+    @property
+    def label(self) -> str:
+        return run_label(self.world_size, self.accumulation)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +49,8 @@ class VerifyResult:
     tolerance: Tolerance
     deterministic: bool
     runs: tuple[RunOutcome, ...]
+    accumulation: tuple[int, ...] | None = None
+    """The accumulation steps every world size ran at (``--accumulation``), else None."""
     comparisons: tuple[RunComparison, ...] = ()
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -49,10 +61,15 @@ class VerifyResult:
     def passed(self) -> bool:
         return (
             all(r.returncode == 0 for r in self.runs)
-            and len(self.runs) == len(self.world_sizes)
-            and len(self.comparisons) == len(self.world_sizes) - 1
+            and len(self.runs) == self.expected_runs
+            and len(self.comparisons) == self.expected_runs - 1
             and all(c.ok for c in self.comparisons)
         )
+
+    @property
+    def expected_runs(self) -> int:
+        """Every world size, at every accumulation asked for."""
+        return len(self.world_sizes) * len(self.accumulation or (None,))
 
     @property
     def verdict(self) -> str:
@@ -69,6 +86,7 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
     return {
         "verdict": result.verdict,
         "world_sizes": list(result.world_sizes),
+        **({"accumulation": list(result.accumulation)} if result.accumulation else {}),
         "device": result.device,
         "steps_requested": result.steps_requested,
         "rtol": result.tolerance.rtol,
@@ -81,7 +99,8 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
                 "returncode": run.returncode,
                 "seconds": round(run.seconds, 2),
                 "command": list(run.command),
-                **({"stderr_tail": run.stderr_tail} if run.returncode else {}),
+                **({"accumulation": run.accumulation} if run.accumulation is not None else {}),
+                **({"error": run.error, "stderr_tail": run.stderr_tail} if run.returncode else {}),
             }
             for run in result.runs
         ],
@@ -96,6 +115,11 @@ def _comparison_json(c: RunComparison) -> dict[str, Any]:
     return {
         "world_size": c.world_size,
         "reference_world_size": c.reference_world_size,
+        **(
+            {"accumulation": c.accumulation, "reference_accumulation": c.reference_accumulation}
+            if c.accumulation is not None
+            else {}
+        ),
         "ok": c.ok,
         "steps": c.steps,
         "reference_steps": c.reference_steps,
@@ -128,14 +152,18 @@ def _cell(value: float) -> str:
     return "-" if math.isinf(value) else f"{value:.2e}"
 
 
+def _short(c: RunComparison) -> str:
+    return run_label(c.world_size, c.accumulation, short=True)
+
+
 def _rows(
     comparisons: Sequence[RunComparison],
-) -> tuple[list[tuple[str, dict[int, TensorDiff]]], int]:
+) -> tuple[list[tuple[str, dict[str, TensorDiff]]], int]:
     """The tensors to show by name (failing ones, then the worst), and how many are left out."""
-    rows: dict[str, dict[int, TensorDiff]] = {}
+    rows: dict[str, dict[str, TensorDiff]] = {}
     for c in comparisons:  # by name: a tensor missing in one run does not shift the others
         for t in c.tensors:
-            rows.setdefault(t.name, {})[c.world_size] = t
+            rows.setdefault(t.name, {})[_short(c)] = t
 
     def badness(name: str) -> tuple[bool, float]:
         ts = list(rows[name].values())
@@ -150,30 +178,7 @@ def render(result: VerifyResult, console: Console) -> None:
     """Print the table, the steps and losses, the reasons and the final PASS/FAIL line."""
     comparisons = result.comparisons
     if comparisons and comparisons[0].tensors:
-        ref = comparisons[0].reference_world_size
-        table = Table(title=f"parameters and buffers against world size {ref}")
-        table.add_column("parameter", overflow="fold")
-        table.add_column("shape")
-        for c in comparisons:
-            table.add_column(f"max abs diff ({c.world_size})", justify="right")
-            table.add_column(f"max rel diff ({c.world_size})", justify="right")
-            table.add_column(f"L2 rel diff ({c.world_size})", justify="right")
-            table.add_column(f"ws {c.world_size}")
-        shown, hidden = _rows(comparisons)
-        for name, diffs in shown:
-            shape = next(iter(diffs.values())).shape
-            cells = [name, "×".join(map(str, shape)) or "scalar"]
-            for c in comparisons:
-                t = diffs.get(c.world_size)
-                if t is None:
-                    cells += ["-", "-", "-", "[red]FAIL[/] missing"]
-                else:
-                    status = "[green]OK[/]" if t.ok else f"[red]FAIL[/] {t.problem}".rstrip()
-                    cells += [_cell(t.max_abs), _cell(t.max_rel), _cell(t.l2_rel), status]
-            table.add_row(*cells)
-        if hidden:
-            table.caption = f"{hidden} more tensors within tolerance not shown (--json lists all)"
-        console.print(table)
+        console.print(_table(comparisons, result.tolerance))
     for c in comparisons:
         console.print(_steps_line(c) + "; " + _loss_line(c), highlight=False)
     tol = result.tolerance
@@ -182,8 +187,8 @@ def render(result: VerifyResult, console: Console) -> None:
     for run in result.runs:
         if run.returncode:
             console.print(
-                f"[red]the run at world size {run.world_size} failed[/] (exit code "
-                f"{run.returncode}); its stderr ends with:",
+                f"[red]the run at {run.label} failed[/] (exit code {run.returncode}); its "
+                "stderr ends with:",
                 highlight=False,
             )
             console.print(run.stderr_tail, markup=False, highlight=False)
@@ -195,12 +200,45 @@ def render(result: VerifyResult, console: Console) -> None:
     console.print(f"[bold {colour}]{result.verdict}[/]", highlight=False)
 
 
+def _table(comparisons: Sequence[RunComparison], tol: Tolerance) -> Table:
+    """Per tensor and run: max abs, max rel and L2 rel difference and the verdict; beyond two
+    runs compared (``--accumulation``), only the difference it is judged by, to stay readable."""
+    compact = len(comparisons) > 2
+    judged = "L2 rel diff" if tol.l2_rtol is not None else "max rel diff"
+    table = Table(title=f"parameters and buffers against {comparisons[0].reference_label}")
+    table.add_column("parameter", overflow="fold")
+    table.add_column("shape")
+    for c in comparisons:
+        for what in [judged] if compact else ["max abs diff", "max rel diff", "L2 rel diff"]:
+            table.add_column(f"{what} ({_short(c)})", justify="right")
+        table.add_column(f"ws {_short(c)}")
+    shown, hidden = _rows(comparisons)
+    for name, diffs in shown:
+        shape = next(iter(diffs.values())).shape
+        cells = [name, "×".join(map(str, shape)) or "scalar"]
+        for c in comparisons:
+            t = diffs.get(_short(c))
+            if t is None:
+                cells += ["-"] * (1 if compact else 3) + ["[red]FAIL[/] missing"]
+                continue
+            if compact:
+                cells.append(_cell(t.l2_rel if tol.l2_rtol is not None else t.max_rel))
+            else:
+                cells += [_cell(t.max_abs), _cell(t.max_rel), _cell(t.l2_rel)]
+            cells.append("[green]OK[/]" if t.ok else f"[red]FAIL[/] {t.problem}".rstrip())
+        table.add_row(*cells)
+    if hidden:
+        table.caption = f"{hidden} more tensors within tolerance not shown (--json lists all)"
+    return table
+
+
 def _steps_line(c: RunComparison) -> str:
     same = "same" if c.steps == c.reference_steps else "[red]DIFFERENT[/]"
-    return (
-        f"world size {c.world_size} vs {c.reference_world_size}: optimizer steps {c.steps} vs "
-        f"{c.reference_steps} ({same})"
-    )
+    if c.accumulation is None:
+        against = f"world size {c.world_size} vs {c.reference_world_size}"
+    else:
+        against = f"{c.label} vs {c.reference_label}"
+    return f"{against}: optimizer steps {c.steps} vs {c.reference_steps} ({same})"
 
 
 def _loss_line(c: RunComparison) -> str:

@@ -4,9 +4,11 @@ For each world size N of ``--nproc`` it runs ``python -m multigpu run --cpu N sc
 machine with CUDA GPUs ``--gpus N``) in a child process, with ``MULTIGPU_VERIFY_DIR`` and
 ``MULTIGPU_VERIFY_STEPS`` set so that ``multigpu.init()`` records every optimizer step, the losses
 given to ``ctx.backward``, the loaders and the final parameters (``multigpu.verify_record``) and
-stops the script after ``--steps`` steps. Every run after the first is compared with the first
-(``compare``); a FAIL is explained from the records (``diagnose``) and, to tell rounding and
-world-size effects from plain nondeterminism, the first world size is run once more.
+stops the script after ``--steps`` steps. With ``--accumulation K,L`` every world size runs at
+each accumulation too, the script getting ``--accumulation-steps K`` after its arguments. Every
+run after the first is compared with the first (``compare``); a failed run is reported by its
+one-line error, a FAIL is explained from the records (``diagnose``) and, to tell rounding and
+world-size effects from plain nondeterminism, the first run is repeated.
 
 Every child gets one thread per process (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``): float
 results depend on how a sum is split between threads, so the thread count must not change with
@@ -19,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -43,7 +46,7 @@ from multigpu.diagnostics.diagnose import (
     unexplained,
 )
 from multigpu.diagnostics.options import VerifyOptions, device_for_runs
-from multigpu.diagnostics.records import RunRecord, load_run
+from multigpu.diagnostics.records import RunRecord, load_run, run_label
 from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
 
 log = logging.getLogger(__name__)
@@ -74,45 +77,96 @@ def child_env(
     return env
 
 
-def verify_argv(options: VerifyOptions, world_size: int, device: str) -> list[str]:
+def verify_argv(
+    options: VerifyOptions, world_size: int, device: str, accumulation: int | None = None
+) -> list[str]:
     """The ``multigpu run`` command line of one run.
 
     Example:
         >>> opts = VerifyOptions(target="train.py", is_module=False, script_args=("--lr", "1"))
         >>> verify_argv(opts, 2, "cpu")[1:]
         ['-m', 'multigpu', 'run', '--cpu', '2', 'train.py', '--lr', '1']
+        >>> verify_argv(opts, 1, "cpu", accumulation=4)[-2:]
+        ['--accumulation-steps', '4']
     """
     devices = ["--gpus" if device == "cuda" else "--cpu", str(world_size)]
     target = ["-m", options.target] if options.is_module else [options.target]
-    return [sys.executable, "-m", "multigpu", "run", *devices, *target, *options.script_args]
+    script = [*target, *options.script_args]
+    if accumulation is not None:
+        script += ["--accumulation-steps", str(accumulation)]
+    return [sys.executable, "-m", "multigpu", "run", *devices, *script]
+
+
+def run_error(reason: str, stderr: str) -> str:
+    r"""The one line that says why a run failed: the launcher's summary (``rank R on HOST
+    failed: Type: message``) without what only a terminal would show, and the worker's last
+    line of output where the summary has only an exit code.
+
+    Example:
+        >>> run_error("multigpu: error: rank 1 on vm failed: ValueError: bad; its output is "
+        ...           "above", "")
+        'rank 1 on vm failed: ValueError: bad'
+        >>> run_error("multigpu: error: rank 0 on vm exited with code 1; its output is above",
+        ...           "boom: the script broke\nmultigpu: error: rank 0 on vm exited with code 1")
+        'rank 0 on vm exited with code 1 (its last line: boom: the script broke)'
+    """
+    text = reason.removeprefix("multigpu: error: ").removesuffix("; its output is above")
+    if text and not _NO_MESSAGE.search(text):
+        return text
+    own = [line.strip() for line in stderr.splitlines() if line.strip()]
+    last = next((line for line in reversed(own) if not line.startswith("multigpu:")), "")
+    if not last:
+        return text
+    return f"{text} (its last line: {last})" if text else last
+
+
+_NO_MESSAGE = re.compile(r"^rank \d+ on \S+ (exited with code|was killed by) ")
+"""The launcher's summary of a worker that recorded no error (``sys.exit``, a signal)."""
 
 
 def run_once(
-    options: VerifyOptions, world_size: int, device: str, directory: Path
+    options: VerifyOptions,
+    world_size: int,
+    device: str,
+    directory: Path,
+    accumulation: int | None = None,
 ) -> tuple[RunOutcome, RunRecord | None]:
-    """Run the script at one world size with the probe on; its records are left in ``directory``."""
+    """Run the script at one world size (and accumulation) with the probe on; its records are
+    left in ``directory``."""
     if directory.exists():
         shutil.rmtree(directory)  # a kept directory of an earlier verify must not be read
     directory.mkdir(parents=True)
-    command = verify_argv(options, world_size, device)
+    command = verify_argv(options, world_size, device, accumulation)
     env = child_env(
         os.environ, directory, options.steps, device=device, deterministic=options.deterministic
     )
     if options.strategy is not None:
         env["MULTIGPU_STRATEGY"] = options.strategy  # for a script that leaves it to init()
     what = "GPU(s), nccl" if device == "cuda" else "CPU process(es), gloo"
-    log.info("verify: world size %s (%s %s) ...", world_size, world_size, what)
+    label = run_label(world_size, accumulation)
+    log.info("verify: %s (%s %s) ...", label, world_size, what)
     run = run_child(command, env, timeout=options.timeout, logs=directory)
     code, seconds = run.returncode, run.seconds
-    log.info("verify: world size %s finished in %.1f s (exit code %s)", world_size, seconds, code)
+    log.info("verify: %s finished in %.1f s (exit code %s)", label, seconds, code)
     outcome = RunOutcome(
         world_size=world_size,
         returncode=code,
         seconds=seconds,
         command=tuple(command),
         stderr_tail=run.stderr_tail,
+        error=run_error(run.reason, run.stderr_tail) if code else "",
+        accumulation=accumulation,
     )
-    return outcome, load_run(directory, world_size) if code == 0 else None
+    return outcome, load_run(directory, world_size, accumulation) if code == 0 else None
+
+
+def _runs(options: VerifyOptions) -> list[tuple[int, int | None]]:
+    """(world size, accumulation) of every run, the reference first."""
+    return [(n, k) for k in options.accumulation or (None,) for n in options.nproc]
+
+
+def _directory(root: Path, world_size: int, accumulation: int | None) -> Path:
+    return root / (f"ws{world_size}" + ("" if accumulation is None else f"-acc{accumulation}"))
 
 
 def verify(options: VerifyOptions, root: Path) -> VerifyResult:
@@ -124,18 +178,19 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
     outcomes: list[RunOutcome] = []
     records: list[RunRecord] = []
     reasons: list[str] = []
-    for n in options.nproc:
-        outcome, record = run_once(options, n, device, root / f"ws{n}")
+    for n, k in _runs(options):
+        outcome, record = run_once(options, n, device, _directory(root, n, k), k)
         outcomes.append(outcome)
         if outcome.returncode != 0:
+            why = outcome.error or "see the end of its stderr"
             reasons.append(
-                f"the run at world size {n} failed (exit code {outcome.returncode}); "
-                "see the end of its stderr; fix it first (try it with 'multigpu run')"
+                f"the run at {outcome.label} failed (exit code {outcome.returncode}): {why}; "
+                "fix it first (try it with 'multigpu run')"
             )
             break
         if record is None:
             reasons.append(
-                f"the run at world size {n} wrote no record: the script must call "
+                f"the run at {outcome.label} wrote no record: the script must call "
                 "multigpu.init() (the records are taken there)"
             )
             break
@@ -152,6 +207,7 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
         notes.append(adaptive_note(adaptive, comparisons, tol))
     result = VerifyResult(
         world_sizes=options.nproc,
+        accumulation=options.accumulation,
         device=device,
         steps_requested=options.steps,
         tolerance=tol,
@@ -171,18 +227,27 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
     return dataclasses.replace(result, reasons=tuple(reasons))
 
 
+def _and_accumulation(options: VerifyOptions) -> str:
+    if options.accumulation is None:
+        return ""
+    return f" and accumulation steps {', '.join(map(str, options.accumulation))}"
+
+
 def _rerun(
     options: VerifyOptions, device: str, root: Path, ref: RunRecord, tol: Tolerance
 ) -> str | None:
-    """Run the first world size again: a script that differs from itself is the first suspect."""
-    n = options.nproc[0]
-    log.info("verify: FAIL; running world size %s again to check it repeats itself", n)
-    outcome, record = run_once(options, n, device, root / f"ws{n}-again")
+    """Run the first run again: a script that differs from itself is the first suspect."""
+    n, k = _runs(options)[0]
+    log.info("verify: FAIL; running %s again to check it repeats itself", run_label(n, k))
+    directory = _directory(root, n, k)
+    outcome, record = run_once(
+        options, n, device, directory.with_name(directory.name + "-again"), k
+    )
     if outcome.returncode != 0 or record is None:
         return (
-            f"the second run at world size {n} failed (exit code {outcome.returncode}), so "
-            "whether the script repeats itself is unknown; its stderr ends with: "
-            + " | ".join(outcome.stderr_tail.splitlines()[-3:])
+            f"the second run at {outcome.label} failed (exit code {outcome.returncode}), so "
+            "whether the script repeats itself is unknown: "
+            + (outcome.error or " | ".join(outcome.stderr_tail.splitlines()[-3:]))
         )
     return nondeterminism_reason(compare_runs(record, ref, tol))
 
@@ -207,7 +272,8 @@ def verify_command(options: VerifyOptions) -> int:
         target = f"-m {options.target}" if options.is_module else options.target
         console.print(
             f"verify: {' '.join([target, *options.script_args])} at world sizes "
-            f"{', '.join(map(str, result.world_sizes))} on {what}, {options.steps} steps each",
+            f"{', '.join(map(str, result.world_sizes))}{_and_accumulation(options)} on {what}, "
+            f"{options.steps} steps each",
             markup=False,
             highlight=False,
         )
