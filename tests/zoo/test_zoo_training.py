@@ -3,8 +3,9 @@
 Built from small configs (tests/zoo/models.py): a decoder with tied embeddings (GPT-2), a
 Llama-style decoder, an encoder with a tied decoder head (BERT), an encoder-decoder sharing one
 embedding three ways (T5) and a vision transformer. Each is also resumed under fsdp on two
-processes from a one-process checkpoint, which continues exactly where the one process went on.
-Two process starts in all.
+processes from a one-process checkpoint, which continues exactly where the one process went on,
+and the two-process fsdp checkpoint is exported to the Hugging Face layout that transformers'
+``from_pretrained`` loads. Two process starts in all.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 import pytest
 import torch
 
+from multigpu.cli.main import main
 from multigpu.testing import run_distributed
 from tests.zoo import workers
-from tests.zoo.models import ZOO
+from tests.zoo.models import ZOO, dataset
 
 pytestmark = pytest.mark.requires("module:transformers")
 
@@ -81,3 +83,37 @@ def test_a_one_process_checkpoint_resumes_under_fsdp_on_two(
     assert len(resumed["losses"]) == workers.STEPS - workers.SAVE_AT
     assert resumed["losses"] == pytest.approx(alone[name]["losses"][workers.SAVE_AT :], rel=1e-5)
     assert_close(resumed["state"], alone[name]["state"])
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_pretrained_weights_load_into_a_meta_built_model_under_fsdp(
+    name: str, alone: dict[str, Any], two: dict[str, Any]
+) -> None:
+    loaded = two[f"pretrained-{name}"]
+    for key, value in alone[name]["state"].items():
+        assert torch.equal(loaded[key], value), key  # read from safetensors, slice by slice
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_an_fsdp_checkpoint_exports_to_what_from_pretrained_loads(
+    name: str, root: Path, two: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    arch = ZOO[name]
+    model = arch.build()
+    config = root / f"config-{name}.json"
+    model.config.to_json_file(config)  # type: ignore[operator]
+    src = root / f"fsdp-{name}" / f"step-{workers.STEPS:08d}"
+    dst = root / f"hub-{name}"
+    argv = ["ckpt", "convert", str(src), str(dst), "--to", "safetensors", "--config", str(config)]
+    assert main([*argv, "--max-shard-size", "40KB"]) == 0, capsys.readouterr().err
+    assert (dst / "model.safetensors.index.json").is_file()  # sharded: 40 KB each at most
+    loaded = type(model).from_pretrained(dst).eval()
+    trained = two[f"fsdp-{name}"]["state"]
+    assert loaded.state_dict().keys() == trained.keys()
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, trained[key]), key  # tied weights re-tied from one tensor
+    model.load_state_dict(trained)
+    batch = dataset(arch)[:4]
+    with torch.no_grad():
+        want = model.eval()(**arch.inputs(*batch)).logits
+        assert torch.equal(loaded(**arch.inputs(*batch)).logits, want)

@@ -64,11 +64,26 @@ def train(
 
 
 def one_process(root: str) -> dict[str, Any]:
-    """The reference: every architecture on one process, each saving checkpoints."""
+    """The reference: every architecture on one process, each saving checkpoints, and its final
+    weights as transformers writes them (``save_pretrained``: safetensors, tied weights once)."""
+    out: dict[str, Any] = {}
     with multigpu.init(strategy="single", seed=0) as ctx:
-        return {
-            name: train(ctx, arch, save=Path(root) / f"single-{name}") for name, arch in ZOO.items()
-        }
+        for name, arch in ZOO.items():
+            out[name] = train(ctx, arch, save=Path(root) / f"single-{name}")
+            model = arch.build()
+            model.load_state_dict(out[name]["state"])
+            model.save_pretrained(Path(root) / f"pretrained-{name}")  # type: ignore[operator]
+    return out
+
+
+def from_pretrained(ctx: Any, arch: Arch, directory: Path) -> dict[str, Any]:
+    """``arch`` built on the meta device, set up (each rank allocates its part and initialises
+    it by the model's own scheme), then its weights read from a ``save_pretrained`` directory."""
+    with ctx.init_module():
+        net = arch.build()
+    model = ctx.setup(net)
+    ctx.load(directory, {"model": model})
+    return ctx.full_state_dict(model)
 
 
 def two_processes(root: str) -> dict[str, Any]:
@@ -80,6 +95,9 @@ def two_processes(root: str) -> dict[str, Any]:
             out[f"fsdp-{name}"] = train(fsdp, arch, save=Path(root) / f"fsdp-{name}")
             step = Path(root) / f"single-{name}" / f"step-{SAVE_AT:08d}"
             out[f"resumed-{name}"] = train(fsdp, arch, resume=step)
+            out[f"pretrained-{name}"] = from_pretrained(
+                fsdp, arch, Path(root) / f"pretrained-{name}"
+            )
         with multigpu.init(strategy="ddp", seed=0) as ddp:  # the same process group
             for name, arch in ZOO.items():
                 out[f"ddp-{name}"] = train(ddp, arch)

@@ -14,6 +14,15 @@ whole, temporary copy of one module's tensors at a time and this rank's piece is
 Every module that owns parameters or buffers must have ``reset_parameters()`` (torch's layers
 do; ``nn.MultiheadAttention``'s ``_reset_parameters`` counts): anything else would be left as
 uninitialised memory, so it is refused before anything is allocated.
+
+A Hugging Face model (a ``PreTrainedModel`` anywhere in the tree) is initialised as its own
+``post_init`` does: each module's ``reset_parameters()`` where it has one, then the model's
+``_init_weights(module)``, module by module on the same whole copies. Its values are then those
+of the model's initialisation scheme, not the very numbers of an eager build (which draws every
+constructor's default first): a run that starts from pretrained weights loads them after
+``ctx.setup``. A tensor the scheme leaves untouched is refused by name, never trained as
+uninitialised memory; tensors already made real are marked as initialised while a parent's
+``_init_weights`` runs (transformers' own flag), so a parent never draws over a child's shard.
 """
 
 from __future__ import annotations
@@ -62,20 +71,59 @@ def _own_tensors(module: nn.Module) -> list[tuple[str, str]]:
     ]
 
 
-def _initializer(module: nn.Module) -> Callable[[], object] | None:
+HfInit = Callable[[nn.Module], object]
+"""A Hugging Face model's ``_init_weights``: initialises the module it is given."""
+
+_HF_DONE = "_is_hf_initialized"  # transformers' init functions skip a tensor that carries it
+
+
+def _is_hf_model(module: nn.Module) -> bool:
+    return callable(getattr(module, "_init_weights", None)) and any(
+        cls.__name__ == "PreTrainedModel" for cls in type(module).__mro__
+    )
+
+
+def hf_initializers(module: nn.Module) -> dict[int, HfInit]:
+    """``id(submodule)`` → the ``_init_weights`` of the nearest Hugging Face model above it."""
+    found: dict[int, HfInit] = {}
+
+    def walk(mod: nn.Module, init: HfInit | None) -> None:
+        if _is_hf_model(mod):
+            init = mod._init_weights  # type: ignore[assignment]
+        if init is not None:
+            found.setdefault(id(mod), init)
+        for child in mod.children():
+            walk(child, init)
+
+    walk(module, None)
+    return found
+
+
+def _initializer(module: nn.Module, hf: HfInit | None = None) -> Callable[[], object] | None:
+    reset = None
     for name in ("reset_parameters", "_reset_parameters"):
         fn = getattr(module, name, None)
         if callable(fn):
-            return fn
-    return None
+            reset = fn
+            break
+    if hf is None:
+        return reset
+
+    def post_init() -> None:  # what a Hugging Face model's constructor and post_init do
+        if reset is not None:
+            reset()
+        hf(module)
+
+    return post_init
 
 
 def check_initializable(module: nn.Module) -> None:
     """Refuse a meta model some of whose tensors no ``reset_parameters()`` would initialise."""
+    hf = hf_initializers(module)
     lacking = [
         f"{path or '<root>'} ({type(mod).__name__}: {', '.join(n for _, n in own)})"
         for path, mod in _post_order(module)
-        if (own := _own_tensors(mod)) and _initializer(mod) is None
+        if (own := _own_tensors(mod)) and _initializer(mod, hf.get(id(mod))) is None
     ]
     if lacking:
         more = f"; and {len(lacking) - 4} more" if len(lacking) > 4 else ""
@@ -96,32 +144,54 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     in a plain one-process build (see the module doc).
     """
     check_initializable(module)
+    hf = hf_initializers(module)
     module.to_empty(device=device)
-    with torch.no_grad():
-        for _path, mod in _post_order(module):
-            if own := _own_tensors(mod):
-                _initialise_whole(mod, own)
+    marked: list[Any] = []
+    done: set[int] = set()  # a tied tensor keeps the values of the first module that set it
+    try:
+        with torch.no_grad():
+            for path, mod in _post_order(module):
+                if own := _own_tensors(mod):
+                    marked += _initialise_whole(mod, own, path, hf.get(id(mod)), done)
+    finally:
+        for tensor in marked:
+            with contextlib.suppress(AttributeError):
+                delattr(tensor, _HF_DONE)
 
 
-def _initialise_whole(module: nn.Module, own: list[tuple[str, str]]) -> None:
-    """Run ``module``'s initialiser on whole CPU copies of its tensors; copy this rank's part in."""
+def _initialise_whole(
+    module: nn.Module, own: list[tuple[str, str]], path: str, hf: HfInit | None, done: set[int]
+) -> list[Any]:
+    """Run ``module``'s initialiser on whole CPU copies of its tensors; copy this rank's part in.
+
+    A tensor in ``done`` (tied, set by an earlier module) is drawn again but not copied: an
+    eager build ties after both modules drew, keeping the first one's values. Returns the live
+    tensors marked as initialised for a Hugging Face parent's ``_init_weights``.
+    """
     tables = own_tensor_tables(module)
     live: dict[str, Any] = {}
     for kind, name in own:
         tensor = tables[kind][name]
         live[name] = tensor
         whole = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        if hf is not None:  # what the scheme leaves untouched must show: NaN, refused below
+            whole.fill_(float("nan") if whole.is_floating_point() else 0)
         if kind == "param":
             tables[kind][name] = nn.Parameter(whole, requires_grad=tensor.requires_grad)
         else:
             tables[kind][name] = whole
     try:
-        init = _initializer(module)
+        init = _initializer(module, hf)
         assert init is not None  # check_initializable ran first
         init()
+        if hf is not None:
+            _refuse_untouched(module, own, path)
         for kind, name in own:
             whole = tables[kind][name].detach()
             target = live[name]
+            if id(target) in done:
+                continue
+            done.add(id(target))
             if is_dtensor(target):
                 target.to_local().copy_(distribute_like(whole, target))
             else:
@@ -129,6 +199,27 @@ def _initialise_whole(module: nn.Module, own: list[tuple[str, str]]) -> None:
     finally:
         for kind, name in own:
             tables[kind][name] = live[name]
+    if hf is None:
+        return []
+    for tensor in live.values():
+        setattr(tensor, _HF_DONE, True)
+    return list(live.values())
+
+
+def _refuse_untouched(module: nn.Module, own: list[tuple[str, str]], path: str) -> None:
+    tables = own_tensor_tables(module)
+    left = [
+        f"{path}.{name}" if path else name
+        for kind, name in own
+        if tables[kind][name].is_floating_point() and bool(tables[kind][name].isnan().any())
+    ]
+    if left:
+        raise UsageError(
+            f"the model was built on the meta device (ctx.init_module()), and its Hugging Face "
+            f"initialisation (reset_parameters(), then _init_weights) left {', '.join(left)} "
+            f"({type(module).__name__}) uninitialised; build the model outside "
+            "ctx.init_module(), or give that module a reset_parameters()"
+        )
 
 
 def place(module: nn.Module, device: torch.device) -> nn.Module:
