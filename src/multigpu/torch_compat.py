@@ -42,6 +42,10 @@ when a torch release changes it, so upgrading torch is this file and that test.
 - **Gradient norms by parts** (``torch.nn.utils.get_total_norm``, ``clip_grads_with_norm_``):
   public since 2.6; before, ``grad_norm`` and ``clip_with_norm`` do the same arithmetic (the
   pipeline sums its stages' norms across processes between the two).
+- **Pipeline stages** (``torch.distributed.pipelining``): ``torch.export``'s unflattening names
+  the second call of a module ``name@1`` (``unflattened_name`` maps it back); schedules scale
+  the gradients by the micro-batches themselves since 2.7 (``unscaled_schedule_kwargs`` turns
+  that off where it exists: the pipeline scales once, a tensor shared by two stages included).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import logging
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -371,3 +376,15 @@ def _clip_with_norm_before_2_6(
     for p in parameters:
         if p.grad is not None:
             p.grad.mul_(scale.to(p.grad.device))
+
+
+def unflattened_name(name: str) -> str:
+    """``name`` without ``torch.export``'s call suffixes: ``blocks.0@1.0@1.weight`` (a module's
+    second call, traced into another pipeline stage) is ``blocks.0.0.weight``."""
+    return ".".join(part.split("@", 1)[0] for part in name.split("."))
+
+
+def unscaled_schedule_kwargs(schedule: type) -> dict[str, Any]:
+    """Arguments that keep ``schedule`` from dividing the gradients by the micro-batches
+    (``scale_grads=False``, 2.7+); a schedule without the option (before 2.7) never divides."""
+    return {"scale_grads": False} if "scale_grads" in inspect.signature(schedule).parameters else {}

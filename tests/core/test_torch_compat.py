@@ -341,3 +341,34 @@ def test_the_gradient_norm_by_parts_matches_torchs_clip_grad_norm_on_every_path(
             for p, q in zip(mine, params, strict=True):
                 assert torch.allclose(p.grad, q.grad)
     assert float(torch_compat._grad_norm_before_2_6([], 2.0)) == 0.0
+
+
+class _RunsItsFirstBlockTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in (*self.blocks, self.blocks[0]):
+            x = block(x)
+        return x
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")  # torch 2.13's export's own
+def test_a_module_run_again_in_another_pipeline_stage_is_named_with_a_call_suffix() -> None:
+    """``pipeline_shared`` maps a stage's copy of a reused module back by its name: torch.export
+    names the second call ``blocks.0@1``, and pipelining copies its parameters into that stage
+    (``Pipe.replicated_params``); the schedules' ``scale_grads`` option exists (2.7+)."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B, SplitPoint
+    from torch.distributed.pipelining import pipeline as split
+
+    model, spec = _RunsItsFirstBlockTwice(), {"blocks.2": SplitPoint.BEGINNING}
+    pipe = split(model, (torch.zeros(2, 4),), split_spec=spec)
+    copied = dict(pipe.get_stage_module(1).named_parameters())
+    assert "blocks.0@1.weight" in copied
+    assert torch_compat.unflattened_name("blocks.0@1.weight") == "blocks.0.weight"
+    assert {"submod_0": "blocks.0.weight", "submod_1": "blocks.0@1.weight"} in [
+        {k.replace("_pp", ""): v for k, v in m.items()} for m in pipe.replicated_params
+    ]
+    for schedule in (Schedule1F1B, ScheduleInterleaved1F1B):
+        assert torch_compat.unscaled_schedule_kwargs(schedule) == {"scale_grads": False}
