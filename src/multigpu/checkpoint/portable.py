@@ -25,6 +25,7 @@ from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.sharded import read_whole
+from multigpu.checkpoint.snapshot import with_tied
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.wrappers import unwrap_module
 
@@ -162,6 +163,7 @@ def _from_our_checkpoint(
     storage = described.get(key, {}).get("storage", "state")
     if storage == "dcp":
         saved = read_whole(state_file.parent, {key}, trust=trust).get(key, {})
+        saved = with_tied(saved, described.get(key, {}).get("tied", {}))  # one tensor, each name
         strategy = manifest.get("strategy", {}).get("strategy", "?")
         source += f" (sharded: {manifest.get('world_size')} rank(s), {strategy})"
         return _as_state_dict(saved, where), source
