@@ -45,6 +45,7 @@ def test_stages_of_one_process_share_one_object_and_the_view_has_the_models_name
     model, stages = split
     sharing = Sharing(ModelNames.of(model), stages, local=[0, 1], processes=1)
     assert sharing.shared() == {"emb.weight": [0, 1]} and sharing.crossing == []
+    assert sharing.describe() == "emb.weight (= head.weight): stages 0, 1"
     assert live_tensors(stages[1])["head.weight"][2] is live_tensors(stages[0])["emb.weight"][2]
     view = sharing.plain_view()
     assert list(view.state_dict()) == list(model.state_dict())

@@ -180,6 +180,13 @@ class PipelineStrategy(Strategy):
             device=self.device,
         )
         self._wrapped.append(weakref.ref(wrapped))
+        shared = wrapped.sharing.describe()
+        if shared and dist.get_rank() == 0:
+            log.info(
+                "pipeline: parameters run by several stages, kept as one (gradients summed "
+                "across the stages holding them): %s",
+                shared,
+            )
         return wrapped
 
     def forward_backward(

@@ -188,6 +188,15 @@ class Sharing:
         """``{first name: stages}`` of the tensors run by more than one stage."""
         return {k: v for k, v in self.holders.items() if len(v) > 1}
 
+    def describe(self) -> str:
+        """The shared tensors in one line, e.g. ``emb.weight (= head.weight): stages 0, 1``."""
+        parts = []
+        for logical, stages_of in self.shared().items():
+            also = self.names.aliases[logical][1:]
+            named = f"{logical} (= {', '.join(also)})" if also else logical
+            parts.append(f"{named}: stages {', '.join(map(str, stages_of))}")
+        return "; ".join(parts)
+
     def bind(self, stages: Mapping[int, nn.Module]) -> None:
         """Point this process's ``stages`` (of any trace) at its one object per tensor."""
         self._bind_found({i: _stage_tensors(i, m, self.names) for i, m in stages.items()})
