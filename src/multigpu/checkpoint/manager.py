@@ -35,6 +35,16 @@ log = logging.getLogger(__name__)
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 
 
+def _first_missing(directory: Path) -> Path | None:
+    """The outermost of ``directory`` and its parents that does not exist (None: it exists)."""
+    missing = None
+    for path in (directory, *directory.parents):
+        if path.exists():
+            return missing
+        missing = path
+    return missing
+
+
 class Checkpointer:
     """Saves and restores a training run; see the module doc for the protocol."""
 
@@ -85,8 +95,11 @@ class Checkpointer:
         self._sigterm = False
         self._previous_handler: Any = None
         self._on_sigterm = False  # a handler of ours is installed
+        self._lock_timeout = lock_timeout
         # One run per directory: rank 0 holds it until close() or its death (see lock.py).
-        self._lock = DirectoryLock.acquire(directory, wait_s=lock_timeout) if rank == 0 else None
+        self._lock: DirectoryLock | None = None
+        self._created: Path | None = None  # by the lock: removed again if a resume is refused
+        self._hold()
         if save_on_sigterm:
             self._install_sigterm()
 
@@ -141,6 +154,12 @@ class Checkpointer:
             return True
         return False
 
+    def _hold(self) -> None:
+        if self.rank == 0 and self._lock is None:
+            created = _first_missing(self.directory)
+            self._lock = DirectoryLock.acquire(self.directory, wait_s=self._lock_timeout)
+            self._created = self._created or created
+
     def save(self) -> Path:
         """Save now (collective: every rank calls it). Returns the checkpoint's final path.
 
@@ -148,6 +167,7 @@ class Checkpointer:
         written in the background (``wait()`` ends that).
         """
         self.wait()
+        self._hold()  # given up by a refused resume
         step = self._steps
         final = self.directory / step_dir_name(step)
         if self._saved_step == step:
@@ -199,22 +219,48 @@ class Checkpointer:
         are removed: the directory's lock says their run is gone. A path: that checkpoint, which
         must be complete. Rank 0 chooses, every rank loads the same one. The checkpoint may come
         from another world size and another strategy: models and optimizers are resharded.
+
+        A refused resume (``CheckpointError``: another model, a damaged checkpoint) leaves no
+        trace: the directory, when this checkpointer created it, is removed again.
         """
         self.wait()
-        # Rank 0 chooses: it holds the directory's lock (see choose_checkpoint).
-        choice = decided_by_rank0(self.rank, lambda: choose_checkpoint(self.directory, path))
-        if choice is None:
-            log.info("no checkpoint in %s: starting from step 0", self.directory)
-            return None
-        step = restore_checkpoint(
-            choice,
-            rank=self.rank,
-            shared=self._shared,
-            per_rank=self._per_rank,
-            adapter=self._adapter,
-        )
+        self._hold()  # given up by an earlier refused resume
+        try:
+            # Rank 0 chooses: it holds the directory's lock (see choose_checkpoint).
+            choice = decided_by_rank0(self.rank, lambda: choose_checkpoint(self.directory, path))
+            if choice is None:
+                log.info("no checkpoint in %s: starting from step 0", self.directory)
+                return None
+            step = restore_checkpoint(
+                choice,
+                rank=self.rank,
+                shared=self._shared,
+                per_rank=self._per_rank,
+                adapter=self._adapter,
+            )
+        except (CheckpointError, UsageError):
+            self._undo_directory()
+            raise
         self._steps = self._saved_step = step
         return step
+
+    def _undo_directory(self) -> None:
+        """Remove the directories this checkpointer created, while nothing is saved in them."""
+        if self._created is None or self._saved_step is not None:
+            return
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        here = self.directory
+        while True:
+            try:
+                here.rmdir()  # only an empty one: anything else in it is not ours
+            except OSError:
+                return
+            if here == self._created:
+                self._created = None
+                return
+            here = here.parent
 
     # ---- lifetime -------------------------------------------------------------------------------
     def _install_sigterm(self) -> None:

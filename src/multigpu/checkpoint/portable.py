@@ -30,6 +30,7 @@ from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.sharded import read_metadata, read_whole
+from multigpu.checkpoint.snapshot import with_tied
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.wrappers import unwrap_module
 
@@ -198,6 +199,8 @@ def _from_our_checkpoint(
     chosen = choose_ours(obj, state_file, key)
     if chosen.storage == "dcp":
         saved = read_whole(chosen.directory, {chosen.key}, trust=trust).get(chosen.key, {})
+        described = read_manifest(chosen.directory).get("objects", {}).get(chosen.key, {})
+        saved = with_tied(saved, described.get("tied", {}))  # one tensor, under each name
         return _as_state_dict(saved, chosen.where), chosen.source
     if chosen.key not in obj["objects"]:  # saved per rank (rank-XXXXX.pt): no one model state
         raise UsageError(

@@ -7,16 +7,18 @@ optimizers keyed by parameter names. The strategy is reached through ``StateAdap
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from multigpu import dist
 from multigpu.checkpoint.objects import kind_of
 from multigpu.checkpoint.sharded import check_fits, first_line, load_sharded, read_metadata
-from multigpu.errors import CheckpointError, UsageError
+from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 
 SHARDED_KINDS = frozenset({"module", "optimizer"})
 """Kinds whose state goes to the DCP part."""
@@ -77,10 +79,37 @@ def sharded_state(
         if kind == "module":
             state[name] = adapter.model_state(obj)
             info[name] = {"kind": kind, "storage": "dcp"}
+            tied = _tied_names(adapter, obj)
+            if tied:  # held once, under the first name: what readers put back under the rest
+                info[name]["tied"] = tied
         elif kind == "optimizer":
             state[name] = adapter.optimizer_state(pairs[name], obj)
             info[name] = {"kind": kind, "storage": "dcp", "has_state": bool(state[name]["state"])}
     return state, info
+
+
+def _tied_names(adapter: StateSource, module: nn.Module) -> dict[str, str]:
+    """``{later name: first name}`` of the tensors ``module`` holds under several names (the
+    strategy's answer: a pipeline stage holds part of the model; a conversion knows none)."""
+    tied = getattr(adapter, "tied_names", None)
+    return dict(tied(module)) if callable(tied) else {}
+
+
+def with_tied(state: Mapping[str, Any], tied: Mapping[str, str]) -> dict[str, Any]:
+    """``state`` with each tied name holding its first name's tensor (one tensor, several
+    names, as the model's own ``state_dict()``), for ``load_state_dict(strict=True)``.
+
+    Example:
+        >>> w = torch.ones(2)
+        >>> whole = with_tied({"emb.weight": w}, {"head.weight": "emb.weight"})
+        >>> list(whole), whole["head.weight"] is w
+        (['emb.weight', 'head.weight'], True)
+    """
+    whole = dict(state)
+    for alias, first in tied.items():
+        if alias not in whole and first in whole:
+            whole[alias] = whole[first]
+    return whole
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -88,17 +117,37 @@ def _shape(value: Any) -> tuple[int, ...] | None:
 
 
 def expected_keys(state: Mapping[str, Any]) -> dict[str, tuple[int, ...] | None]:
-    """The flattened DCP keys of the tensors in ``state`` (as ``sharded_state`` builds it), with
-    their global shapes (None: not a tensor). Hyperparameters are left to DCP's own check."""
+    """The flattened DCP keys of ``state`` (as ``sharded_state`` builds it), with the tensors'
+    global shapes (None: not a tensor, e.g. an optimizer's hyperparameters)."""
     keys: dict[str, tuple[int, ...] | None] = {}
     for name, value in state.items():
         if "param_groups" in value and "state" in value:  # an optimizer
             for fqn, stats in value["state"].items():
                 for stat, tensor in stats.items():
                     keys[f"{name}.state.{fqn}.{stat}"] = _shape(tensor)
+            for index, group in enumerate(value["param_groups"]):
+                keys.update({f"{name}.param_groups.{index}.{k}": None for k in group})
         else:
             keys.update({f"{name}.{fqn}": _shape(t) for fqn, t in value.items()})
     return keys
+
+
+def _check_group_layout(saved: Mapping[str, Any], targets: Mapping[str, Any], path: Path) -> None:
+    """Refuse, in one line, an optimizer whose param groups were saved per pipeline stage (each
+    process its own under ``param_groups.stages_0_1``, as earlier pipelines did): they name
+    only their stage's parameters, so no run can map them to its own."""
+    for name, value in targets.items():
+        base = f"{name}.param_groups."
+        found = sorted(
+            {k[len(base) :].split(".")[0] for k in saved if k.startswith(base + "stages_")}
+        )
+        if found and "param_groups" in value:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} holds the param groups of optimizer {name!r} per pipeline "
+                f"stage ({', '.join(found)}), as an earlier multigpu saved them, which no run "
+                "can map to its parameters; resume the model alone (track only the model) and "
+                "start the optimizer afresh"
+            )
 
 
 def restore_sharded(
@@ -122,21 +171,41 @@ def restore_sharded(
                 targets[name]["state"] = {}
     if not targets:
         return
-    check_fits(read_metadata(path), expected_keys(targets), path)
+    with _agreed():  # a pipeline stage checks its own keys: every rank must hear a refusal
+        metadata = read_metadata(path)
+        _check_group_layout(metadata.state_dict_metadata, targets, path)
+        check_fits(metadata, expected_keys(targets), path)
     try:
         load_sharded(targets, path)
     except CheckpointError:
         raise
     except Exception as e:
         raise CheckpointError(f"cannot load the sharded state of {path}: {first_line(e)}") from e
-    for name, obj in objects.items():  # every one is in targets: a module or an optimizer
-        try:
-            if isinstance(obj, nn.Module):
-                adapter.load_model_state(obj, targets[name])
-            elif isinstance(obj, torch.optim.Optimizer):
-                adapter.load_optimizer_state(pairs[name], obj, targets[name])
-        except (RuntimeError, KeyError, ValueError, TypeError) as e:
-            raise CheckpointError(
-                f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved "
-                f"state: {first_line(e)}"
-            ) from e
+    with _agreed():
+        for name, obj in objects.items():  # every one is in targets: a module or an optimizer
+            try:
+                if isinstance(obj, nn.Module):
+                    adapter.load_model_state(obj, targets[name])
+                elif isinstance(obj, torch.optim.Optimizer):
+                    adapter.load_optimizer_state(pairs[name], obj, targets[name])
+            except CheckpointError:
+                raise
+            except (RuntimeError, KeyError, ValueError, TypeError) as e:
+                raise CheckpointMismatchError(
+                    f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved "
+                    f"state: {first_line(e)}"
+                ) from e
+
+
+@contextlib.contextmanager
+def _agreed() -> Iterator[None]:
+    """Raise the first rank's ``CheckpointError`` of the block on every rank (collective): a
+    rank that refused alone would leave the others waiting in the load's collectives."""
+    error: CheckpointError | None = None
+    try:
+        yield
+    except CheckpointError as e:
+        error = e
+    said = [e for e in dist.gather_objects_small(error) if e is not None]
+    if said:  # the same line on every rank
+        raise said[0] if said[0] is not error else error

@@ -182,6 +182,11 @@ class Strategy(ABC):
         """The whole model's state on the CPU, on rank 0 (collective when the model is sharded)."""
         return state.full_model_state(module)
 
+    def tied_names(self, module: nn.Module) -> dict[str, str]:
+        """``{later name: first name}`` of the tensors the (unsplit) model holds under several
+        names: ``model_state`` holds them once, under the first (the manifest records these)."""
+        return state.tied_names(module)
+
     def optimizer_state(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
     ) -> dict[str, Any]:

@@ -5,8 +5,11 @@ Built on ``torch.distributed.pipelining``: the model is traced once, cut before 
 the micro-batches. What multigpu adds around it: split points checked by name (or chosen by
 splitting the longest block list evenly), the optimizer kept on this stage's parameters, the
 loss on every rank (``ctx.forward_backward``), the whole batch fed to every process (the first
-stage reads the inputs, the last the targets), clipping by the whole model's norm, checkpoints
-in which each stage saves its part under the unsplit model's names (DCP), and the bubble.
+stage reads the inputs, the last the targets), a parameter several stages run kept as one
+(``pipeline_shared``: tied embeddings, a block run twice), clipping by the whole model's norm,
+checkpoints in which each stage saves its part under the unsplit model's names (DCP) with the
+optimizer's param groups of the whole model (``pipeline_state``: they resume under any
+strategy, schedule or stage count), and the bubble.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import nn
 
 from multigpu import torch_compat
 from multigpu.errors import UsageError
-from multigpu.strategies import state
+from multigpu.strategies import pipeline_state, state
 from multigpu.strategies.base import Strategy, is_count, parameter_names, repoint_optimizers
 from multigpu.strategies.materialize import place
 from multigpu.strategies.pipeline_model import PipelinedModel
@@ -95,6 +98,10 @@ class PipelineStrategy(Strategy):
         self.requested_per_process = stages_per_process
         self.per_process = stages_per_process
         self._wrapped: list[weakref.ref[PipelinedModel]] = []
+        # The whole model's param groups of each optimizer given to setup, by first name.
+        self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[list[str]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def validate(self) -> None:
         if self.precision.name != "32":
@@ -132,6 +139,11 @@ class PipelineStrategy(Strategy):
                     "ctx.setup (ctx.load, or Checkpointer.resume), not before"
                 )
         names = parameter_names(module)
+        first: dict[int, str] = {}
+        for name, param in module.named_parameters(remove_duplicate=False):
+            first.setdefault(id(param), name)
+        for optimizer in optimizers:
+            self._groups[optimizer] = pipeline_state.group_names(optimizer, first)
         wrapped = self.wrap(module)
         repoint_optimizers(unwrap_module(wrapped), optimizers, names, drop_missing=True)
         return wrapped
@@ -168,6 +180,13 @@ class PipelineStrategy(Strategy):
             device=self.device,
         )
         self._wrapped.append(weakref.ref(wrapped))
+        shared = wrapped.sharing.describe()
+        if shared and dist.get_rank() == 0:
+            log.info(
+                "pipeline: parameters run by several stages, kept as one (gradients summed "
+                "across the stages holding them): %s",
+                shared,
+            )
         return wrapped
 
     def forward_backward(
@@ -179,8 +198,10 @@ class PipelineStrategy(Strategy):
     def clip_grad_norm(
         self, module: nn.Module, max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        """Clip by the whole model's gradient norm: every stage's part summed across processes."""
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        """Clip by the whole model's gradient norm: every stage's part summed across processes,
+        a parameter several processes hold counted once."""
+        counted = _pipelined(module).sharing.counted()
+        grads = [p.grad for p in counted if p.grad is not None]
         local = torch_compat.grad_norm(grads, norm_type)
         if math.isinf(norm_type):
             dist.all_reduce(local, op=dist.ReduceOp.MAX)
@@ -194,38 +215,43 @@ class PipelineStrategy(Strategy):
 
     # ---- state: each stage its part, under the whole model's names --------------------------
     def full_model_state(self, module: nn.Module) -> dict[str, Any]:
-        """Every stage's state gathered on rank 0, in the unsplit model's order (collective)."""
+        """Every stage's state gathered on rank 0, as the unsplit model's ``state_dict()``: its
+        order, a tied tensor under each of its names (one tensor) (collective)."""
         mine = {k: v.detach().cpu() for k, v in state.model_state(module).items()}
         parts: list[Any] = [None] * self.world_size
         main = dist.get_rank() == 0
         dist.gather_object(mine, parts if main else None, dst=0)
-        return {k: v for part in parts for k, v in part.items()} if main else {}
+        if not main:
+            return {}
+        merged = {k: v for part in parts for k, v in part.items()}
+        names = _pipelined(module).names
+        tied = names.tied()
+        whole = {n: merged[tied.get(n, n)] for n in names.order if tied.get(n, n) in merged}
+        return {**whole, **{k: v for k, v in merged.items() if k not in whole}}
+
+    def tied_names(self, module: nn.Module) -> dict[str, str]:
+        """The unsplit model's tied names (a process holds only its stages' tensors)."""
+        if isinstance(module, PipelinedModel):
+            return module.names.tied()
+        return super().tied_names(module)
 
     def optimizer_state(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, *, initialise: bool = False
     ) -> dict[str, Any]:
-        """As the base's, with the param groups under this process's stages: the groups of
-        different stages name different parameters and must not meet under one key."""
-        saved = state.optimizer_state(module, optimizer, initialise=initialise)
-        return {"state": saved["state"], "param_groups": {self._groups_key: saved["param_groups"]}}
+        """This process's state by parameter name, with the whole model's param groups: the
+        form every strategy saves (collective for an optimizer not given to ``ctx.setup``)."""
+        groups = self._groups.get(optimizer)
+        if groups is None:
+            order = _pipelined(module).names.order
+            groups = pipeline_state.gathered_group_names(module, optimizer, order)
+            self._groups[optimizer] = groups
+        return pipeline_state.optimizer_state(module, optimizer, groups, initialise=initialise)
 
     def load_optimizer_state(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]
     ) -> None:
-        groups = saved["param_groups"]
-        if not isinstance(groups, Mapping) or self._groups_key not in groups:
-            raise UsageError(
-                f"the optimizer state has no param groups for {self._groups_key}; a pipeline "
-                "checkpoint resumes on the same number of stages and processes"
-            )
-        plain = {"state": saved["state"], "param_groups": groups[self._groups_key]}
-        state.load_optimizer_state(module, optimizer, plain)
-
-    @property
-    def _groups_key(self) -> str:
-        return "stages_" + "_".join(
-            str(dist.get_rank() + i * self.world_size) for i in range(self.per_process)
-        )
+        """Load a state saved under any strategy, schedule or stage count."""
+        pipeline_state.load_optimizer_state(module, optimizer, saved)
 
     # ---- reports ------------------------------------------------------------------------------
     def bubble(self, model: nn.Module) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from torch.distributed.pipelining import (
 
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline_plan import INTERLEAVED, check_batch
+from multigpu.strategies.pipeline_shared import ModelNames, Sharing, unique
+from multigpu.torch_compat import unscaled_schedule_kwargs
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -42,6 +44,7 @@ class _Runner:
 
     stages: list[Any]  # torch's PipelineStage (its _PipelineStage, from a traced Pipe)
     schedule: Any
+    chunks: int
     has_first: bool
     has_last: bool
     compute_s: float = 0.0
@@ -55,7 +58,8 @@ class PipelinedModel(nn.Module):
 
     ``_orig_mod`` is the plain view of the stages' parameters under the whole model's names
     (``blocks.2.attn.c_attn.weight``), so ``unwrap_module`` reaches it as it reaches a compiled
-    model's, and checkpoints and optimizers see the unsplit model's names.
+    model's, and checkpoints and optimizers see the unsplit model's names. A tensor several
+    stages run is one tensor there, under the unsplit model's names (``pipeline_shared``).
     """
 
     def __init__(
@@ -82,15 +86,24 @@ class PipelinedModel(nn.Module):
         self.stage_indices = [self.rank + i * self.processes for i in range(per_process)]
         self._traced = False
         self._runners: dict[tuple[Any, ...], _Runner] = {}
-        first = self._runner(example, training=True)
-        self._orig_mod = _plain_view([s.submod for s in first.stages])
+        self.names = ModelNames.of(full)
+        self._sharing: Sharing | None = None
+        self._runner(example, training=True)
+        self._orig_mod = self.sharing.plain_view()
+
+    @property
+    def sharing(self) -> Sharing:
+        """Which stages run each tensor, and this process's one object for each."""
+        assert self._sharing is not None  # made by the first trace, in __init__
+        return self._sharing
 
     # ---- what the training loop calls --------------------------------------------------------
     def train_step(self, inputs: tuple[Any, ...], target: Any, loss_fn: LossFn) -> torch.Tensor:
         """Forward and backward of one batch through the pipeline; the mean loss on every rank.
 
         Gradients are accumulated into this process's parameters, averaged over the micro-batches
-        (the same as ``loss_fn`` over the whole batch when it averages).
+        (the same as ``loss_fn`` over the whole batch when it averages), and a parameter held on
+        several processes gets the sum of its holders' gradients on each.
         """
         runner = self._runner(inputs, training=True)
         runner.loss_fn = loss_fn
@@ -102,6 +115,13 @@ class PipelinedModel(nn.Module):
             losses=losses if runner.has_last else None,
             return_outputs=False,
         )
+        # Divided here, once per parameter: torch's schedules divide per stage, twice for a
+        # parameter two stages of this process share.
+        params = unique(p for stage in runner.stages for p in stage.submod.parameters())
+        for param in params:
+            if param.grad is not None:
+                param.grad.div_(runner.chunks)
+        self.sharing.sum_gradients(self.device)
         runner.wall_s += time.perf_counter() - start
         runner.steps += 1
         loss = torch.stack([x.detach().float() for x in losses]).mean() if losses else None
@@ -175,11 +195,20 @@ class PipelinedModel(nn.Module):
                 f"{pipe.num_stages} stages, not {self.num_stages}: a split point's module runs "
                 "more than once or not at all in forward; choose modules that run once, in order"
             )
+        modules = {i: pipe.get_stage_module(i) for i in range(pipe.num_stages)}
+        if self._sharing is None:  # every stage of the first trace: who runs which tensor
+            self._sharing = Sharing(
+                self.names, modules, local=self.stage_indices, processes=self.processes
+            )
+        else:  # this trace's copies replaced by the objects trained since the first
+            self._sharing.bind({i: modules[i] for i in self.stage_indices})
+        del modules
         stages = [pipe.build_stage(i, self.device) for i in self.stage_indices]
         del pipe  # the other stages' graphs are freed with it
         runner = _Runner(
             stages=stages,
             schedule=None,
+            chunks=chunks,
             has_first=0 in self.stage_indices,
             has_last=self.num_stages - 1 in self.stage_indices,
         )
@@ -196,9 +225,10 @@ class PipelinedModel(nn.Module):
 
     def _schedule(self, stages: list[Any], chunks: int, loss: LossFn | None) -> Any:
         if self.schedule_name == INTERLEAVED:
-            return ScheduleInterleaved1F1B(stages, chunks, loss_fn=loss)
+            unscaled = unscaled_schedule_kwargs(ScheduleInterleaved1F1B)
+            return ScheduleInterleaved1F1B(stages, chunks, loss_fn=loss, **unscaled)
         kind = Schedule1F1B if self.schedule_name == "1f1b" and loss is not None else ScheduleGPipe
-        return kind(stages[0], chunks, loss_fn=loss)
+        return kind(stages[0], chunks, loss_fn=loss, **unscaled_schedule_kwargs(kind))
 
 
 def _time_compute(stage: Any, runner: _Runner) -> None:
@@ -231,27 +261,3 @@ def _batch_size(inputs: tuple[Any, ...]) -> int:
         "a pipeline splits its inputs into micro-batches along dim 0, but no input is a tensor "
         "with a batch dimension; pass the batch's tensors (e.g. model inputs x of shape (B, ...))"
     )
-
-
-def _plain_view(modules: list[nn.Module]) -> nn.Module:
-    """One module holding the parameters and buffers of ``modules`` under their own names."""
-    root = nn.Module()
-    for module in modules:
-        kept = module.state_dict(keep_vars=True)
-        for name, param in module.named_parameters():
-            _place(root, name).register_parameter(name.rsplit(".", 1)[-1], param)
-        for name, buffer in module.named_buffers():
-            leaf = name.rsplit(".", 1)[-1]
-            _place(root, name).register_buffer(leaf, buffer, persistent=name in kept)
-    return root
-
-
-def _place(root: nn.Module, name: str) -> nn.Module:
-    node = root
-    for part in name.split(".")[:-1]:
-        child = node._modules.get(part)
-        if child is None:
-            child = nn.Module()
-            node.add_module(part, child)
-        node = child
-    return node

@@ -8,11 +8,16 @@ a full state dict is asked for. So a state saved under one strategy loads under 
 One thing the torch functions do that a checkpoint must not: an optimizer that has not stepped
 yet gets its state *created* (a zero-gradient step, Adam's ``step`` becoming 1), which would
 change the run that saved it. An optimizer without state is saved as its hyperparameters only.
+
+A tensor the model holds under several names (an embedding tied to the output head) is one
+tensor in a checkpoint, under its first name (``named_parameters(remove_duplicate=False)``
+order), as torch's optimizer state already keys it; loading puts it back under every name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any
 
 import torch
@@ -31,9 +36,35 @@ from multigpu.wrappers import unwrap_module
 _PARAMS = "params"
 
 
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """``{later name: first name}`` of the tensors ``model`` holds under several names.
+
+    Example:
+        >>> net = nn.Sequential(nn.Embedding(4, 2), nn.Linear(2, 4, bias=False))
+        >>> net[1].weight = net[0].weight
+        >>> tied_names(net)
+        {'1.weight': '0.weight'}
+    """
+    plain = unwrap_module(model)
+    named = chain(
+        plain.named_parameters(remove_duplicate=False), plain.named_buffers(remove_duplicate=False)
+    )
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, tensor in named:
+        head = first.setdefault(id(tensor), name)
+        if head != name:
+            tied[name] = head
+    return tied
+
+
 def model_state(model: nn.Module) -> dict[str, Any]:
-    """The model's state: plain tensors, or this rank's shards (DTensors) under FSDP."""
-    return get_model_state_dict(unwrap_module(model))
+    """The model's state: plain tensors, or this rank's shards (DTensors) under FSDP; a tied
+    tensor once, under its first name."""
+    saved = get_model_state_dict(unwrap_module(model))
+    for alias in tied_names(model):
+        saved.pop(alias, None)
+    return saved
 
 
 def full_model_state(model: nn.Module) -> dict[str, Any]:
@@ -70,8 +101,13 @@ def _groups_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[
 
 
 def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
-    """Load ``state`` (plain tensors or shards, as ``model_state`` gives) into ``model``."""
-    set_model_state_dict(unwrap_module(model), dict(state))
+    """Load ``state`` (plain tensors or shards, as ``model_state`` gives) into ``model``; a tied
+    tensor saved under its first name only is loaded under every name."""
+    full = dict(state)
+    for alias, head in tied_names(model).items():
+        if alias not in full and head in full:
+            full[alias] = full[head]
+    set_model_state_dict(unwrap_module(model), full)
 
 
 def load_optimizer_state(
