@@ -1,0 +1,72 @@
+"""Module-level workers of the zoo's pipeline test: the decoders split into 2 stages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import multigpu
+from multigpu.seed import seed_everything
+from tests.zoo.models import BATCH, ZOO, dataset
+
+STEPS = 4
+DECODERS = [name for name, arch in ZOO.items() if arch.decoder]
+
+
+class Logits(nn.Module):
+    """A causal LM as a pipeline takes it: token ids in, logits out (one tensor each)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids).logits  # type: ignore[no-any-return]
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+def _run(name: str, schedule: str) -> dict[str, Any]:
+    arch = ZOO[name]
+    data = dataset(arch)
+    example = data[:BATCH][0]
+    strategy = multigpu.PipelineStrategy(example_input=example, microbatches=2, schedule=schedule)
+    with multigpu.init(strategy=strategy, seed=0) as ctx:
+        seed_everything(0)
+        net = Logits(arch.build())
+        unsplit = Logits(arch.build())
+        unsplit.load_state_dict(net.state_dict())
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        ref_opt = torch.optim.SGD(unsplit.parameters(), lr=0.05, momentum=0.9)
+        model, opt = ctx.setup(net, opt)
+        losses, ref_losses = [], []
+        for (ids,) in ctx.loader(data, batch_size=BATCH):
+            losses.append(
+                float(ctx.forward_backward(model, ids, target=ids, loss_fn=next_token_loss))
+            )
+            ctx.step(opt)
+            ref = next_token_loss(unsplit(ids), ids)  # the same batch on one process, unsplit
+            ref.backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            ref_losses.append(float(ref))
+            if len(losses) == STEPS:
+                break
+        return {
+            "losses": losses,
+            "reference_losses": ref_losses,
+            "state": ctx.full_state_dict(model),
+            "reference": {k: v.detach().clone() for k, v in unsplit.state_dict().items()},
+        }
+
+
+def decoders(schedule: str) -> dict[str, Any]:
+    """Every decoder of the zoo under ``schedule``, each in a context of its own on one process
+    group (the outer context owns it)."""
+    with multigpu.init(strategy="ddp", seed=0):
+        return {name: _run(name, schedule) for name in DECODERS}
