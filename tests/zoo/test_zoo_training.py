@@ -24,14 +24,16 @@ from tests.zoo.models import ZOO, dataset
 pytestmark = pytest.mark.requires("module:transformers")
 
 
-def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    """Every tensor within 1e-5 of the other's largest value, or 1e-9 absolute: an attention
+def assert_close(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: float = 1e-5
+) -> None:
+    """Every tensor within ``rtol`` of the other's largest value, or 1e-9 absolute: an attention
     key's bias gets no gradient but rounding (softmax ignores it), so it stays near 1e-13 and
     only an absolute bound says anything of it."""
     assert a.keys() == b.keys()
     for k in b:
         diff = (a[k] - b[k]).abs().max().item()
-        assert diff <= 1e-5 * b[k].abs().max().item() + 1e-9, (k, diff)
+        assert diff <= rtol * b[k].abs().max().item() + 1e-9, (k, diff)
 
 
 @pytest.fixture(scope="module")

@@ -102,3 +102,19 @@ def two_processes(root: str) -> dict[str, Any]:
             for name, arch in ZOO.items():
                 out[f"ddp-{name}"] = train(ddp, arch)
     return out
+
+
+def sharded_alone(root: str) -> dict[str, Any]:
+    """Every architecture under fsdp on one process (the GPU test: one GPU, NCCL): trained,
+    resumed from the one-process checkpoint of step SAVE_AT, and loaded from its
+    ``save_pretrained`` weights into a meta-built model."""
+    out: dict[str, Any] = {}
+    with multigpu.init(strategy="fsdp", seed=0) as fsdp:
+        for name, arch in ZOO.items():
+            out[f"fsdp-{name}"] = train(fsdp, arch, save=Path(root) / f"fsdp-{name}")
+            step = Path(root) / f"single-{name}" / f"step-{SAVE_AT:08d}"
+            out[f"resumed-{name}"] = train(fsdp, arch, resume=step)
+            pretrained = Path(root) / f"pretrained-{name}"
+            out[f"pretrained-{name}"] = from_pretrained(fsdp, arch, pretrained)
+            out["device"] = str(fsdp.device)
+    return out
