@@ -31,16 +31,20 @@ def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
 
-def _run(name: str, schedule: str) -> dict[str, Any]:
+def _run(name: str, schedule: str, raw: bool = False) -> dict[str, Any]:
+    """``name``'s model wrapped in ``Logits``, or (``raw``) as transformers builds it, with its
+    key-value cache on as decoders have it by default: the last stage then returns the logits."""
     arch = ZOO[name]
     data = dataset(arch)
     example = data[:BATCH][0]
     strategy = multigpu.PipelineStrategy(example_input=example, microbatches=2, schedule=schedule)
     with multigpu.init(strategy=strategy, seed=0) as ctx:
         seed_everything(0)
-        net = Logits(arch.build())
+        lm = arch.build()
+        lm.config.use_cache = raw  # type: ignore[union-attr]
+        net = lm if raw else Logits(lm)
         unsplit = Logits(arch.build())
-        unsplit.load_state_dict(net.state_dict())
+        unsplit.lm.load_state_dict(lm.state_dict())
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
         ref_opt = torch.optim.SGD(unsplit.parameters(), lr=0.05, momentum=0.9)
         model, opt = ctx.setup(net, opt)
@@ -61,7 +65,10 @@ def _run(name: str, schedule: str) -> dict[str, Any]:
             "losses": losses,
             "reference_losses": ref_losses,
             "state": ctx.full_state_dict(model),
-            "reference": {k: v.detach().clone() for k, v in unsplit.state_dict().items()},
+            "reference": {
+                k.removeprefix("lm.") if raw else k: v.detach().clone()
+                for k, v in unsplit.state_dict().items()
+            },
         }
 
 
@@ -69,4 +76,6 @@ def decoders(schedule: str) -> dict[str, Any]:
     """Every decoder of the zoo under ``schedule``, each in a context of its own on one process
     group (the outer context owns it)."""
     with multigpu.init(strategy="ddp", seed=0):
-        return {name: _run(name, schedule) for name in DECODERS}
+        runs = {name: _run(name, schedule) for name in DECODERS}
+        runs["llama, as built"] = _run("llama", schedule, raw=True)
+        return runs

@@ -1,5 +1,6 @@
 """The zoo's decoders (GPT-2 with its tied embedding, Llama) under ``pipeline`` on 2 processes
-equal the unsplit model trained on the same batches: one process start."""
+equal the unsplit model trained on the same batches, wrapped to return logits or as
+transformers builds them (key-value cache on, turned off by the pipeline): one process start."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def runs() -> dict[str, Any]:
     return rank0  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("name", pipeline_workers.DECODERS)
+@pytest.mark.parametrize("name", [*pipeline_workers.DECODERS, "llama, as built"])
 def test_a_decoder_in_two_stages_trains_like_the_unsplit_model(
     name: str, runs: dict[str, Any]
 ) -> None:

@@ -170,6 +170,7 @@ class PipelineStrategy(Strategy):
         example = tuple(example) if isinstance(example, tuple | list) else (example,)
         example = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in example)
         module = place(module, self.device)  # the whole model: traced, then cut
+        _without_kv_cache(module)
         wrapped = PipelinedModel(
             module,
             split_points=points,
@@ -291,6 +292,21 @@ class PipelineStrategy(Strategy):
             "stages_per_process": self.per_process,
             "split_points": self.split_points,
         }
+
+
+def _without_kv_cache(module: nn.Module) -> None:
+    """Turn off the key-value cache of the Hugging Face models in ``module``: it serves
+    generation, never training, and a forward that returns it (``config.use_cache=True``, the
+    decoders' default) cannot be traced as one graph (torch.export refuses it)."""
+    for name, sub in module.named_modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False  # type: ignore[union-attr]
+            log.info(
+                "pipeline: %s's config.use_cache set to False (a key-value cache is for "
+                "generation; a forward that returns it cannot be traced into stages)",
+                name or type(sub).__name__,
+            )
 
 
 def _pipelined(model: nn.Module) -> PipelinedModel:
