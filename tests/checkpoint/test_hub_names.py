@@ -40,6 +40,8 @@ def test_names_map_both_ways_as_transformers_maps_them(monkeypatch: pytest.Monke
         out = hub_names(model, own)
         assert [out.written.get(n, n) for n in out.order] == hub  # names and order
         assert len(out.written) == renamed and f"{renamed} names as save_pretrained" in out.note
+        again = hub_names(model, hub[::-1])  # already the hub's (a hub source): read, written
+        assert [again.written.get(n, n) for n in again.order] == hub and again.written == {}
         back = model_names(model, hub, set(own))
         assert back.refused == "" and sorted(back.renamed.get(n, n) for n in hub) == sorted(own)
         assert type(model).__name__ in back.via and "transformers 5." in back.via
@@ -65,7 +67,12 @@ def test_load_weights_renames_and_a_conversion_is_refused_in_one_line(
 ) -> None:
     torch.manual_seed(0)
     vit = w.vit_model()
-    vit.save_pretrained(tmp_path / "vit")
+    vit.save_pretrained(tmp_path / "vit", max_shard_size="20KB")
+    resharded = ["convert", str(tmp_path / "vit"), str(tmp_path / "again"), "--to", "safetensors"]
+    resharded += ["--config", str(tmp_path / "vit" / "config.json"), "--max-shard-size", "20KB"]
+    assert ckpt_main(resharded) == 0  # the hub's names in and out, in save_pretrained's order
+    for file in ("model.safetensors.index.json", "config.json"):
+        assert (tmp_path / "again" / file).read_text() == (tmp_path / "vit" / file).read_text()
     fresh = w.vit_model()
     report = multigpu.load_weights(fresh, tmp_path / "vit")
     assert "renamed 32 by ViTModel's conversion mapping (transformers 5." in str(report)

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -228,8 +229,14 @@ def export_hub(
     try:
         _write_shards(tmp, model, shards, dropped, named.written, writer)
         if len(shards) > 1:
+            metadata = {"total_size": sum(kept.values())}
+            if built is not None:  # as save_pretrained counts: parameters (not buffers), once
+                buffers = {n for n, _ in built.named_buffers()}
+                metadata["total_parameters"] = sum(
+                    math.prod(model.shapes[n][0]) for n in kept if n not in buffers
+                )
             index = {
-                "metadata": {"total_size": sum(kept.values())},
+                "metadata": metadata,
                 "weight_map": {
                     named.written.get(n, n): shard_file(i, len(shards))
                     for i, s in enumerate(shards)

@@ -217,13 +217,15 @@ class HubNames:
 
 def hub_names(model: nn.Module, names: list[str]) -> HubNames:
     """The names ``save_pretrained`` of ``model`` (a ``PreTrainedModel``, e.g. built from a
-    config on the meta device) writes for its tensors ``names`` (tied copies left out).
+    config on the meta device) writes for the tensors ``names`` (tied copies left out).
 
     As ``save_pretrained`` does (``revert_weight_conversion``): the mapping of a model not
     loaded with ``from_pretrained``, without its legacy renames and ``PrefixChange``s, reversed;
-    with one, the tensors are written in transformers' sorted order. ``names`` that are not all
-    ``model``'s (another model's checkpoint) are written as they are. A name that only a
-    conversion makes is refused (a UsageError): an export streams tensors as stored.
+    with one, the tensors are written in transformers' sorted order. ``names`` in another form
+    (the hub's own, transformers 4's) are first read as ``from_pretrained`` reads them
+    (``model_names``); names that are not ``model``'s either way (another model's checkpoint)
+    are written as they are. A name that only a conversion makes is refused (a UsageError): an
+    export streams tensors as stored.
     """
     tf = _machinery()
     if tf is None or not isinstance(model, tf.PreTrainedModel):
@@ -235,32 +237,35 @@ def hub_names(model: nn.Module, names: list[str]) -> HubNames:
     ]
     if not transforms:
         return HubNames(list(names), {})
+    cls = type(model).__name__
     own = set(model.state_dict())
-    foreign = [n for n in names if n not in own]
-    if foreign:
+    incoming = model_names(model, names, own)
+    as_model = {n: incoming.renamed.get(n, n) for n in names}
+    foreign = [n for n in names if as_model[n] not in own]
+    if incoming.refused or foreign:
         return HubNames(
             list(names),
             {},
-            f"names kept: {foreign[0]} is not a name of {type(model).__name__} (--config), "
-            "so its conversion mapping does not apply",
+            f"names kept: {(foreign or names)[0]} is not a name of {cls} (--config), nor one "
+            "its conversion mapping renames to one of them",
         )
     reverse = [t.reverse_transform() for t in transforms[::-1]]
     renamings = [t for t in reverse if isinstance(t, tf.WeightRenaming)]
     converters = [t for t in reverse if isinstance(t, tf.WeightConverter)]
-    order = sorted(names, key=tf.dot_natural_key)
+    order = sorted(names, key=lambda n: tf.dot_natural_key(as_model[n]))
     written: dict[str, str] = {}
     for name in order:
-        converted, pattern = tf.apply_converters(name, converters)
+        converted, pattern = tf.apply_converters(as_model[name], converters)
         if pattern is not None:
             converter = next(c for c in converters if pattern in c.source_patterns)
             raise UsageError(
-                f"--config's {type(model).__name__} stores {name} in the hub format as "
-                f"{converted} through transformers' {_ops(converter)}, a conversion of the "
-                "tensor, not a rename, which an export (one stored tensor at a time) does not "
-                "make: drop --config to write the checkpoint's names, or load the checkpoint "
-                "into the model and call save_pretrained"
+                f"--config's {cls} stores {as_model[name]} in the hub format as {converted} "
+                f"through transformers' {_ops(converter)}, a conversion of the tensor, not a "
+                "rename, which an export (one stored tensor at a time) does not make: drop "
+                "--config to write the checkpoint's names, or load the checkpoint into the "
+                "model and call save_pretrained"
             )
-        new = tf.apply_renamings(name, renamings)
+        new = tf.apply_renamings(as_model[name], renamings)
         if new != name:
             written[name] = new
     by_file: dict[str, str] = {}
@@ -268,13 +273,13 @@ def hub_names(model: nn.Module, names: list[str]) -> HubNames:
         file_name = written.get(name, name)
         if file_name in by_file:
             raise UsageError(
-                f"--config's {type(model).__name__} writes both {by_file[file_name]} and {name} "
-                f"as {file_name}; drop --config to write the checkpoint's names"
+                f"--config's {cls} writes both {by_file[file_name]} and {name} as {file_name}; "
+                "drop --config to write the checkpoint's names"
             )
         by_file[file_name] = name
     note = (
-        f"{len(written)} names as save_pretrained writes them ({type(model).__name__}'s "
-        f"conversion mapping, transformers {tf.version})"
+        f"{len(written)} names as save_pretrained writes them ({cls}'s conversion mapping, "
+        f"transformers {tf.version})"
         if written
         else ""
     )
