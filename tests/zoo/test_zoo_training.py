@@ -10,6 +10,7 @@ and the two-process fsdp checkpoint is exported to the Hugging Face layout that 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,15 @@ def test_a_one_process_checkpoint_resumes_under_fsdp_on_two(
 def test_pretrained_weights_load_into_a_meta_built_model_under_fsdp(
     name: str, alone: dict[str, Any], two: dict[str, Any]
 ) -> None:
-    loaded = two[f"pretrained-{name}"]
+    loaded = two[f"pretrained-{name}"]["state"]
     for key, value in alone[name]["state"].items():
         assert torch.equal(loaded[key], value), key  # read from safetensors, slice by slice
+
+
+def hub_layout(directory: Path) -> tuple[list[str], dict[str, Any]]:
+    """The files of a sharded hub directory and its index (weight map, sizes)."""
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    return sorted(p.name for p in directory.glob("*.safetensors")), index
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -102,19 +109,21 @@ def test_an_fsdp_checkpoint_exports_to_what_from_pretrained_loads(
 ) -> None:
     arch = ZOO[name]
     model = arch.build()
-    config = root / f"config-{name}.json"
-    model.config.to_json_file(config)  # type: ignore[operator]
+    trained = two[f"fsdp-{name}"]["state"]
+    model.load_state_dict(trained)
+    ref = root / f"ref-{name}"  # what transformers writes: the files to match, the config.json
+    model.save_pretrained(ref, max_shard_size="40KB")  # type: ignore[operator]
+    config = ref / "config.json"  # names the architecture, as a downloaded one does
     src = root / f"fsdp-{name}" / f"step-{workers.STEPS:08d}"
     dst = root / f"hub-{name}"
     argv = ["ckpt", "convert", str(src), str(dst), "--to", "safetensors", "--config", str(config)]
     assert main([*argv, "--max-shard-size", "40KB"]) == 0, capsys.readouterr().err
     assert (dst / "model.safetensors.index.json").is_file()  # sharded: 40 KB each at most
+    assert hub_layout(dst) == hub_layout(ref)  # ViT: the hub's own names, not its modules'
     loaded = type(model).from_pretrained(dst).eval()
-    trained = two[f"fsdp-{name}"]["state"]
     assert loaded.state_dict().keys() == trained.keys()
     for key, value in loaded.state_dict().items():
         assert torch.equal(value, trained[key]), key  # tied weights re-tied from one tensor
-    model.load_state_dict(trained)
     batch = dataset(arch)[:4]
     with torch.no_grad():
         want = model.eval()(**arch.inputs(*batch)).logits

@@ -78,12 +78,13 @@ def one_process(root: str) -> dict[str, Any]:
 
 def from_pretrained(ctx: Any, arch: Arch, directory: Path) -> dict[str, Any]:
     """``arch`` built on the meta device, set up (each rank allocates its part and initialises
-    it by the model's own scheme), then its weights read from a ``save_pretrained`` directory."""
+    it by the model's own scheme), then its weights read from a ``save_pretrained`` directory
+    (shaped as ``train``'s result, with no losses: nothing trains)."""
     with ctx.init_module():
         net = arch.build()
     model = ctx.setup(net)
     ctx.load(directory, {"model": model})
-    return ctx.full_state_dict(model)
+    return {"state": ctx.full_state_dict(model), "losses": []}
 
 
 def two_processes(root: str) -> dict[str, Any]:

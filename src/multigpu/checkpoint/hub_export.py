@@ -7,12 +7,14 @@ pass the limit, a larger tensor alone in its own), plus the given ``config.json`
 read one at a time from a sharded checkpoint and written a file at a time: the memory it takes
 is about one output file (``benchmarks/export_memory.py``).
 
-Tied weights are written once, as ``save_pretrained`` does: with a ``config.json`` naming an
-architecture ``transformers`` has, that model is built on the meta device (no memory) and its
-parameters shared under several names (GPT-2's ``lm_head.weight`` and
-``transformer.wte.weight``) show which names to leave out; the checkpoint's tensors under those
-names must be equal, else the export is refused. ``transformers`` is imported here only, and
-only then.
+With a ``config.json`` naming an architecture ``transformers`` has, that model is built on the
+meta device (no memory), and the files are what its ``save_pretrained`` writes: tied weights
+once — its parameters shared under several names (GPT-2's ``lm_head.weight`` and
+``transformer.wte.weight``) show which names to leave out, and the checkpoint's tensors under
+those names must be equal, else the export is refused — and the hub format's own names, where
+transformers 5's modules differ from them (its conversion mapping, reversed: ``hub_names``).
+Without a config the checkpoint's names are written as they are. ``transformers`` is imported
+here only to build that model, and only then.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from multigpu.checkpoint.hub import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, safetensors_module
+from multigpu.checkpoint.hub_names import HubNames, hub_names
 from multigpu.checkpoint.layout import TMP_PREFIX
 from multigpu.checkpoint.model_source import ModelSource, open_model
 from multigpu.checkpoint.sharded import first_line
@@ -113,26 +117,37 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     return config
 
 
-def tied_names(config: Mapping[str, Any] | None) -> tuple[dict[str, str], str]:
-    """``{name left out: the name it is tied to}`` for the model ``config`` describes, and a
-    phrase saying how that was found (empty when there is nothing to say)."""
+def config_model(config: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """The model ``config`` describes, built on the meta device (None without a config, or when
+    transformers cannot build it), and a phrase saying why not (empty when there is nothing to
+    say)."""
     if config is None:
-        return {}, ""
+        return None, ""
     try:
         import transformers
     except ImportError:
-        return {}, "tied weights not looked for: transformers is not installed"
+        return None, "tied weights and hub names not looked for: transformers is not installed"
     if "model_type" not in config:
-        return {}, "tied weights not looked for: the config has no model_type"
+        return None, "tied weights and hub names not looked for: the config has no model_type"
     architectures = config.get("architectures") or []
     cls = getattr(transformers, str(architectures[0]), None) if architectures else None
     try:
         built = transformers.AutoConfig.for_model(**config)
-        with torch.device("meta"):  # no memory: only which parameters are one object matters
+        with torch.device("meta"):  # no memory: only names and which parameters are one matter
             # No architecture named: the causal LM of its model type, as exported models mostly are.
             model = cls(built) if cls else transformers.AutoModelForCausalLM.from_config(built)
     except Exception as e:  # a config this transformers cannot build: say so, write every tensor
-        return {}, f"tied weights not looked for: no model built from the config ({first_line(e)})"
+        return None, (
+            f"tied weights and hub names not looked for: no model built from the config "
+            f"({first_line(e)})"
+        )
+    return model, ""
+
+
+def tied_names(model: Any) -> dict[str, str]:
+    """``{name left out: the name it is tied to}`` for ``model`` (None: nothing is tied)."""
+    if model is None:
+        return {}
     first: dict[int, str] = {}
     tied: dict[str, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -140,7 +155,7 @@ def tied_names(config: Mapping[str, Any] | None) -> tuple[dict[str, str], str]:
             tied[name] = first[id(param)]
         else:
             first[id(param)] = name
-    return tied, ""
+    return tied
 
 
 def _digest(tensor: torch.Tensor) -> str:
@@ -182,13 +197,15 @@ def export_hub(
         dst: the directory to write (``model.safetensors``, or the shards and their index).
         key: which object of ``src`` holds the model, when several could.
         config: the model's ``config.json``, copied into ``dst``; with ``transformers``
-            installed it also says which weights are tied (written once).
+            installed it also says which weights are tied (written once) and the names
+            ``save_pretrained`` writes (without it: the checkpoint's names, as they are).
         max_shard_size: the largest output file: bytes, or ``"5GB"``, ``"500MiB"``...
         trust: allow a legacy pickle / an index naming other classes (runs code).
         force: replace an existing ``dst`` (only a safetensors model directory).
 
     Raises:
-        UsageError: bad arguments or an unusable destination (nothing read yet).
+        UsageError: bad arguments or an unusable destination (nothing read yet), or a
+            config whose hub names need a conversion of the tensors (not a rename).
         CheckpointError: ``src`` cannot be read, or its tied weights differ.
     """
     target = Path(dst)
@@ -199,20 +216,31 @@ def export_hub(
     model = open_model(src, key=key, trust=trust)
     if not model.shapes:
         raise UsageError(f"{src} holds no tensors for its model; nothing to export")
-    tied, note = tied_names(settings)
+    built, note = config_model(settings)
+    tied = tied_names(built)
     dropped = {n: k for n, k in tied.items() if n in model.shapes and k in model.shapes}
-    kept = {n: model.nbytes(n) for n in model.shapes if n not in dropped}
+    names = [n for n in model.shapes if n not in dropped]
+    named = hub_names(built, names) if built is not None else HubNames(names, {})
+    kept = {n: model.nbytes(n) for n in named.order}
     shards = plan_shards(kept, limit)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f"{TMP_PREFIX}{target.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        _write_shards(tmp, model, shards, dropped, writer)
+        _write_shards(tmp, model, shards, dropped, named.written, writer)
         if len(shards) > 1:
+            metadata = {"total_size": sum(kept.values())}
+            if built is not None:  # as save_pretrained counts: parameters (not buffers), once
+                buffers = {n for n, _ in built.named_buffers()}
+                metadata["total_parameters"] = sum(
+                    math.prod(model.shapes[n][0]) for n in kept if n not in buffers
+                )
             index = {
-                "metadata": {"total_size": sum(kept.values())},
+                "metadata": metadata,
                 "weight_map": {
-                    n: shard_file(i, len(shards)) for i, s in enumerate(shards) for n in s
+                    named.written.get(n, n): shard_file(i, len(shards))
+                    for i, s in enumerate(shards)
+                    for n in s
                 },
             }
             write_small(tmp / INDEX_FILE, json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -227,6 +255,8 @@ def export_hub(
     said.append(f"{len(shards)} safetensors file{'s' if len(shards) > 1 else ''}")
     if dropped:
         said.append("tied, written once: " + ", ".join(f"{n} (= {k})" for n, k in dropped.items()))
+    if named.note:
+        said.append(named.note)
     if model.skipped:
         said.append(f"left out {len(model.skipped)} non-tensor entries ({model.skipped[0]}, ...)")
     if note:
@@ -241,10 +271,12 @@ def _write_shards(
     model: ModelSource,
     shards: list[list[str]],
     dropped: Mapping[str, str],
+    written: Mapping[str, str],
     writer: Any,
 ) -> None:
-    """Each shard's tensors, read one at a time, then written as one safetensors file. A tied
-    name is read too (its digest compared), never kept."""
+    """Each shard's tensors, read one at a time, then written as one safetensors file (under
+    ``written``'s name where it has one). A tied name is read too (its digest compared), never
+    kept."""
     sources = set(dropped.values())
     digests: dict[str, str] = {}
     pending = dict(dropped)
@@ -258,7 +290,7 @@ def _write_shards(
             if tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
                 tensor = tensor.clone()
             storages.add(tensor.untyped_storage().data_ptr())
-            tensors[name] = tensor
+            tensors[written.get(name, name)] = tensor
             if name in sources:
                 digests[name] = _digest(tensor)
         file = tmp / shard_file(index, len(shards))

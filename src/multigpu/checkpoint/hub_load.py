@@ -8,9 +8,12 @@ reads (or holds) the whole model. The strategy's state is then loaded as for a c
 our own, which works for a model made on the meta device in ``ctx.init_module()`` too.
 
 A name the model ties to another (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``)
-is read from the other when the files leave it out, as ``transformers`` saves them. Names the
-model has and the files lack, names the files have and no rank's model has, and shapes that
-differ are refused, in one line, before any tensor is read.
+is read from the other when the files leave it out, as ``transformers`` saves them. Files in the
+hub's own names (``save_pretrained``'s: ViT's ``vit.encoder.layer.0.attention.attention.key``
+for the module ``vit.layers.0.attention.k_proj``) are read under the model's names, by the
+conversion mapping of the Hugging Face model(s) in it (``hub_names``). Names the model has and
+the files lack, names the files have and no rank's model has, shapes that differ, and names only
+a conversion (not a rename) makes are refused, in one line, before any tensor is read.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from multigpu.checkpoint.hub import HubWeights, open_file, open_hub, read_slice
+from multigpu.checkpoint.hub_names import FileNames, model_names
 from multigpu.checkpoint.sharded import load_with_reader
 from multigpu.checkpoint.snapshot import StateAdapter
 from multigpu.errors import CheckpointMismatchError, UsageError
@@ -59,15 +63,22 @@ class HubReader(StorageReader):
     """DCP's view of safetensors files: one chunk per tensor at offset 0, read by slices.
 
     ``aliases``: {name the model has: another name of the same parameter}; a name the files
-    lack is read from its alias (tied weights). ``bytes_read``: the tensor bytes this reader
-    has read so far (this rank's share).
+    lack is read from its alias (tied weights). ``renamed``: {name in the files: the model's
+    name for it}. ``bytes_read``: the tensor bytes this reader has read so far (this rank's
+    share).
     """
 
-    def __init__(self, weights: HubWeights, aliases: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        weights: HubWeights,
+        aliases: Mapping[str, str],
+        renamed: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.weights = weights
         self.bytes_read = 0
-        self.stored = {n: _Stored(f, n) for n, f in weights.files.items()}
+        renamed = renamed or {}
+        self.stored = {renamed.get(n, n): _Stored(f, n) for n, f in weights.files.items()}
         for name, source in aliases.items():
             if name not in self.stored and source in self.stored:
                 self.stored[name] = self.stored[source]
@@ -130,15 +141,24 @@ class HubReader(StorageReader):
 class HubPlanner(DefaultLoadPlanner):
     """DCP's planner, refusing names and shapes that do not fit in one line, on every rank."""
 
-    def __init__(self, where: Path, aliases: Mapping[str, str]) -> None:
+    def __init__(
+        self, where: Path, aliases: Mapping[str, str], names: FileNames | None = None
+    ) -> None:
         super().__init__()
         self.where = where
         self.aliases = aliases
+        self.names = names or FileNames()
 
     def create_local_plan(self) -> LoadPlan:
-        """This rank's plan; a name of its model missing from the files, or a shape differing,
-        is an error (raised inside DCP's planning, so every rank gets it, none waits)."""
+        """This rank's plan; a name of its model missing from the files, a shape differing, or
+        a name only a conversion makes, is an error (raised inside DCP's planning, so every rank
+        gets it, none waits)."""
         assert self.metadata is not None
+        if self.names.refused:
+            raise CheckpointMismatchError(
+                f"the weights in {self.where} do not load into this model as stored: "
+                f"{self.names.refused}"
+            )
         saved = self.metadata.state_dict_metadata
         missing = sorted(k for k in self.state_dict if k not in saved)
         shapes = []
@@ -157,8 +177,9 @@ class HubPlanner(DefaultLoadPlanner):
             problems.append(f"the files lack {len(missing)}: {_few(missing)}{instead}")
         if problems:
             raise CheckpointMismatchError(
-                f"the weights in {self.where} do not fit this model: {'; '.join(problems)}; "
-                "build the model from the config these weights were saved with"
+                f"the weights in {self.where} do not fit this model{self._renamed()}: "
+                f"{'; '.join(problems)}; build the model from the config these weights were "
+                "saved with"
             )
         return super().create_local_plan()
 
@@ -171,11 +192,18 @@ class HubPlanner(DefaultLoadPlanner):
         unexpected = [n for n in unexpected if n not in self.aliases]  # a tie's second name
         if unexpected:
             raise CheckpointMismatchError(
-                f"the weights in {self.where} do not fit this model: it has no "
+                f"the weights in {self.where} do not fit this model{self._renamed()}: it has no "
                 f"{len(unexpected)} of the files' tensors: {_few(sorted(unexpected))}; build the "
                 "model from the config these weights were saved with"
             )
         return super().create_global_plan(global_plan)
+
+    def _renamed(self) -> str:
+        """Which names were renamed before they were compared, for a refusal."""
+        if not self.names.renamed:
+            return ""
+        renamed = len(self.names.renamed)
+        return f" (after renaming {renamed} of the files' names by {self.names.via})"
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
@@ -205,16 +233,18 @@ def load_hub(
     name, model = modules[0]
     weights = open_hub(path)
     aliases = tied_aliases(model)
-    reader = HubReader(weights, aliases)
     target = adapter.model_state(model)
-    load_with_reader(target, reader, HubPlanner(path, aliases))
+    names = model_names(model, weights.files, set(target) | set(aliases))
+    reader = HubReader(weights, aliases, names.renamed)
+    load_with_reader(target, reader, HubPlanner(path, aliases, names))
     adapter.load_model_state(model, target)
     log.info(
-        "rank %d loaded %s from %s: read %.1f MiB of their %.1f MiB",
+        "rank %d loaded %s from %s: read %.1f MiB of their %.1f MiB%s",
         rank,
         name,
         weights.describe(),
         reader.bytes_read / 2**20,
         weights.total_bytes / 2**20,
+        f"; {len(names.renamed)} names renamed by {names.via}" if names.renamed else "",
     )
     return {}

@@ -26,6 +26,7 @@ from torch import nn
 
 from multigpu.checkpoint.dcp_objects import choose_model, is_torchtitan, objects_of, read_object
 from multigpu.checkpoint.hub import is_hub, open_hub, read_hub
+from multigpu.checkpoint.hub_names import renamed_state
 from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
@@ -68,6 +69,10 @@ class LoadReport:
     """Dtype conversions the model's own dtypes forced, e.g. "float16 -> float32 (4 tensors)"."""
     trusted: bool = False
     """Whether the file was fully unpickled (``trust=True``)."""
+    renamed: int = 0
+    """How many of the hub-format files' names were renamed to the model's (``hub_names``)."""
+    renamed_by: str = ""
+    """Whose mapping renamed them: "ViTModel's conversion mapping (transformers 5.2.0)"."""
 
     def __str__(self) -> str:
         parts = [f"{self.tensors} tensors from {self.source} ({self.path})"]
@@ -81,6 +86,8 @@ class LoadReport:
             parts.append(f"missing {len(self.missing_keys)}: {_few(self.missing_keys)}")
         if self.unexpected_keys:
             parts.append(f"unexpected {len(self.unexpected_keys)}: {_few(self.unexpected_keys)}")
+        if self.renamed:
+            parts.append(f"renamed {self.renamed} by {self.renamed_by}")
         if self.dtype_casts:
             parts.append("cast " + ", ".join(self.dtype_casts))
         if self.trusted:
@@ -358,6 +365,9 @@ def load_weights(
     target = unwrap_module(model)
     found, report = _read(path, key, trust, map_location)
     current = target.state_dict()
+    if is_hub(report.path):  # the hub's own names, where transformers 5's modules differ
+        found, names = renamed_state(target, found, set(current), report.path)
+        report = replace(report, renamed=len(names.renamed), renamed_by=names.via)
     state, stripped = match_keys(found, set(current))  # renames keys, never drops one
     _check_fit(state, current, strict, report.path, type(target).__name__)
     casts = Counter(

@@ -49,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         "sharded checkpoint directory that ctx.load and a Checkpointer resume on any world size "
         "and strategy. --to safetensors: DST becomes a Hugging Face model directory "
         "(model.safetensors, or model-0000N-of-0000M.safetensors and "
-        "model.safetensors.index.json past --max-shard-size; config.json from --config; tied "
-        "weights written once), read one tensor at a time from a sharded SRC.",
+        "model.safetensors.index.json past --max-shard-size; config.json from --config), read "
+        "one tensor at a time from a sharded SRC; with --config, tied weights written once and "
+        "the names save_pretrained writes (the hub's own, where transformers 5 renamed the "
+        "modules); without it, the checkpoint's names as they are.",
     )
     convert.add_argument("src")
     convert.add_argument("dst")
@@ -63,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--key", help="the object or dict key holding the model in SRC")
     convert.add_argument("--name", help="--to dcp: the model's object name in DST (model)")
     convert.add_argument(
-        "--config", metavar="PATH", help="--to safetensors: the model's config.json, copied to DST"
+        "--config",
+        metavar="PATH",
+        help="--to safetensors: the model's config.json, copied to DST; with transformers, "
+        "its model's tied weights are written once and its names as save_pretrained writes them",
     )
     convert.add_argument(
         "--max-shard-size",
