@@ -49,8 +49,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
-# pytest rewrites PYTEST_CURRENT_TEST at every phase; torch.compile records its cache folder.
-_SET_BY_TOOLS = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
+# pytest rewrites PYTEST_CURRENT_TEST at every phase; torch.compile records its cache folder;
+# importing transformers on the lent GPU machine's image set Intel OpenMP's two KMP_ variables.
+_SET_BY_TOOLS = frozenset(
+    {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
+)
 
 
 @pytest.fixture(autouse=True)

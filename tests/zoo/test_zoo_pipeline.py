@@ -12,6 +12,7 @@ from multigpu.testing import run_distributed
 from tests.zoo import pipeline_workers
 
 pytestmark = pytest.mark.requires("module:transformers")
+CASES = ["gpt2", "llama", "llama, as built"]
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +22,12 @@ def runs() -> dict[str, Any]:
     return rank0  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("name", [*pipeline_workers.DECODERS, "llama, as built"])
+@pytest.mark.parametrize("name", CASES)
 def test_a_decoder_in_two_stages_trains_like_the_unsplit_model(
     name: str, runs: dict[str, Any]
 ) -> None:
+    if name not in runs:
+        pytest.skip(pipeline_workers.LLAMA_BEFORE_5_24)
     run = runs[name]
     assert len(run["losses"]) == pipeline_workers.STEPS
     assert run["losses"] == pytest.approx(run["reference_losses"], rel=1e-5)

@@ -57,12 +57,30 @@ def _machinery() -> Any:
             WeightRenaming=loading.WeightRenaming,
             WeightConverter=loading.WeightConverter,
             PrefixChange=loading.PrefixChange,
-            apply_renamings=loading.apply_renamings,
-            apply_converters=loading.apply_converters,
+            apply_renamings=_apply_renamings,
+            apply_converters=_apply_converters,
             dot_natural_key=loading.dot_natural_key,
         )
     except (ImportError, AttributeError):
         return None
+
+
+# transformers 5.24's apply_renamings / apply_converters, which 5.17 lacks (it loops inline):
+# both are loops over the transforms' rename_source_key, the same method in every 5.x.
+def _apply_renamings(key: str, renamings: Iterable[Any]) -> str:
+    """``key`` renamed by every rename in turn."""
+    for renaming in renamings:
+        key, _ = renaming.rename_source_key(key)
+    return key
+
+
+def _apply_converters(key: str, converters: Iterable[Any]) -> tuple[str, str | None]:
+    """``key`` renamed by the first conversion that matches it, and that one's source pattern."""
+    for converter in converters:
+        renamed, pattern = converter.rename_source_key(key)
+        if pattern is not None:
+            return renamed, pattern
+    return key, None
 
 
 @contextlib.contextmanager

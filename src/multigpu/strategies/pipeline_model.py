@@ -88,7 +88,7 @@ class PipelinedModel(nn.Module):
         self._runners: dict[tuple[Any, ...], _Runner] = {}
         self.names = ModelNames.of(full)
         self._sharing: Sharing | None = None
-        self._runner(example, training=True)
+        self._runner(_contiguous(example), training=True)
         self._orig_mod = self.sharing.plain_view()
 
     @property
@@ -105,6 +105,7 @@ class PipelinedModel(nn.Module):
         (the same as ``loss_fn`` over the whole batch when it averages), and a parameter held on
         several processes gets the sum of its holders' gradients on each.
         """
+        inputs = _contiguous(inputs)
         runner = self._runner(inputs, training=True)
         runner.loss_fn = loss_fn
         losses: list[torch.Tensor] = []
@@ -138,6 +139,7 @@ class PipelinedModel(nn.Module):
                 "runs inside the schedule); train with loss = ctx.forward_backward(model, x, "
                 "target=y, loss_fn=...), and call model(x) under torch.no_grad() to evaluate"
             )
+        inputs = _contiguous(inputs)
         runner = self._runner(inputs, training=False)
         out = runner.schedule.step(*(inputs if runner.has_first else ()))
         meta = [(tuple(out.shape), out.dtype) if runner.has_last else None]
@@ -247,6 +249,13 @@ def _time_compute(stage: Any, runner: _Runner) -> None:
                 runner.compute_s += time.perf_counter() - start
 
         setattr(stage, method, timed)
+
+
+def _contiguous(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The inputs as the stages were traced with them: torch 2.11's stages refuse a micro-batch
+    whose strides differ from the trace's (seen with ``seq[:, :-1]`` batches: "stride mismatch:
+    expected (8, 1) actual (9, 1)")."""
+    return tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
 def _shape(value: Any) -> Any:
