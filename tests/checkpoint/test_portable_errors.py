@@ -91,8 +91,9 @@ def test_prefixes_are_stripped_only_where_that_matches_the_model(tmp_path: Path)
     assert _same(target, source) and report.prefixes_stripped == ("module.", "_orig_mod.")
     torch.save(source.state_dict(), tmp_path / "plain.pt")  # "module.weight" is a real name
     report = multigpu.load_weights(Net(), tmp_path / "plain.pt")
-    # (On a GPU machine DataParallel moved source to cuda:0: the report also says "mapped".)
-    assert report.prefixes_stripped == () and "stripped" not in str(report)
+    # (On a GPU machine DataParallel moved source to cuda:0: the report also says "mapped";
+    # the path itself, test_prefixes_are_stripped_..., says "stripped".)
+    assert report.prefixes_stripped == () and "; stripped" not in str(report)
 
 
 def test_stripping_keeps_the_per_module_versions_load_state_dict_reads() -> None:
