@@ -53,6 +53,7 @@ def two(root: Path, alone: dict[str, Any]) -> dict[str, Any]:
     rank0, rank1 = run_distributed(
         workers.two_processes, world_size=2, args=(str(root),), timeout=300
     )
+    assert rank0.pop("device") == rank1.pop("device") == "cpu"
     assert all(run["state"] == {} for run in rank1.values())  # gathered on rank 0 alone
     for key, run in rank0.items():
         assert run["losses"] == rank1[key]["losses"], key  # the loss every rank logs

@@ -87,18 +87,24 @@ def from_pretrained(ctx: Any, arch: Arch, directory: Path) -> dict[str, Any]:
     return {"state": ctx.full_state_dict(model), "losses": []}
 
 
+def _sharded(fsdp: Any, root: str) -> dict[str, Any]:
+    """Every architecture under ``fsdp``: trained (saving checkpoints), resumed from the
+    one-process checkpoint of step SAVE_AT, and loaded from its ``save_pretrained`` weights into
+    a meta-built model."""
+    out: dict[str, Any] = {"device": str(fsdp.device)}
+    for name, arch in ZOO.items():
+        out[f"fsdp-{name}"] = train(fsdp, arch, save=Path(root) / f"fsdp-{name}")
+        step = Path(root) / f"single-{name}" / f"step-{SAVE_AT:08d}"
+        out[f"resumed-{name}"] = train(fsdp, arch, resume=step)
+        out[f"pretrained-{name}"] = from_pretrained(fsdp, arch, Path(root) / f"pretrained-{name}")
+    return out
+
+
 def two_processes(root: str) -> dict[str, Any]:
-    """Every architecture under ddp and the default fsdp on two processes; fsdp also resumes
-    the one-process checkpoint of step SAVE_AT and saves its own (for the export test)."""
-    out: dict[str, Any] = {}
+    """``_sharded`` on two processes, then every architecture under ddp (the export test reads
+    the fsdp checkpoints)."""
     with multigpu.init(strategy="fsdp", seed=0) as fsdp:
-        for name, arch in ZOO.items():
-            out[f"fsdp-{name}"] = train(fsdp, arch, save=Path(root) / f"fsdp-{name}")
-            step = Path(root) / f"single-{name}" / f"step-{SAVE_AT:08d}"
-            out[f"resumed-{name}"] = train(fsdp, arch, resume=step)
-            out[f"pretrained-{name}"] = from_pretrained(
-                fsdp, arch, Path(root) / f"pretrained-{name}"
-            )
+        out = _sharded(fsdp, root)
         with multigpu.init(strategy="ddp", seed=0) as ddp:  # the same process group
             for name, arch in ZOO.items():
                 out[f"ddp-{name}"] = train(ddp, arch)
@@ -106,16 +112,6 @@ def two_processes(root: str) -> dict[str, Any]:
 
 
 def sharded_alone(root: str) -> dict[str, Any]:
-    """Every architecture under fsdp on one process (the GPU test: one GPU, NCCL): trained,
-    resumed from the one-process checkpoint of step SAVE_AT, and loaded from its
-    ``save_pretrained`` weights into a meta-built model."""
-    out: dict[str, Any] = {}
+    """``_sharded`` on one process (the GPU test: one GPU, NCCL)."""
     with multigpu.init(strategy="fsdp", seed=0) as fsdp:
-        for name, arch in ZOO.items():
-            out[f"fsdp-{name}"] = train(fsdp, arch, save=Path(root) / f"fsdp-{name}")
-            step = Path(root) / f"single-{name}" / f"step-{SAVE_AT:08d}"
-            out[f"resumed-{name}"] = train(fsdp, arch, resume=step)
-            pretrained = Path(root) / f"pretrained-{name}"
-            out[f"pretrained-{name}"] = from_pretrained(fsdp, arch, pretrained)
-            out["device"] = str(fsdp.device)
-    return out
+        return _sharded(fsdp, root)
