@@ -117,9 +117,10 @@ def _initializer(module: nn.Module, hf: HfInit | None = None) -> Callable[[], ob
     return post_init
 
 
-def check_initializable(module: nn.Module) -> None:
-    """Refuse a meta model some of whose tensors no ``reset_parameters()`` would initialise."""
-    hf = hf_initializers(module)
+def check_initializable(module: nn.Module, hf: dict[int, HfInit] | None = None) -> None:
+    """Refuse a meta model some of whose tensors no ``reset_parameters()`` would initialise
+    (``hf``: ``hf_initializers(module)``, when the caller has it already)."""
+    hf = hf_initializers(module) if hf is None else hf
     lacking = [
         f"{path or '<root>'} ({type(mod).__name__}: {', '.join(n for _, n in own)})"
         for path, mod in _post_order(module)
@@ -143,9 +144,11 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     Initial values come from the CPU generator, drawn as ``reset_parameters()`` would draw them
     in a plain one-process build (see the module doc).
     """
-    check_initializable(module)
     hf = hf_initializers(module)
+    check_initializable(module, hf)
+    ties = _tied_parameters(module)
     module.to_empty(device=device)
+    _retie(ties)
     marked: list[Any] = []
     done: set[int] = set()  # a tied tensor keeps the values of the first module that set it
     try:
@@ -157,6 +160,27 @@ def materialize(module: nn.Module, device: torch.device) -> None:
         for tensor in marked:
             with contextlib.suppress(AttributeError):
                 delattr(tensor, _HF_DONE)
+
+
+def _tied_parameters(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """The (module, name) holders of each parameter held under several names (tied weights)."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for mod in module.modules():
+        for name, param in own_tensor_tables(mod)["param"].items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((mod, name))
+    return [group for group in holders.values() if len(group) > 1]
+
+
+def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
+    """Tie again what ``to_empty`` untied: it gives each module a new tensor of its own (a
+    GPT-2 built in ``ctx.init_module()`` came out with ``lm_head`` and ``wte`` apart, trained
+    as two weights); FSDP2's modules keep their ties, and are left as they are."""
+    for (first, first_name), *others in ties:
+        kept = own_tensor_tables(first)["param"][first_name]
+        for mod, name in others:
+            if own_tensor_tables(mod)["param"][name] is not kept:
+                setattr(mod, name, kept)
 
 
 def _initialise_whole(
