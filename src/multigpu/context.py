@@ -161,12 +161,12 @@ class Context(RankTools, Checkpointing):
         At the micro-batch that ends the step, one all-reduce adds up every rank's and
         micro-batch's items and the gradients are rescaled, so they are those of the mean over
         every item of the step — the same at any world size and accumulation, however the items
-        fall into micro-batches (padding). Give it on every micro-batch of a step or on none;
+        fall into micro-batches (padding). Give it on every micro-batch of a step or on none,
+        once per micro-batch (add a micro-batch's losses and counts first);
         ``ctx.step_loss`` is then the step's mean loss per item.
         """
-        extra = {} if num_items is None else {"num_items": num_items}
         with self._memory_said("ctx.backward"):
-            self._backward(loss, **extra, **kwargs)
+            self._backward(loss, num_items=num_items, **kwargs)
 
     @property
     def step_loss(self) -> float | None:

@@ -43,6 +43,13 @@ from multigpu.strategies import Strategy
 
 log = logging.getLogger(__name__)
 
+AGAIN = (
+    "ctx.backward(num_items=...) ran again after the backward that ended the optimizer step: "
+    "that one already rescaled the gradients to the step's mean, so this loss would be weighed "
+    "apart; add the micro-batch's losses and their counts and call ctx.backward once per "
+    "micro-batch"
+)
+
 MIXED = (
     "ctx.backward got num_items on {had} micro-batch of this optimizer step but not on {this}; "
     "pass num_items on every micro-batch of a step (its gradient is normalised by their total) "
@@ -78,10 +85,7 @@ class StepControl:
     """Accumulation state, precision and loss weighting, shared by Context's step methods."""
 
     def __init__(
-        self,
-        strategy: Strategy,
-        precision: Precision,
-        comm_device: Callable[[], torch.device] = lambda: torch.device("cpu"),
+        self, strategy: Strategy, precision: Precision, comm_device: Callable[[], torch.device]
     ) -> None:
         self.strategy = strategy
         self.precision = precision
@@ -97,17 +101,28 @@ class StepControl:
         self._totals: torch.Tensor | None = None
         self._plain_in_step = False  # a micro-batch of this step came without num_items
         self._prescale = 1.0  # see _weighted_backward
+        # The step's gradients are rescaled: a weighted backward before the next batch, step or
+        # optimizer step would be weighed apart. Set only where one of those will clear it.
+        self._step_ended = False
+        self._hooked = False  # an optimizer given to setup clears it as it steps
         self.last_loss: torch.Tensor | None = None
         """The global per-item mean loss of the last step whose losses came with num_items."""
 
     def note_setup(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """``ctx.setup`` made ``model``: its gradients (and its optimizers') are rescaled."""
         self._trained.extend(weakref.ref(obj) for obj in (model, *optimizers))
+        for optimizer in optimizers:
+            optimizer.register_step_post_hook(self._new_step)
+            self._hooked = True
+
+    def _new_step(self, *_: Any) -> None:
+        self._step_ended = False
 
     def note_batch(self, loader: DistributedLoader) -> None:
         """Called by a Context-made loader as it hands out a batch (a new micro-batch)."""
         self.active_loader = loader
         self.sync_step = True  # the next accumulate() decides for this micro-batch
+        self._step_ended = False
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module, sync: bool | None = None) -> Iterator[None]:
@@ -152,6 +167,8 @@ class StepControl:
         if self._plain_in_step:
             self._plain_in_step = False
             raise UsageError(MIXED.format(had="this", this="an earlier one"))
+        if self._step_ended:
+            raise UsageError(AGAIN)
         if not self._trained:
             raise UsageError(
                 "ctx.backward(num_items=...) rescales the gradients of the model given to "
@@ -184,10 +201,13 @@ class StepControl:
             totals = dist.all_reduce(totals, op="sum")
         items, loss_sum, micro = totals.unbind()
         # DDP and FSDP averaged over the ranks: undo it (x world) and divide by every rank's items.
+        # (Also right on a tensor-parallel mesh: its tp ranks count the same items, which the
+        # gradients' average over world / tp ranks divides out.)
         factor = torch.where(items > 0, world * self._prescale / items, torch.zeros_like(items))
         for grad in self._gradients():
             grad.mul_(factor.to(grad.device))
         self.last_loss = loss_sum / items
+        self._step_ended = self._hooked or self.active_loader is not None
         if self.precision.scaler is not None:
             self._prescale = max(1.0, float(items / micro))
 
@@ -238,6 +258,7 @@ class StepControl:
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
         if not self.sync_step:
             return False
+        self._step_ended = False
         self.precision.step(*optimizers)
         if zero_grad:
             for optimizer in optimizers:

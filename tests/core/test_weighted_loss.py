@@ -131,3 +131,18 @@ def test_num_items_without_a_set_up_model_is_refused() -> None:
         x, y = w.padded_data()[:4]
         with pytest.raises(multigpu.UsageError, match="no model was set up; call model, optim"):
             ctx.backward(w.loss_sum(net(x), y), num_items=w.items(y))
+
+
+def test_a_second_weighted_backward_after_the_step_ended_is_refused_until_the_next_step() -> None:
+    # Two backward calls on the micro-batch that ends a step: the first already rescaled the
+    # gradients to its own count, so the second would be weighed apart (g1/16 + g2/4 was seen).
+    with multigpu.init(environ=PLAIN) as ctx:
+        net = w.model()
+        model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        x, y = w.padded_data()[:8]
+        for _ in range(2):  # no ctx.loader: the optimizer's own step starts the next step
+            ctx.backward(w.loss_sum(model(x[:4]), y[:4]), num_items=w.items(y[:4]))
+            with pytest.raises(multigpu.UsageError, match="once per micro-batch"):
+                ctx.backward(w.loss_sum(model(x[4:]), y[4:]), num_items=w.items(y[4:]))
+            opt.step()
+            opt.zero_grad()

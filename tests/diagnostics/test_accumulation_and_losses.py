@@ -101,6 +101,12 @@ def test_runs_are_named_by_world_size_and_accumulation_in_the_table_and_json() -
 def test_a_script_that_ignores_accumulation_is_named_and_the_asked_difference_is_not() -> None:
     asked = [_record(1, k, loaders=[{"accumulation_steps": k}]) for k in (1, 4)]
     assert not any("accumulation" in r for r in find_reasons(asked, []))
+    # An evaluation loader beside the training one keeps 1 step: the script still follows.
+    with_eval = [
+        _record(1, k, loaders=[{"accumulation_steps": k}, {"accumulation_steps": 1}])
+        for k in (1, 4)
+    ]
+    assert not any("accumulation" in r for r in find_reasons(with_eval, []))
     ignored = [_record(1, k, loaders=[{"accumulation_steps": 1}]) for k in (1, 4)]
     (reason,) = find_reasons(ignored, [])
     assert reason.startswith(
@@ -120,6 +126,10 @@ def test_a_mean_over_padded_targets_is_named_with_the_fix() -> None:
     assert "num_items=(labels != -100).sum()" in reason
     assert not find_reasons([_record(1, None, weighted_backward=3), _record(2, None)], [])
     assert "a loss averaged per micro-batch over a varying number of items" in unexplained([])
+    weighted = [_record(1, None, weighted_backward=3), _record(2, None, weighted_backward=3)]
+    line = unexplained([], weighted)  # every run gave num_items: not that cause
+    assert "a loss averaged per micro-batch" not in line
+    assert "losses averaged per micro-batch (num_items given)" in line
 
 
 @pytest.mark.parametrize(

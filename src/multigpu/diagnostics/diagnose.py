@@ -43,6 +43,11 @@ def _loader_field(name: str) -> Callable[[RunRecord], Any]:
     return get
 
 
+def _all_loaders(run: RunRecord) -> list[Any]:
+    """Every loader's accumulation steps in ``run``."""
+    return [loader.get("accumulation_steps") for loader in run.loaders]
+
+
 def find_reasons(runs: Sequence[RunRecord], comparisons: Sequence[RunComparison]) -> list[str]:
     """What in the records explains results that differ between world sizes (``runs``: the
     reference first; ``comparisons``: every other run against it).
@@ -130,8 +135,9 @@ def _loader_reasons(runs: Sequence[RunRecord]) -> list[str]:
             "per-rank subset?); give ctx.loader the whole dataset, it shards it"
         )
     accumulation = _loader_field("accumulation_steps")
-    if any(run.accumulation is not None for run in runs):  # verify varies it: it must follow
-        ignored = [run for run in runs if accumulation(run) != run.accumulation]
+    varied = any(run.accumulation is not None for run in runs)  # verify varies it
+    if varied:  # the script must follow it, in one of its loaders (an eval loader keeps 1)
+        ignored = [run for run in runs if run.accumulation not in _all_loaders(run)]
         if ignored:
             reasons.append(
                 "the script does not follow --accumulation: its loaders' accumulation steps are "
@@ -140,7 +146,7 @@ def _loader_reasons(runs: Sequence[RunRecord]) -> list[str]:
             )
     for name, what in (("accumulation_steps", "accumulation steps"), ("seed", "seed")):
         field = _loader_field(name)
-        if name == "accumulation_steps" and any(run.accumulation is not None for run in runs):
+        if name == "accumulation_steps" and varied:
             continue
         if _differs(runs, field):
             reasons.append(
@@ -198,15 +204,22 @@ def unexplained(comparisons: Sequence[RunComparison], runs: Sequence[RunRecord] 
     if synced:
         ruled_out.append(f"BatchNorm (synchronized: {_names(synced)})")
     worst = max((c.max_rel for c in comparisons), default=0.0)
+    weighted = bool(runs) and all(run.weighted_backward > 0 for run in runs)
+    if weighted:  # every run's losses came with num_items: that cause is ruled out too
+        ruled_out.append("losses averaged per micro-batch (num_items given)")
     return (
         f"cause unknown: the records rule out {', '.join(ruled_out)}; typical causes: "
         "float rounding, since sums over ranks (gradient all-reduce, synchronized statistics) "
         "add in a different order at each world size and a learning rate or momentum "
         f"compounds it (largest relative difference {worst:.2e}: if that small, raise --rtol), "
         "or code that depends on ctx.rank or ctx.world_size (per-rank seeds or data, a "
-        "learning rate scaled by the world size), or a loss averaged per micro-batch over a "
-        "varying number of items (a padding mask: sum it and pass ctx.backward(loss_sum, "
-        "num_items=n))"
+        "learning rate scaled by the world size)"
+        + (
+            ""
+            if weighted
+            else ", or a loss averaged per micro-batch over a varying number of items (a "
+            "padding mask: sum it and pass ctx.backward(loss_sum, num_items=n))"
+        )
     )
 
 
