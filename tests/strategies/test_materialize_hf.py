@@ -55,3 +55,19 @@ def test_a_tensor_the_scheme_leaves_untouched_is_refused_by_name() -> None:
         model = _toy(with_odd=True)
     with pytest.raises(UsageError, match=r"left odd\.w \(Odd\) uninitialised"):
         materialize(model, torch.device("cpu"))
+
+
+def test_a_parent_that_draws_its_children_again_is_followed_as_post_init_follows_it() -> None:
+    # GPT-2's _init_weights of an attention or MLP module draws its c_proj again, scaled by the
+    # depth: 0.02 / sqrt(2 * 8) = 0.005 for 8 layers, where the Conv1D's own draw is 0.02.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=8, n_embd=64, n_head=2, vocab_size=64, n_positions=16)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    materialize(model, torch.device("cpu"))
+    block = model.transformer.h[0]
+    assert float(block.attn.c_proj.weight.std()) == pytest.approx(0.005, rel=0.1)
+    assert float(block.mlp.c_proj.weight.std()) == pytest.approx(0.005, rel=0.1)
+    assert float(block.attn.c_attn.weight.std()) == pytest.approx(0.02, rel=0.1)
+    assert model.lm_head.weight is model.transformer.wte.weight

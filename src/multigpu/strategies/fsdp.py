@@ -193,7 +193,7 @@ class FSDPStrategy(Strategy):
             options["mp_policy"] = replace(options["mp_policy"], output_dtype=torch.float32)
         fully_shard(module, **options)
         if meta:
-            materialize(module, self.device)
+            materialize(module, self.device, checked=True)
         self._units = plan.names
         self._unit_rule = str(plan.choice)
         log.debug("fsdp units: %s", ", ".join(self._units))

@@ -17,18 +17,20 @@ uninitialised memory, so it is refused before anything is allocated.
 
 A Hugging Face model (a ``PreTrainedModel`` anywhere in the tree) is initialised as its own
 ``post_init`` does: each module's ``reset_parameters()`` where it has one, then the model's
-``_init_weights(module)``, module by module on the same whole copies. Its values are then those
+``_init_weights`` of it and (transformers 5) of each module above it, module by module on the
+same whole copies. Its values are then those
 of the model's initialisation scheme, not the very numbers of an eager build (which draws every
 constructor's default first): a run that starts from pretrained weights loads them after
 ``ctx.setup``. A tensor the scheme leaves untouched is refused by name, never trained as
-uninitialised memory; tensors already made real are marked as initialised while a parent's
-``_init_weights`` runs (transformers' own flag), so a parent never draws over a child's shard.
+uninitialised memory; every tensor already made real is marked as initialised meanwhile
+(transformers' own flag), so a parent never draws over another module's shard.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -84,18 +86,33 @@ def _is_hf_model(module: nn.Module) -> bool:
 
 
 def hf_initializers(module: nn.Module) -> dict[int, HfInit]:
-    """``id(submodule)`` → the ``_init_weights`` of the nearest Hugging Face model above it."""
+    """``id(submodule)`` → how its Hugging Face model initialises it, as ``post_init`` would:
+    the model's ``_init_weights(submodule)``, then (transformers 5, whose init functions skip a
+    marked tensor) ``_init_weights`` of each module above it in that model, nearest first — a
+    parent may draw its children again (GPT-2's attention scales its ``c_proj`` by the depth).
+    While that runs, every tensor already made real is marked, so only this module's are drawn.
+    """
     found: dict[int, HfInit] = {}
+    parents_too = sys.modules.get("transformers.initialization") is not None
 
-    def walk(mod: nn.Module, init: HfInit | None) -> None:
+    def scheme(init: HfInit, above: tuple[nn.Module, ...]) -> HfInit:
+        def run(mod: nn.Module) -> None:
+            init(mod)
+            for parent in above if parents_too else ():
+                init(parent)
+
+        return run
+
+    def walk(mod: nn.Module, init: HfInit | None, above: tuple[nn.Module, ...]) -> None:
         if _is_hf_model(mod):
             init = mod._init_weights  # type: ignore[assignment]
-        if init is not None:
-            found.setdefault(id(mod), init)
+            above = ()
+        if init is not None and id(mod) not in found:
+            found[id(mod)] = scheme(init, above)
         for child in mod.children():
-            walk(child, init)
+            walk(child, init, (mod, *above))
 
-    walk(module, None)
+    walk(module, None, ())
     return found
 
 
@@ -137,25 +154,31 @@ def check_initializable(module: nn.Module, hf: dict[int, HfInit] | None = None) 
         )
 
 
-def materialize(module: nn.Module, device: torch.device) -> None:
+def materialize(module: nn.Module, device: torch.device, *, checked: bool = False) -> None:
     """Allocate ``module``'s meta tensors on ``device`` (shards for DTensors) and initialise them.
 
     Call it after the module is wrapped or sharded: only what this rank holds is allocated.
     Initial values come from the CPU generator, drawn as ``reset_parameters()`` would draw them
-    in a plain one-process build (see the module doc).
+    in a plain one-process build (see the module doc). ``checked``: the caller ran
+    ``check_initializable`` already (before its collectives).
     """
     hf = hf_initializers(module)
-    check_initializable(module, hf)
+    if not checked:
+        check_initializable(module, hf)
     ties = _tied_parameters(module)
     module.to_empty(device=device)
     _retie(ties)
-    marked: list[Any] = []
+    # Under a Hugging Face model, a parent's _init_weights draws only the whole copies of the
+    # module being initialised: every live tensor is marked as transformers marks a done one.
+    marked = [*module.parameters(), *module.buffers()] if hf else []
+    for tensor in marked:
+        setattr(tensor, _HF_DONE, True)
     done: set[int] = set()  # a tied tensor keeps the values of the first module that set it
     try:
         with torch.no_grad():
             for path, mod in _post_order(module):
                 if own := _own_tensors(mod):
-                    marked += _initialise_whole(mod, own, path, hf.get(id(mod)), done)
+                    _initialise_whole(mod, own, path, hf.get(id(mod)), done)
     finally:
         for tensor in marked:
             with contextlib.suppress(AttributeError):
@@ -185,12 +208,11 @@ def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
 
 def _initialise_whole(
     module: nn.Module, own: list[tuple[str, str]], path: str, hf: HfInit | None, done: set[int]
-) -> list[Any]:
+) -> None:
     """Run ``module``'s initialiser on whole CPU copies of its tensors; copy this rank's part in.
 
     A tensor in ``done`` (tied, set by an earlier module) is drawn again but not copied: an
-    eager build ties after both modules drew, keeping the first one's values. Returns the live
-    tensors marked as initialised for a Hugging Face parent's ``_init_weights``.
+    eager build ties after both modules drew, keeping the first one's values.
     """
     tables = own_tensor_tables(module)
     live: dict[str, Any] = {}
@@ -223,11 +245,6 @@ def _initialise_whole(
     finally:
         for kind, name in own:
             tables[kind][name] = live[name]
-    if hf is None:
-        return []
-    for tensor in live.values():
-        setattr(tensor, _HF_DONE, True)
-    return list(live.values())
 
 
 def _refuse_untouched(module: nn.Module, own: list[tuple[str, str]], path: str) -> None:
