@@ -117,3 +117,15 @@ def test_a_failed_export_leaves_nothing_and_an_existing_one_needs_force(
     assert info["kind"] == "safetensors weights (1 file)"
     assert sorted(r["name"] for r in info["tensors"]) == sorted(llama.state_dict())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out", "taken", "tied"]
+
+
+def test_load_weights_reads_a_tied_model_from_the_hub_format_it_holds_once(
+    tmp_path: Path,
+) -> None:
+    source = w.hf_model("gpt2")
+    source.save_pretrained(tmp_path / "hub")  # lm_head.weight left out: it is wte's
+    target = w.hf_model("gpt2")
+    torch.nn.init.zeros_(target.transformer.wte.weight)
+    multigpu.load_weights(target, tmp_path / "hub")
+    assert torch.equal(target.lm_head.weight, source.lm_head.weight)
+    assert target.lm_head.weight is target.transformer.wte.weight  # still one tensor

@@ -41,6 +41,7 @@ from multigpu.checkpoint.model_source import ModelSource, open_model
 from multigpu.checkpoint.sharded import first_line
 from multigpu.checkpoint.writer import fsync_dir, write_small
 from multigpu.errors import CheckpointError, UsageError
+from multigpu.wrappers import tied_names
 
 log = logging.getLogger(__name__)
 
@@ -144,20 +145,6 @@ def config_model(config: Mapping[str, Any] | None) -> tuple[Any, str]:
     return model, ""
 
 
-def tied_names(model: Any) -> dict[str, str]:
-    """``{name left out: the name it is tied to}`` for ``model`` (None: nothing is tied)."""
-    if model is None:
-        return {}
-    first: dict[int, str] = {}
-    tied: dict[str, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            tied[name] = first[id(param)]
-        else:
-            first[id(param)] = name
-    return tied
-
-
 def _digest(tensor: torch.Tensor) -> str:
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return f"{tensor.dtype}{tuple(tensor.shape)}" + hashlib.sha256(flat.numpy().data).hexdigest()
@@ -217,7 +204,7 @@ def export_hub(
     if not model.shapes:
         raise UsageError(f"{src} holds no tensors for its model; nothing to export")
     built, note = config_model(settings)
-    tied = tied_names(built)
+    tied = tied_names(built) if built is not None else {}
     dropped = {n: k for n, k in tied.items() if n in model.shapes and k in model.shapes}
     names = [n for n in model.shapes if n not in dropped]
     named = hub_names(built, names) if built is not None else HubNames(names, {})

@@ -42,7 +42,7 @@ from multigpu.checkpoint.hub_names import FileNames, model_names
 from multigpu.checkpoint.sharded import load_with_reader
 from multigpu.checkpoint.snapshot import StateAdapter
 from multigpu.errors import CheckpointMismatchError, UsageError
-from multigpu.wrappers import unwrap_module
+from multigpu.wrappers import tied_names
 
 log = logging.getLogger(__name__)
 
@@ -207,15 +207,11 @@ class HubPlanner(DefaultLoadPlanner):
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
-    """{name: the first name of the same parameter} for parameters known by several names."""
-    first: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, param in unwrap_module(model).named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            aliases[name] = first[id(param)]
-            aliases.setdefault(first[id(param)], name)
-        else:
-            first[id(param)] = name
+    """{name: another name of the same parameter} for tensors known by several names, both ways
+    (a file may hold either)."""
+    aliases = tied_names(model)
+    for alias, first in list(aliases.items()):
+        aliases.setdefault(first, alias)
     return aliases
 
 

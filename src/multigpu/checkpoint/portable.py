@@ -31,9 +31,8 @@ from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.sharded import read_metadata, read_whole
-from multigpu.checkpoint.snapshot import with_tied
 from multigpu.errors import CheckpointError, UsageError
-from multigpu.wrappers import unwrap_module
+from multigpu.wrappers import tied_names, unwrap_module, with_tied
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +368,7 @@ def load_weights(
         found, names = renamed_state(target, found, set(current), report.path)
         report = replace(report, renamed=len(names.renamed), renamed_by=names.via)
     state, stripped = match_keys(found, set(current))  # renames keys, never drops one
+    state = with_tied(state, tied_names(target))  # a tied name the file holds once (the hub)
     _check_fit(state, current, strict, report.path, type(target).__name__)
     casts = Counter(
         f"{str(v.dtype).removeprefix('torch.')} -> {str(current[k].dtype).removeprefix('torch.')}"

@@ -95,23 +95,6 @@ def _tied_names(adapter: StateSource, module: nn.Module) -> dict[str, str]:
     return dict(tied(module)) if callable(tied) else {}
 
 
-def with_tied(state: Mapping[str, Any], tied: Mapping[str, str]) -> dict[str, Any]:
-    """``state`` with each tied name holding its first name's tensor (one tensor, several
-    names, as the model's own ``state_dict()``), for ``load_state_dict(strict=True)``.
-
-    Example:
-        >>> w = torch.ones(2)
-        >>> whole = with_tied({"emb.weight": w}, {"head.weight": "emb.weight"})
-        >>> list(whole), whole["head.weight"] is w
-        (['emb.weight', 'head.weight'], True)
-    """
-    whole = dict(state)
-    for alias, first in tied.items():
-        if alias not in whole and first in whole:
-            whole[alias] = whole[first]
-    return whole
-
-
 def _shape(value: Any) -> tuple[int, ...] | None:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 

@@ -17,7 +17,6 @@ order), as torch's optimizer state already keys it; loading puts it back under e
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import chain
 from typing import Any
 
 import torch
@@ -31,31 +30,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from multigpu.torch_compat import quiet_sequential_redistribution
-from multigpu.wrappers import unwrap_module
+from multigpu.wrappers import tied_names, unwrap_module, with_tied
 
 _PARAMS = "params"
-
-
-def tied_names(model: nn.Module) -> dict[str, str]:
-    """``{later name: first name}`` of the tensors ``model`` holds under several names.
-
-    Example:
-        >>> net = nn.Sequential(nn.Embedding(4, 2), nn.Linear(2, 4, bias=False))
-        >>> net[1].weight = net[0].weight
-        >>> tied_names(net)
-        {'1.weight': '0.weight'}
-    """
-    plain = unwrap_module(model)
-    named = chain(
-        plain.named_parameters(remove_duplicate=False), plain.named_buffers(remove_duplicate=False)
-    )
-    first: dict[int, str] = {}
-    tied: dict[str, str] = {}
-    for name, tensor in named:
-        head = first.setdefault(id(tensor), name)
-        if head != name:
-            tied[name] = head
-    return tied
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:
@@ -103,11 +80,7 @@ def _groups_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[
 def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
     """Load ``state`` (plain tensors or shards, as ``model_state`` gives) into ``model``; a tied
     tensor saved under its first name only is loaded under every name."""
-    full = dict(state)
-    for alias, head in tied_names(model).items():
-        if alias not in full and head in full:
-            full[alias] = full[head]
-    set_model_state_dict(unwrap_module(model), full)
+    set_model_state_dict(unwrap_module(model), with_tied(state, tied_names(model)))
 
 
 def load_optimizer_state(
