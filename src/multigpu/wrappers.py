@@ -56,7 +56,7 @@ def with_tied(state: Mapping[str, Any], tied: Mapping[str, str]) -> dict[str, An
     names, as the model's own ``state_dict()``), for ``load_state_dict(strict=True)``.
 
     Example:
-        >>> w = torch.ones(2)
+        >>> w = [1.0, 2.0]  # a tensor, in practice
         >>> whole = with_tied({"emb.weight": w}, {"head.weight": "emb.weight"})
         >>> list(whole), whole["head.weight"] is w
         (['emb.weight', 'head.weight'], True)

@@ -77,7 +77,7 @@ def load_dcp(path: Path, state: MutableMapping[str, Any], adapter: StateAdapter)
             expected.update(expected_keys({name: held[name]}))
     if targets:
         check_fits(metadata, expected, path)
-        load_sharded(targets, path)
+        load_sharded(targets, path, metadata=metadata)
     for name, obj in state.items():
         if name in held:
             if kind_of(obj) == "module":
@@ -86,7 +86,8 @@ def load_dcp(path: Path, state: MutableMapping[str, Any], adapter: StateAdapter)
                 adapter.load_optimizer_state(pairs[name], obj, held[name])
     others = [n for n in state if n not in held]
     small = [n for n, o in objects.items() if o.kind == "values" and n not in state]
-    read = read_whole(path, set(others) | set(small)) if others or small else {}
+    wanted = set(others) | set(small)
+    read = read_whole(path, wanted, metadata=metadata) if wanted else {}
     for name in others:
         if kind_of(state[name]) == "value":
             state[name] = read[name]

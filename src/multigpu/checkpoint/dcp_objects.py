@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from multigpu.checkpoint.sharded import load_sharded, read_metadata
+from multigpu.checkpoint.sharded import load_sharded
 from multigpu.errors import UsageError
 
 MODEL_NAMES = ("model", "state_dict", "model_state_dict", "module", "net")
@@ -207,8 +207,3 @@ def stream_tensors(
         target = {fqn: torch.empty(tuple(info.size), dtype=info.properties.dtype)}
         load_sharded(target, Path(directory), trust=trust, alone=True, metadata=metadata)
         yield name, target[fqn]
-
-
-def open_index(directory: str | os.PathLike[str], *, trust: bool = False) -> Metadata:
-    """The index of a DCP checkpoint directory (allow-listed unpickling unless ``trust``)."""
-    return read_metadata(directory, trust=trust)

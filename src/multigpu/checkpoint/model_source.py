@@ -43,8 +43,6 @@ class ModelSource:
     """{name: (shape, dtype)} of every tensor, in the checkpoint's order."""
     skipped: tuple[str, ...]
     """Entries that are not tensors (a module's extra state): nothing to export."""
-    streamed: bool
-    """Whether tensors are read from disk one at a time (else they are all in memory)."""
     read: Reader
     """``read(names)``: ``(name, tensor)`` for each name, in that order, on the CPU."""
 
@@ -66,7 +64,6 @@ def open_model(path: str | os.PathLike[str], *, key: str | None, trust: bool) ->
             source=weights.describe(),
             shapes={k: (s, weights.dtypes[k]) for k, s in weights.shapes.items()},
             skipped=(),
-            streamed=True,
             read=lambda names: stream_hub(weights, names),
         )
     if file.is_dir():  # a plain DCP checkpoint
@@ -101,7 +98,6 @@ def _from_dcp(
             for k, info in chosen.tensors.items()
         },
         skipped=tuple(k for k in chosen.keys if k not in chosen.tensors),
-        streamed=True,
         read=lambda names: stream_tensors(
             directory, {n: keys[n] for n in names}, metadata=metadata, trust=trust
         ),
@@ -120,6 +116,5 @@ def _from_memory(state: Mapping[str, Any], source: str) -> ModelSource:
         source=source,
         shapes={k: (tuple(v.shape), v.dtype) for k, v in tensors.items()},
         skipped=tuple(k for k in state if k not in tensors),
-        streamed=False,
         read=read,
     )

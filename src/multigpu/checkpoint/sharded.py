@@ -261,15 +261,20 @@ def first_line(error: BaseException) -> str:
 
 
 def read_whole(
-    directory: str | os.PathLike[str], names: set[str] | None = None, *, trust: bool = False
+    directory: str | os.PathLike[str],
+    names: set[str] | None = None,
+    *,
+    trust: bool = False,
+    metadata: Metadata | None = None,
 ) -> dict[str, Any]:
     """The saved objects of a DCP checkpoint, whole, on the CPU, in one process (no model needed).
 
     ``names``: the top-level objects to read (default all). Each comes back as it was saved: a
     module's state dict, an optimizer's ``{"state", "param_groups"}``. ``trust``: read an index
-    naming classes beyond the allow-list (non-tensor values must still load ``weights_only``).
+    naming classes beyond the allow-list (non-tensor values must still load ``weights_only``);
+    ``metadata``: the directory's index, when already read.
     """
-    metadata = read_metadata(directory, trust=trust)
+    metadata = read_metadata(directory, trust=trust) if metadata is None else metadata
     paths: Mapping[str, Any] = metadata.planner_data or {}
     target: dict[str, Any] = {}
     for key, info in metadata.state_dict_metadata.items():

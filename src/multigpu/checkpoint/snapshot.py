@@ -190,5 +190,8 @@ def _agreed() -> Iterator[None]:
     except CheckpointError as e:
         error = e
     said = [e for e in dist.gather_objects_small(error) if e is not None]
-    if said:  # the same line on every rank
-        raise said[0] if said[0] is not error else error
+    if said:  # the same line on every rank; the rank that said it keeps its own traceback
+        first = said[0]
+        if error is not None and (type(error), str(error)) == (type(first), str(first)):
+            raise error
+        raise first from error

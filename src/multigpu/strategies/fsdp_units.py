@@ -49,8 +49,6 @@ __all__ = [
     "choose_blocks",
     "count_params",
     "plan_units",
-    "shard_units",
-    "unit_sizes",
 ]
 
 
@@ -229,38 +227,6 @@ def _sizes(units: list[Unit]) -> list[tuple[str, int]]:
         taken.update(own)
         sizes.append((unit.name, sum(p.numel() for p in own.values())))
     return sizes
-
-
-def shard_units(
-    model: nn.Module,
-    blocks: Sequence[type[nn.Module]] | None = None,
-    min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
-) -> list[Unit]:
-    """The units FSDP shards, in the order ``fully_shard`` takes them, the root last (``""``).
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-        >>> [unit.name for unit in shard_units(net)]
-        ['0', '']
-        >>> [unit.name for unit in shard_units(net, blocks=[nn.Linear])]
-        ['0', '2', '']
-    """
-    return plan_units(model, blocks, min_block_params).units
-
-
-def unit_sizes(
-    model: nn.Module,
-    blocks: Sequence[type[nn.Module]] | None = None,
-    min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
-) -> list[tuple[str, int]]:
-    """(name, parameters) of each unit: what one all-gather brings whole (the root: the rest).
-
-    Example:
-        >>> net = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-        >>> unit_sizes(net)
-        [('0', 262656), ('', 5130)]
-    """
-    return plan_units(model, blocks, min_block_params).sizes
 
 
 def _dominant(
