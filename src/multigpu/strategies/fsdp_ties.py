@@ -62,9 +62,8 @@ def _holders(model: nn.Module) -> list[tuple[int, list[nn.Module]]]:
     """(parameter id, the modules holding it directly) for every parameter, in module order."""
     held: dict[int, list[nn.Module]] = {}
     for module in model.modules():  # each module once: a shared module holds its own once
-        for param in module._parameters.values():
-            if param is not None:
-                held.setdefault(id(param), []).append(module)
+        for param in module.parameters(recurse=False):
+            held.setdefault(id(param), []).append(module)
     return list(held.items())
 
 
@@ -108,11 +107,12 @@ def resolve_ties(
     """
     groups = fully_shard_takes_module_lists() if groups is None else groups
     kept = list(blocks)
+    held = _holders(model)  # the model does not change while units are dropped
     while True:  # dropping a unit can put another tie's holder outside every unit
         cover = _cover(model, {id(m): i for i, (_, m) in enumerate(kept)})
         drop: set[int] = set()
         ties = _Find()
-        for param_id, holders in _holders(model):
+        for param_id, holders in held:
             units = set().union(*(cover[id(h)] for h in holders))
             if len(units) < 2:
                 continue  # inside one unit, or all with the root
