@@ -73,7 +73,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
         return
-    out = _recorded()  # a partial run updates the tests it ran
+    # A partial run updates the files it ran; in those, tests it did not see (moved, renamed,
+    # removed) are dropped, else their seconds would stay on the old file for good.
+    ran = {nodeid.split("::", 1)[0] for nodeid in _seen}
+    out = {k: v for k, v in _recorded().items() if k.split("::", 1)[0] not in ran}
     modules: dict[str, float] = defaultdict(float)
     for nodeid, seconds in _seen.items():
         out[nodeid] = round(seconds, 3)
