@@ -191,13 +191,14 @@ def test_fully_shard_takes_a_list_of_modules_sharing_a_weight_from_torch_2_5(gro
     ``fully_shard`` takes one module (the gate then keeps tied weights with the root)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    assert torch_compat.fully_shard_takes_module_lists() == (torch_compat.TORCH_VERSION >= (2, 5))
-    if not torch_compat.fully_shard_takes_module_lists():
-        return
     mesh = init_device_mesh("cpu", (1,))
     emb, head = nn.Embedding(6, 4), nn.Linear(4, 6, bias=False)
     head.weight = emb.weight
     net = nn.Sequential(emb, head)
+    if not torch_compat.fully_shard_takes_module_lists():  # the gate is still needed there
+        with pytest.raises(Exception):  # noqa: B017 (whatever 2.4 raises for a list)
+            torch_compat.fully_shard([emb, head], mesh=mesh)
+        return
     torch_compat.fully_shard([emb, head], mesh=mesh)
     torch_compat.fully_shard(net, mesh=mesh)
     assert isinstance(emb, torch_compat.fsdp_module_class()) and emb.weight is head.weight
