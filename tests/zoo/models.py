@@ -31,8 +31,8 @@ class Arch:
     data: Callable[[torch.Generator], TensorDataset]
     inputs: Callable[..., dict[str, torch.Tensor]]
     """The model's keyword arguments (labels included) from one batch of ``data``."""
-    decoder: bool = False
-    """A causal LM: its logits come from ``input_ids`` alone (pipeline, generation)."""
+    units: tuple[str, ...] = ()
+    """The default FSDP units (docs/bring-your-model.md's table), the root last."""
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return model(**self.inputs(*batch)).loss  # type: ignore[no-any-return]
@@ -125,11 +125,17 @@ def _classify(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
 ZOO = {
     arch.name: arch
     for arch in (
-        Arch("gpt2", gpt2, _tokens, _causal, decoder=True),
-        Arch("llama", llama, _tokens, _causal, decoder=True),
-        Arch("bert", bert, _tokens, _masked),
-        Arch("t5", t5, _tokens, _seq2seq),
-        Arch("vit", vit, _images, _classify),
+        Arch("gpt2", gpt2, _tokens, _causal, ("transformer.h.0", "transformer.h.1")),
+        Arch("llama", llama, _tokens, _causal, ("model.layers.0", "model.layers.1")),
+        Arch("bert", bert, _tokens, _masked, ("bert.encoder.layer.0", "bert.encoder.layer.1")),
+        Arch(
+            "t5",
+            t5,
+            _tokens,
+            _seq2seq,
+            ("encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"),
+        ),
+        Arch("vit", vit, _images, _classify, ("vit.embeddings", "vit.layers.0", "vit.layers.1")),
     )
 }
 
@@ -148,7 +154,7 @@ def tied_names(model: nn.Module) -> list[list[str]]:
 
 
 def describe(arch: Arch) -> dict[str, Any]:
-    """Parameters and tied groups of ``arch``'s model (for the docs)."""
+    """Parameters and tied groups of ``arch``'s model (docs/bring-your-model.md's table)."""
     model = arch.build()
     return {
         "params": sum(p.numel() for p in model.parameters()),

@@ -12,7 +12,7 @@ from multigpu.testing import run_distributed
 from tests.zoo import pipeline_workers
 
 pytestmark = pytest.mark.requires("module:transformers")
-CASES = ["gpt2", "llama", "llama, as built"]
+CASES = ["gpt2", "gpt2, as built", "llama", "llama, as built"]
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,7 @@ def test_two_processes_train_like_one(
 @pytest.mark.parametrize("name", list(ZOO))
 def test_default_fsdp_shards_each_block_as_a_unit(name: str, two: dict[str, Any]) -> None:
     units = two[f"fsdp-{name}"]["describe"]["units"]
-    assert units[-1] == "<root>"
-    assert len(units) >= 3, units  # two blocks (T5: two per stack) and the root
+    assert units == [*ZOO[name].units, "<root>"]  # the blocks (T5: two per stack), the root
 
 
 @pytest.mark.parametrize("name", list(ZOO))
