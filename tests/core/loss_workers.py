@@ -114,7 +114,9 @@ def train(
                 ctx.clip_grad_norm(wrapped, opt, clip)
             opt.step()
         elif loop == "forward_backward":
-            ctx.forward_backward(wrapped, x, target=y, loss_fn=loss_sum, num_items=items(y))
+            returned = ctx.forward_backward(
+                wrapped, x, target=y, loss_fn=loss_sum, num_items=items(y)
+            )
             if clip is not None:
                 ctx.clip_grad_norm(wrapped, opt, clip)
             ctx.step(opt)
@@ -128,7 +130,9 @@ def train(
                 if clip is not None:
                     ctx.clip_grad_norm(wrapped, opt, clip)
                 ctx.step(opt)
-        if ctx.sync_step and ctx.step_loss is not None:
+        if loop == "forward_backward":  # what it returns: the batch's loss per item
+            losses.append(float(returned))
+        elif ctx.sync_step and ctx.step_loss is not None:
             losses.append(ctx.step_loss)
     return {"state": ctx.full_state_dict(wrapped), "losses": losses}
 

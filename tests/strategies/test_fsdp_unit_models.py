@@ -15,6 +15,7 @@ import pytest
 from torch import nn
 
 from multigpu.strategies.fsdp_units import plan_units
+from tests.zoo.models import tied_names
 
 pytestmark = pytest.mark.requires("module:transformers")
 
@@ -89,12 +90,10 @@ def _vit() -> nn.Module:
     return ViTForImageClassification(config)
 
 
-def _tied(model: nn.Module) -> list[list[str]]:
-    """The names of each parameter that several modules hold."""
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return [found for found in names.values() if len(found) > 1]
+def _unit_of(holder: str, units: list[str]) -> str:
+    """The unit whose module holds ``holder`` (a module path): the longest prefix, else root."""
+    inside = [u for u in units if holder == u or holder.startswith(f"{u}.")]
+    return max(inside, key=len, default="<root>")
 
 
 CASES: list[tuple[str, Callable[[], nn.Module], str, list[str], int]] = [
@@ -122,10 +121,10 @@ def test_the_declared_blocks_are_the_units_and_tied_weights_stay_in_one(
     plan = plan_units(model)
     assert plan.names == [*blocks, "<root>"]
     assert str(plan.choice) == f"declared: {declared}"
-    assert len(_tied(model)) == ties  # the configs tie what they are meant to
-    for names in _tied(model):  # every holder of a tied weight in the same unit: the root
-        holders = [name.rpartition(".")[0] for name in names]
-        assert not [h for h in holders for b in blocks if h.startswith(f"{b}.")], names
+    assert len(tied_names(model)) == ties  # the configs tie what they are meant to
+    for names in tied_names(model):  # every holder of a tied weight in one unit of the plan
+        holders = {_unit_of(name.rpartition(".")[0], plan.names[:-1]) for name in names}
+        assert len(holders) == 1, (names, holders)
 
 
 def test_t5_shares_one_embedding_between_encoder_decoder_and_head() -> None:
