@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from multigpu.atomic_file import atomic_write
-from multigpu.checkpoint.hub import SUFFIX, safetensors_module
+from multigpu.checkpoint.hub import SUFFIX, safetensors_module, unshared
 from multigpu.checkpoint.layout import MANIFEST_FILE, TMP_PREFIX
 from multigpu.checkpoint.portable import read_weights
 from multigpu.checkpoint.saving import SaveJob, save
@@ -65,7 +65,7 @@ def to_file(
     writer = safetensors_module() if str(dst).endswith(SUFFIX) else None  # before reading
     state, report = read_plain(src, key=key, trust=trust)
     if writer is not None:
-        tensors = _unshared(state)
+        tensors = unshared(state)
         data = writer.save(tensors)
         atomic_write(dst, lambda fh: fh.write(data))
         if len(tensors) < len(state):  # safetensors holds tensors only
@@ -74,22 +74,6 @@ def to_file(
     else:
         atomic_write(dst, lambda fh: torch.save(state, fh))
     return report
-
-
-def _unshared(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The tensors of ``state``, each with memory of its own: safetensors refuses tensors that
-    share storage (tied weights: an embedding and its output layer), torch.save keeps one."""
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        storage = value.untyped_storage().data_ptr()
-        if storage in seen and value.numel():
-            value = value.clone()
-        seen.add(storage)
-        out[name] = value
-    return out
 
 
 class _Held(nn.Module):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,3 +201,19 @@ def read_slice(handle: Any, name: str, index: tuple[slice, ...]) -> torch.Tensor
 def open_file(file: Path) -> Any:
     """An open safetensors file (a context manager): ``keys()``, ``get_slice(name)``."""
     return _safe_open(file)
+
+
+def unshared(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of ``state``, each with memory of its own: safetensors refuses tensors that
+    share storage (tied weights: an embedding and its output layer), torch.save keeps one."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        storage = value.untyped_storage().data_ptr()
+        if storage in seen and value.numel():
+            value = value.clone()
+        seen.add(storage)
+        out[name] = value
+    return out

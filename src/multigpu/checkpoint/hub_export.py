@@ -34,7 +34,13 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.hub import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, safetensors_module
+from multigpu.checkpoint.hub import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    SINGLE_FILE,
+    safetensors_module,
+    unshared,
+)
 from multigpu.checkpoint.hub_names import HubNames, hub_names
 from multigpu.checkpoint.layout import TMP_PREFIX
 from multigpu.checkpoint.model_source import ModelSource, open_model
@@ -269,19 +275,14 @@ def _write_shards(
     pending = dict(dropped)
     for index, names in enumerate(shards):
         tensors: dict[str, torch.Tensor] = {}
-        storages: set[int] = set()
         for name, tensor in model.read(names):
-            tensor = tensor.contiguous()
-            # safetensors refuses two names on one memory (tied weights of a file read whole,
-            # written under both names when no config says they are tied): each its own copy.
-            if tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
-                tensor = tensor.clone()
-            storages.add(tensor.untyped_storage().data_ptr())
-            tensors[written.get(name, name)] = tensor
+            tensors[written.get(name, name)] = tensor = tensor.contiguous()
             if name in sources:
                 digests[name] = _digest(tensor)
         file = tmp / shard_file(index, len(shards))
-        writer.save_file(tensors, str(file), metadata={"format": "pt"})
+        # unshared: tied weights of a file read whole, written under both names when no config
+        # says they are tied, share one memory, which safetensors refuses.
+        writer.save_file(unshared(tensors), str(file), metadata={"format": "pt"})
         with open(file, "rb") as fh:
             os.fsync(fh.fileno())
         del tensors
