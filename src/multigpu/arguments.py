@@ -140,15 +140,18 @@ def cpu_count_arg(text: str) -> int | Literal["auto"]:
     return value
 
 
-def process_counts(text: str, example: str = "1,2") -> list[int]:
-    """Parse ``--nproc N,M,...``: whole numbers >= 1, each once, in the order given."""
+def process_counts(
+    text: str, example: str = "1,2", *, what: str = "process counts", option: str = "--nproc"
+) -> list[int]:
+    """Parse ``--nproc N,M,...`` (or another ``option`` listing ``what``): whole numbers >= 1,
+    each once, in the order given."""
     sizes: list[int] = []
     for part in text.split(","):
         size = int(part) if part.strip().isdigit() else 0
         if size < 1:
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not a list of process counts; expected numbers >= 1 separated "
-                f"by commas, e.g. --nproc {example}"
+                f"{text!r} is not a list of {what}; expected numbers >= 1 separated "
+                f"by commas, e.g. {option} {example}"
             )
         if size not in sizes:
             sizes.append(size)

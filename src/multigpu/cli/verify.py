@@ -42,16 +42,7 @@ def _nproc(text: str) -> tuple[int, ...]:
 
 
 def _accumulation(text: str) -> tuple[int, ...]:
-    steps: list[int] = []
-    for part in text.split(","):
-        value = int(part) if part.strip().isdigit() else 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a list of accumulation steps; expected numbers >= 1 separated "
-                "by commas, e.g. --accumulation 1,4"
-            )
-        if value not in steps:
-            steps.append(value)
+    steps = process_counts(text, "1,4", what="accumulation steps", option="--accumulation")
     if len(steps) < 2:
         raise argparse.ArgumentTypeError(
             f"{text!r} names one number of accumulation steps; expected at least two different "
