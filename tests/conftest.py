@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytest_plugins = ["tests.fast_subset"]  # --fast and --record-durations
+# --fast and --record-durations; --summary
+pytest_plugins = ["tests.fast_subset", "tests.progress_summary"]
 
 
 def _condition(name: str) -> tuple[bool, str]:

@@ -46,9 +46,10 @@ def _recorded() -> dict[str, float]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--fast"):
-        return
     recorded = _recorded()
+    if not config.getoption("--fast"):
+        _longest_files_first(items, recorded)
+        return
     shared = {
         nodeid.split("::", 1)[0] for nodeid, seconds in recorded.items() if nodeid.endswith(
             "::<module setup>") and seconds >= SLOW_S
@@ -60,6 +61,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _longest_files_first(items: list[pytest.Item], recorded: dict[str, float]) -> None:
+    """Order the files by their recorded seconds, longest first (each file's tests in order).
+
+    ``--dist loadfile`` hands files to the test processes in this order: a long file left for
+    the end would keep one process busy while the other idles (longest-first keeps the two
+    within about the shortest file of each other). New files (not recorded) come first too.
+    """
+    seconds: dict[str, float] = defaultdict(float)
+    for nodeid, value in recorded.items():
+        if not nodeid.endswith("::<module setup>"):
+            seconds[nodeid.split("::", 1)[0]] += value
+    unknown = max(seconds.values(), default=0.0) + 1
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], unknown))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

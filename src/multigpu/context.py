@@ -10,13 +10,12 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
 from multigpu import dist, rank_memory, worker_error
-from multigpu.checkpoint.manager import Checkpointer
 from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools, report_failure
 from multigpu.data import DistributedLoader, make_loader
@@ -29,6 +28,9 @@ from multigpu.precision import Precision
 from multigpu.strategies import Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.training import StepControl
+
+if TYPE_CHECKING:  # made by ctx.checkpointer, which imports it (see context_checkpoints)
+    from multigpu.checkpoint.manager import Checkpointer
 
 T = TypeVar("T")
 

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from multigpu.checkpoint.dcp_load import load_dcp
 from multigpu.checkpoint.hub import SUFFIX, is_hub
-from multigpu.checkpoint.hub_load import load_hub
 from multigpu.checkpoint.layout import (
     MANIFEST_FILE,
+    METADATA_FILE,
     STATE_FILE,
     TMP_PREFIX,
     find_latest,
@@ -27,16 +26,19 @@ from multigpu.checkpoint.layout import (
     usable,
 )
 from multigpu.checkpoint.loading import is_dcp_directory
-from multigpu.checkpoint.manager import Checkpointer
 from multigpu.checkpoint.objects import epoch_of, kind_of
-from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
-from multigpu.checkpoint.saving import SaveJob, decided_by_rank0, save
-from multigpu.checkpoint.sharded import METADATA_FILE
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 from multigpu.precision import Precision
 from multigpu.strategies import Strategy
 
+if TYPE_CHECKING:
+    from multigpu.checkpoint.manager import Checkpointer
+
 log = logging.getLogger(__name__)
+
+# The modules that save and load (DCP, and through it DTensor, FSDP and torch's elastic agent:
+# about 1 s of CPU in every process) are imported by the methods that need them, so that a run
+# that never checkpoints starts without them.
 
 
 class Checkpointing:
@@ -75,6 +77,8 @@ class Checkpointing:
         within ``lock_timeout`` seconds; a dead run's hold ends with it. See
         ``multigpu.checkpoint.manager``.
         """
+        from multigpu.checkpoint.manager import Checkpointer
+
         ckpt = Checkpointer(
             directory,
             rank=self.rank,
@@ -104,6 +108,8 @@ class Checkpointing:
         are not saved (use a ``Checkpointer`` for exact resume). An existing ``path`` is
         replaced only when it is a multigpu checkpoint.
         """
+        from multigpu.checkpoint.saving import SaveJob, decided_by_rank0, save
+
         _check_names(state, "save")
         final = Path(path)
 
@@ -148,6 +154,11 @@ class Checkpointing:
         ``{"model": model}``: after ``ctx.setup``, each rank reads only the part of each tensor
         it holds (its rows under FSDP; see ``multigpu.checkpoint.hub_load``).
         """
+        from multigpu.checkpoint.dcp_load import load_dcp
+        from multigpu.checkpoint.hub_load import load_hub
+        from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
+        from multigpu.checkpoint.saving import decided_by_rank0
+
         _check_names(state, "load")
         kind, where = decided_by_rank0(self.rank, lambda: _resolve(path))
         if kind == "hub":

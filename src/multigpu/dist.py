@@ -20,7 +20,7 @@ from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError, UsageError
 from multigpu.store_listen import listening_store
 from multigpu.store_reach import StoreUnreachable, wait_until_listening
-from multigpu.torch_compat import store_servers_made_by
+from multigpu.torch_compat import import_before_process_groups, store_servers_made_by
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ def init_process_group(
     wait_for_store(env, timeout)
     # Rank 0's store (when the agent does not share its own) on MASTER_ADDR, not every interface.
     servers = functools.partial(listening_store, many_nodes=env.num_nodes > 1)
+    import_before_process_groups()
     try:
         with store_servers_made_by(servers, elastic=False):
             dist.init_process_group(
@@ -153,6 +154,7 @@ def init_single_process_group(device: torch.device, backend: str, timeout: timed
     """A process group of this process alone, for code that needs one at world size 1 (FSDP's
     mesh). Its store lives in memory: nothing listens on any port. Returns True (created)."""
     kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    import_before_process_groups()
     dist.init_process_group(
         backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs
     )

@@ -274,3 +274,11 @@ def test_the_default_store_is_the_groups_store() -> None:
 
 def _keys(store: object) -> list[str]:
     return [k.decode() if isinstance(k, bytes) else k for k in store.list_keys()]  # type: ignore[attr-defined]
+
+
+def test_sharded_tensor_is_where_import_before_process_groups_finds_it() -> None:
+    # What it guards (gloo threads past teardown) is test_teardown_threads; this names the module.
+    import sys
+
+    torch_compat.import_before_process_groups()
+    assert torch_compat.SHARDED_TENSOR_MODULE in sys.modules

@@ -1,24 +1,50 @@
-"""Checkpoints: atomic writes, the checkpoint manager, its on-disk layout and verification."""
+"""Checkpoints: atomic writes, the checkpoint manager, its on-disk layout and verification.
 
-from multigpu.atomic_file import atomic_write
-from multigpu.checkpoint.layout import (
-    CheckpointStatus,
-    find_latest,
-    list_checkpoints,
-    verify_checkpoint,
-)
-from multigpu.checkpoint.manager import Checkpointer
-from multigpu.checkpoint.portable import LoadReport, load_weights
-from multigpu.checkpoint.space import DiskFullError
+The names below are imported on first use (PEP 562), as ``multigpu``'s are: the modules that
+save and load import ``torch.distributed.checkpoint`` (and through it DTensor, FSDP and torch's
+elastic agent, about 1 s of CPU), which a process that only reads the layout (``ckpt
+inspect``'s light paths, the Context of a run that never checkpoints) does not need.
+"""
 
-__all__ = [
-    "CheckpointStatus",
-    "Checkpointer",
-    "DiskFullError",
-    "LoadReport",
-    "atomic_write",
-    "find_latest",
-    "list_checkpoints",
-    "load_weights",
-    "verify_checkpoint",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# ruff: noqa: F401
+if TYPE_CHECKING:
+    from multigpu.atomic_file import atomic_write
+    from multigpu.checkpoint.layout import (
+        CheckpointStatus,
+        find_latest,
+        list_checkpoints,
+        verify_checkpoint,
+    )
+    from multigpu.checkpoint.manager import Checkpointer
+    from multigpu.checkpoint.portable import LoadReport, load_weights
+    from multigpu.checkpoint.space import DiskFullError
+
+_EXPORTS = {
+    "multigpu.atomic_file": "atomic_write",
+    "multigpu.checkpoint.layout": "CheckpointStatus find_latest list_checkpoints verify_checkpoint",
+    "multigpu.checkpoint.manager": "Checkpointer",
+    "multigpu.checkpoint.portable": "LoadReport load_weights",
+    "multigpu.checkpoint.space": "DiskFullError",
+}
+"""The module that defines each public name."""
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'multigpu.checkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

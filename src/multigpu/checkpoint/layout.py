@@ -44,6 +44,8 @@ FORMAT = "multigpu-checkpoint"
 FORMAT_VERSION = 2
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
+METADATA_FILE = ".metadata"
+"""DCP's index of every tensor piece, written by rank 0."""
 COMMIT_FILE = "COMMITTED"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")

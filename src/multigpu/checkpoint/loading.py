@@ -23,12 +23,12 @@ import torch
 from multigpu.checkpoint.hub import is_hub
 from multigpu.checkpoint.layout import (
     MANIFEST_FILE,
+    METADATA_FILE,
     STATE_FILE,
     find_latest,
     list_checkpoints,
     usable,
 )
-from multigpu.checkpoint.sharded import METADATA_FILE
 from multigpu.errors import CheckpointError, UsageError
 
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")

@@ -36,12 +36,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from multigpu import dist
+from multigpu.checkpoint.layout import METADATA_FILE
 from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
 from multigpu.errors import CheckpointError, CheckpointMismatchError
 from multigpu.torch_compat import dcp_metadata_global_allowed
-
-METADATA_FILE = ".metadata"
-"""DCP's index of every tensor piece, written by rank 0."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):

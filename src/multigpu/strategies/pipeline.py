@@ -18,9 +18,10 @@ import contextlib
 import gc
 import logging
 import math
+import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,6 @@ from multigpu.errors import UsageError
 from multigpu.strategies import pipeline_state, state
 from multigpu.strategies.base import Strategy, is_count, parameter_names, repoint_optimizers
 from multigpu.strategies.materialize import place
-from multigpu.strategies.pipeline_model import PipelinedModel
 from multigpu.strategies.pipeline_plan import (
     check_microbatches,
     check_schedule,
@@ -41,6 +41,9 @@ from multigpu.strategies.pipeline_plan import (
     stages_per_process,
 )
 from multigpu.wrappers import unwrap_module
+
+if TYPE_CHECKING:  # imported in setup: torch.distributed.pipelining pulls in torch._dynamo
+    from multigpu.strategies.pipeline_model import PipelinedModel
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +174,8 @@ class PipelineStrategy(Strategy):
         example = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in example)
         module = place(module, self.device)  # the whole model: traced, then cut
         _without_kv_cache(module)
+        from multigpu.strategies.pipeline_model import PipelinedModel
+
         wrapped = PipelinedModel(
             module,
             split_points=points,
@@ -232,8 +237,8 @@ class PipelineStrategy(Strategy):
 
     def tied_names(self, module: nn.Module) -> dict[str, str]:
         """The unsplit model's tied names (a process holds only its stages' tensors)."""
-        if isinstance(module, PipelinedModel):
-            return module.names.tied()
+        if _is_pipelined(module):
+            return _pipelined(module).names.tied()
         return super().tied_names(module)
 
     def optimizer_state(
@@ -309,9 +314,15 @@ def _without_kv_cache(module: nn.Module) -> None:
             )
 
 
+def _is_pipelined(model: nn.Module) -> bool:
+    # A model made by setup: its module is imported then (never at import, see TYPE_CHECKING).
+    made = sys.modules.get("multigpu.strategies.pipeline_model")
+    return made is not None and isinstance(model, made.PipelinedModel)
+
+
 def _pipelined(model: nn.Module) -> PipelinedModel:
-    if not isinstance(model, PipelinedModel):
+    if not _is_pipelined(model):
         raise UsageError(
             f"strategy='pipeline' got a {type(model).__name__}; pass the model ctx.setup returned"
         )
-    return model
+    return cast("PipelinedModel", model)

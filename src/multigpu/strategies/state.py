@@ -21,23 +21,23 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from multigpu.torch_compat import quiet_sequential_redistribution
 from multigpu.wrappers import tied_names, unwrap_module, with_tied
 
 _PARAMS = "params"
 
+_LAZY = None
+"""``torch.distributed.checkpoint.state_dict`` is imported by the functions that use it: it pulls
+in DCP, DTensor, FSDP and the elastic agent (about 1 s of CPU in every process that imports
+``multigpu``), which a run that never saves or loads a state does not need."""
+
 
 def model_state(model: nn.Module) -> dict[str, Any]:
     """The model's state: plain tensors, or this rank's shards (DTensors) under FSDP; a tied
     tensor once, under its first name."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # see _LAZY
+
     saved = get_model_state_dict(unwrap_module(model))
     for alias in tied_names(model):
         saved.pop(alias, None)
@@ -49,6 +49,8 @@ def full_model_state(model: nn.Module) -> dict[str, Any]:
 
     Without a process group (one process) it is every tensor, on the CPU.
     """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with quiet_sequential_redistribution():  # a 2-D mesh gathers along one axis, then the other
         return get_model_state_dict(unwrap_module(model), options=options)
@@ -65,6 +67,8 @@ def optimizer_state(
     """
     if not optimizer.state and not initialise:
         return {"state": {}, "param_groups": _groups_by_name(model, optimizer)}
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     return get_optimizer_state_dict(unwrap_module(model), optimizer)
 
 
@@ -80,6 +84,8 @@ def _groups_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[
 def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
     """Load ``state`` (plain tensors or shards, as ``model_state`` gives) into ``model``; a tied
     tensor saved under its first name only is loaded under every name."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
     set_model_state_dict(unwrap_module(model), with_tied(state, tied_names(model)))
 
 
@@ -95,4 +101,6 @@ def load_optimizer_state(
         for group, saved in zip(optimizer.param_groups, state["param_groups"], strict=True):
             group.update({k: v for k, v in saved.items() if k != _PARAMS})
         return
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
     set_optimizer_state_dict(unwrap_module(model), optimizer, dict(state))

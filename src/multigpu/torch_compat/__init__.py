@@ -35,6 +35,9 @@ when a torch release changes it, so upgrading torch is this package and those te
   ``if torch.cuda.is_available(): torch.cuda.synchronize(device)`` on the gradients' device,
   which raises for CPU processes on a GPU machine (seen with torch 2.11; the same code is in
   2.13). ``powersgd_hook_for`` gives CPU models a copy of the hook that sees no CUDA.
+- **ShardedTensor imported before the first process group** (``import_before_process_groups``):
+  imported later (by FSDP or DCP, which multigpu imports on first use), it leaves the default
+  group's gloo threads alive after ``destroy_process_group`` under DDP.
 - **DTensor's redistribution logger** (``torch.distributed.tensor._redistribute``): it warns on
   every rank that a partial norm on a 2-D mesh is reduced by one all-reduce per mesh axis;
   ``quiet_sequential_redistribution`` drops that one message while the tensor-parallel
@@ -70,6 +73,7 @@ from multigpu.torch_compat.elastic import (
 from multigpu.torch_compat.sharding import (
     FSDP_MIN_VERSION,
     REDISTRIBUTE_LOGGER,
+    SHARDED_TENSOR_MODULE,
     cpu_offload_policy,
     distribute_like,
     drop_fsdp_process_groups,
@@ -77,6 +81,7 @@ from multigpu.torch_compat.sharding import (
     fsdp_module_class,
     fully_shard,
     fully_shard_takes_module_lists,
+    import_before_process_groups,
     is_dtensor,
     mixed_precision_policy,
     own_tensor_tables,
@@ -99,6 +104,7 @@ __all__ = [
     "DCP_METADATA_GLOBALS",
     "FSDP_MIN_VERSION",
     "REDISTRIBUTE_LOGGER",
+    "SHARDED_TENSOR_MODULE",
     "STORE_MODULES",
     "TORCH_VERSION",
     "clip_with_norm",
@@ -113,6 +119,7 @@ __all__ = [
     "fully_shard",
     "fully_shard_takes_module_lists",
     "grad_norm",
+    "import_before_process_groups",
     "is_dtensor",
     "launch_agent_made_by",
     "mean_over_ignored",
