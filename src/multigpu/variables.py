@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.mesh_spec import EXAMPLE, parse_mesh
+from multigpu.profile_window import parse_window
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -148,6 +149,23 @@ def mesh(environ: Mapping[str, str]) -> dict[str, int] | None:
         raise _refuse(name, raw, f"a mesh shape ({why})", EXAMPLE) from e
 
 
+def profile(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """``MULTIGPU_PROFILE``: the optimizer steps to trace (``3:5``); None: unset."""
+    raw = _raw(environ, "MULTIGPU_PROFILE")
+    if not raw:
+        return None
+    try:
+        given = f"MULTIGPU_PROFILE={raw} (from the environment)"
+        return parse_window(raw, given=given, example="MULTIGPU_PROFILE=3:5")
+    except ValueError as e:
+        raise UsageError(f"{e}, or unset MULTIGPU_PROFILE") from e
+
+
+def profile_dir(environ: Mapping[str, str]) -> str | None:
+    """``MULTIGPU_PROFILE_DIR``: where the traces go (default ``./profile``); None: unset."""
+    return _raw(environ, "MULTIGPU_PROFILE_DIR") or None
+
+
 def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:
     """``MULTIGPU_LOG_LEVEL`` as ``logging`` spells it (``DEBUG`` ... ``CRITICAL``)."""
     return read_choice(environ, "MULTIGPU_LOG_LEVEL", LOG_LEVELS, default.lower(), "info").upper()
@@ -164,6 +182,8 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_HANG_AFTER": hang_after,
     "MULTIGPU_LOG_LEVEL": log_level,
     "MULTIGPU_MESH": mesh,
+    "MULTIGPU_PROFILE": profile,
+    "MULTIGPU_PROFILE_DIR": profile_dir,
 }
 """Every variable a user sets, with its reader (the others are set by multigpu itself)."""
 
