@@ -1,6 +1,7 @@
 """``torch.profiler`` over a window of optimizer steps, per rank, as Chrome-trace JSON.
 
-A Context hook (``multigpu.hooks``) attached by ``init(profile="3:5")`` or ``MULTIGPU_PROFILE``
+Environment variables set: ``KINETO_LOG_LEVEL`` (to 6, unless given: quiet). A Context hook
+(``multigpu.hooks``) attached by ``init(profile="3:5")`` or ``MULTIGPU_PROFILE``
 (``multigpu.initialize``): it starts the profiler when step FIRST - 1 ends (at ``ctx.setup`` for
 step 1) and stops it when step LAST ends, then writes ``DIRECTORY/rank{r}.json`` — CPU activity,
 and CUDA's on a GPU — which Perfetto (https://ui.perfetto.dev) and ``chrome://tracing`` open.
@@ -58,6 +59,9 @@ class ProfileHook(Hook):
     def _start(self, ctx: Any) -> None:
         if self._profiler is not None or self._done:
             return
+        # Kineto prints two "USDT: ... profiler_start/stop" lines per rank at its default level;
+        # it reads its level only from the environment, when the profiler first starts.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         activities = [torch.profiler.ProfilerActivity.CPU]
         if ctx.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
