@@ -155,14 +155,16 @@ def profile(environ: Mapping[str, str]) -> tuple[int, int] | None:
     if not raw:
         return None
     try:
-        given = f"MULTIGPU_PROFILE={raw} (from the environment)"
-        return parse_window(raw, given=given, example="MULTIGPU_PROFILE=3:5")
+        return parse_window(raw)
     except ValueError as e:
-        raise UsageError(f"{e}, or unset MULTIGPU_PROFILE") from e
+        why = str(e).split("; ")[0].split(": ", 1)[1]  # "the first step is after the last"
+        expected = f"a window of optimizer steps FIRST:LAST, counted from 1 ({why})"
+        raise _refuse("MULTIGPU_PROFILE", raw, expected, "3:5") from e
 
 
 def profile_dir(environ: Mapping[str, str]) -> str | None:
-    """``MULTIGPU_PROFILE_DIR``: where the traces go (default ``./profile``); None: unset."""
+    """``MULTIGPU_PROFILE_DIR``: where the traces go (default ``./profile``); None: unset.
+    Any path is taken (the profiler creates it), as ``MULTIGPU_CACHE_DIR`` is."""
     return _raw(environ, "MULTIGPU_PROFILE_DIR") or None
 
 
@@ -183,7 +185,6 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_LOG_LEVEL": log_level,
     "MULTIGPU_MESH": mesh,
     "MULTIGPU_PROFILE": profile,
-    "MULTIGPU_PROFILE_DIR": profile_dir,
 }
 """Every variable a user sets, with its reader (the others are set by multigpu itself)."""
 

@@ -75,7 +75,7 @@ def test_bad_windows_say_why_everywhere(text: str, why: str) -> None:
         parse_window(text)
     with pytest.raises(Exception, match=f"--profile {text}: {why}"):
         profile_arg(text)
-    with pytest.raises(UsageError, match=f"^MULTIGPU_PROFILE={text} \\(from the environment\\)"):
+    with pytest.raises(UsageError, match=f"^MULTIGPU_PROFILE='{text}' .* FIRST:LAST.*\\({why}"):
         check_environment({"MULTIGPU_PROFILE": text})
     with pytest.raises(UsageError, match=f"^init\\(profile='{text}'\\): {why}"):
         init(profile=text, environ={})
