@@ -39,8 +39,7 @@ class Metering:
         """An optimizer step stepped: the meter counts it, the hooks hear of it."""
         loader = self._steps.active_loader
         samples = loader.global_batch_size if loader is not None else 0
-        tokens = samples * (getattr(loader, "tokens_per_sample", None) or 0)
-        self._meter.stepped(samples, tokens)
+        self._meter.stepped(samples, getattr(loader, "tokens_per_sample", None))
         for hook in self._hooks:
             hook.on_step(self)
 
@@ -59,9 +58,7 @@ class Metering:
         ``across_ranks=True`` adds ``peak_memory_bytes_max`` (the largest over the ranks) and
         ``collective_wait_share_max``; it is a collective: every rank must call it.
         """
-        loader = self._steps.active_loader
-        seq_len = getattr(loader, "tokens_per_sample", None)
-        figures = self._meter.read(self.precision.name, seq_len)
+        figures = self._meter.read(self.precision.name)
         if across_ranks:
             share = figures["collective_wait_share"]
             found = dist.gather_objects_small((figures["peak_memory_bytes"], share))

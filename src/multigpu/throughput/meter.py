@@ -62,6 +62,7 @@ class StepMeter:
         self._shape: tuple[int | None, int | None] = (None, None)
         self._clock: WaitClock | None = install() if world_size > 1 else None
         self._ddp: DDPTail | None = None
+        self._seq_len: int | None = None  # the tokens of a sample of the loader that fed a step
         self._reset()
 
     def _reset(self) -> None:
@@ -129,8 +130,12 @@ class StepMeter:
         if self._ddp is not None:
             self._ddp.backward_ended()
 
-    def stepped(self, samples: int, tokens: int) -> None:
-        """An optimizer step ended; ``samples`` and ``tokens`` it consumed over all ranks."""
+    def stepped(self, samples: int, tokens_per_sample: int | None = None) -> None:
+        """An optimizer step ended, having consumed ``samples`` over all ranks, of
+        ``tokens_per_sample`` tokens each (None: not said)."""
+        tokens = samples * (tokens_per_sample or 0)
+        if tokens_per_sample:  # kept for the attention term (an evaluation loader may follow)
+            self._seq_len = tokens_per_sample
         now = time.perf_counter()
         if self._start is None:
             self._start = self._candidate or now
@@ -146,16 +151,19 @@ class StepMeter:
             self._gpu_mark(1)
 
     # ---- the read ----------------------------------------------------------------------------
-    def flops_per_token(self, seq_len: int | None) -> float | None:
-        """The figure given, else 6 x parameters (+ attention when the shape is known)."""
+    def flops_per_token(self) -> float | None:
+        """The figure given, else 6 x parameters (+ attention when the shape and the training
+        loader's ``tokens_per_sample`` are known)."""
         if self.given_flops is not None:
             return self.given_flops
         if not self._params:
             return None
         layers, width = self._shape
-        return peaks.flops_per_token(self._params, layers=layers, width=width, seq_len=seq_len)
+        return peaks.flops_per_token(
+            self._params, layers=layers, width=width, seq_len=self._seq_len
+        )
 
-    def read(self, precision: str, seq_len: int | None) -> dict[str, Any]:
+    def read(self, precision: str) -> dict[str, Any]:
         """The window's figures (see ``Context.throughput``), and a new window begins."""
         if len(self._gpu) == 2:  # CUDA: the GPU's time from the first step's start to the last end
             self._gpu[1].synchronize()
@@ -172,7 +180,7 @@ class StepMeter:
             "mfu": None,
         }
         if self.device.type == "cuda" and figures["tokens_per_second"] is not None:
-            figures["mfu"] = self._mfu(figures["tokens_per_second"], precision, seq_len)
+            figures["mfu"] = self._mfu(figures["tokens_per_second"], precision)
         self._reset()
         return figures
 
@@ -185,10 +193,10 @@ class StepMeter:
             return None  # NCCL calls return at once: the thread's time is not the wait
         return min(1.0, wait / seconds)
 
-    def _mfu(self, tokens_per_second: float, precision: str, seq_len: int | None) -> float | None:
+    def _mfu(self, tokens_per_second: float, precision: str) -> float | None:
         name = torch.cuda.get_device_name(self.device)
         found = peaks.find_peak(name)
-        per_token = self.flops_per_token(seq_len)
+        per_token = self.flops_per_token()
         if found is None:
             warn_once(
                 log,
