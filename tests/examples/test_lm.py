@@ -171,6 +171,15 @@ def test_fsdp_trains_as_ddp_writes_a_whole_model_and_resumes_where_it_left_off(t
     assert again["val_loss"] == whole["val_loss"] and again["train_loss"] is not None
 
 
+def test_pipeline_counts_the_whole_model_and_its_sends_as_waiting():
+    argv = [*TINY, "--n-layer", "2", "--steps", "4", "--eval-every", "2", "--strategy", "pipeline"]
+    r0, r1 = run_distributed(_train, world_size=2, args=(argv,))
+    whole = sum(p.numel() for p in build_model(**{**SHAPE, "n_layer": 2}).parameters())
+    assert r0["n_params"] == r1["n_params"] == whole  # not the stage rank 0 holds
+    for record in r0["history"]:  # each stage waits on the other's activations and gradients
+        assert record["tokens_per_second"] > 0 and 0 < record["collective_wait_share"] < 1
+
+
 # ---- the command --------------------------------------------------------------------------------
 def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     out = tmp_path / "run"
