@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Literal, NoReturn, TypeVar
 
 from multigpu.errors import UsageError
+from multigpu.profile_window import parse_window
 
 T = TypeVar("T")
 
@@ -162,3 +163,11 @@ def options_from(namespace: argparse.Namespace, cls: type[T], **given: Any) -> T
     """``cls`` (a dataclass) from the parsed options of the same names, and ``given``."""
     names = {f.name for f in dataclasses.fields(cls)} - given.keys()  # type: ignore[arg-type]
     return cls(**{n: getattr(namespace, n) for n in names if hasattr(namespace, n)}, **given)
+
+
+def profile_arg(text: str) -> tuple[int, int]:
+    """argparse ``type`` of ``--profile``: ``FIRST:LAST`` optimizer steps, counted from 1."""
+    try:
+        return parse_window(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -18,6 +18,7 @@ from torch import nn
 from multigpu import dist, rank_memory, worker_error
 from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools, report_failure
+from multigpu.context_metering import Metering, check_tokens_per_sample
 from multigpu.data import DistributedLoader, make_loader
 from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
@@ -27,6 +28,7 @@ from multigpu.metrics import count_repeated_data
 from multigpu.precision import Precision
 from multigpu.strategies import Strategy
 from multigpu.strategies.materialize import MetaRng
+from multigpu.throughput import StepMeter
 from multigpu.training import StepControl
 
 if TYPE_CHECKING:  # made by ctx.checkpointer, which imports it (see context_checkpoints)
@@ -35,7 +37,7 @@ if TYPE_CHECKING:  # made by ctx.checkpointer, which imports it (see context_che
 T = TypeVar("T")
 
 
-class Context(RankTools, Checkpointing):
+class Context(RankTools, Checkpointing, Metering):
     """Where this process runs and how to train in it.
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down
@@ -54,6 +56,7 @@ class Context(RankTools, Checkpointing):
         owns_process_group: bool,
         precision: Precision | None = None,
         hooks: Sequence[Hook] = (),
+        flops_per_token: float | None = None,
     ) -> None:
         self.env = env
         self.device = device
@@ -64,6 +67,7 @@ class Context(RankTools, Checkpointing):
         self.precision = precision or Precision("32", device)
         self._hooks = tuple(hooks)  # instruments chosen by init() (verify, bench, hang tools)
         self._steps = StepControl(strategy, self.precision, self._comm_device)
+        self._meter = StepMeter(device, env.world_size, flops_per_token=flops_per_token)
         self._backward = self._steps.backward
         for hook in self._hooks:
             self._backward = hook.wrap_backward(self, self._backward)
@@ -105,12 +109,14 @@ class Context(RankTools, Checkpointing):
             self._steps.strategy = self.strategy
             for made in self._loaders:  # loaders made before: FSDP's forwards are collectives
                 made.even_batches = self.strategy.forward_is_collective
+        self._meter.note_model(model)  # the whole model, before a strategy shards or splits it
         with self._meta_rng.drawing(model), self._memory_said("ctx.setup"):
             self._trained = (model, optimizers)  # for the estimate an out-of-memory error gives
             wrapped = self.strategy.setup(model, optimizers)
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)
         self._steps.note_setup(wrapped, optimizers)
+        self._meter.note_wrapped(wrapped, self.strategy.name)
         for hook in self._hooks:
             hook.on_setup(self, wrapped, optimizers)
         if not optimizers:
@@ -167,8 +173,10 @@ class Context(RankTools, Checkpointing):
         once per micro-batch (add a micro-batch's losses and counts first);
         ``ctx.step_loss`` is then the step's mean loss per item.
         """
+        self._meter.work()
         with self._memory_said("ctx.backward"):
             self._backward(loss, num_items=num_items, **kwargs)
+        self._meter.backward_ended()
 
     @property
     def step_loss(self) -> float | None:
@@ -186,7 +194,10 @@ class Context(RankTools, Checkpointing):
         ``precision="16-mixed"`` it goes through the GradScaler. Returns whether it stepped.
         """
         with self._memory_said("ctx.step"):
-            return self._steps.step(*optimizers, zero_grad=zero_grad)
+            stepped = self._steps.step(*optimizers, zero_grad=zero_grad)
+        if stepped:
+            self._note_step()  # the step meter and the hooks (a profiler's window)
+        return stepped
 
     def forward_backward(
         self,
@@ -215,6 +226,7 @@ class Context(RankTools, Checkpointing):
                 f"forward_backward(loss_fn={loss_fn!r}): expected a function of (output, "
                 "target) returning the loss, e.g. loss_fn=torch.nn.functional.cross_entropy"
             )
+        self._meter.work()
         if num_items is None:
             done = self.strategy.forward_backward(model, inputs, target, loss_fn)
         else:
@@ -310,6 +322,7 @@ class Context(RankTools, Checkpointing):
         drop_last: bool | None = None,
         accumulation_steps: int = 1,
         move_to_device: bool = True,
+        tokens_per_sample: int | None = None,
         **dataloader_kwargs: Any,
     ) -> DistributedLoader:
         """A loader over this rank's shard; ``batch_size`` is the GLOBAL batch per optimizer step.
@@ -318,7 +331,10 @@ class Context(RankTools, Checkpointing):
         tensor parallelism the world is the data-parallel ranks: a TP group shares its batch); the
         global order depends on (seed, epoch) only, and the epoch advances by itself at each pass
         (no ``set_epoch``). Batches arrive on ``ctx.device`` unless ``move_to_device=False``.
+        ``tokens_per_sample``: tokens in one sample (a sequence's length), for the tokens/s
+        and MFU of ``ctx.throughput()``.
         """
+        check_tokens_per_sample(tokens_per_sample)
         # The data-parallel ranks split the data; a tensor-parallel group shares one batch.
         data_rank, data_ranks = self.strategy.data_shard(self.rank, self.world_size)
         # A rank reading a lower rank's data leaves its metrics out of their sums.
@@ -339,7 +355,8 @@ class Context(RankTools, Checkpointing):
             even_batches=self.strategy.forward_is_collective,
             **dataloader_kwargs,
         )
-        loader.on_batch = self._steps.note_batch
+        loader.tokens_per_sample = tokens_per_sample
+        loader.on_batch = self._on_batch
         self._loaders.add(loader)
         for hook in self._hooks:
             hook.on_loader(self, loader)

@@ -29,6 +29,10 @@ class Hook:
         """What ``ctx.backward(loss, **kwargs)`` runs instead of ``backward`` (made once)."""
         return backward
 
+    def on_step(self, ctx: Any) -> None:
+        """An optimizer step ended (``ctx.step`` stepped: also the last micro-batch of an
+        accumulated step, and after a pipeline's ``forward_backward``)."""
+
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
         """The ``with`` block ends, by ``error`` or normally (None); the group still exists."""
 

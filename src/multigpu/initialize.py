@@ -30,6 +30,8 @@ from multigpu.hang.watchdog import start_watchdog
 from multigpu.hooks import Hook
 from multigpu.log import warn_once
 from multigpu.precision import Precision
+from multigpu.profile_record import ProfileHook
+from multigpu.profile_window import parse_window
 from multigpu.seed import seed_everything
 from multigpu.settings import Settings
 from multigpu.strategies import Strategy, resolve_strategy
@@ -50,6 +52,9 @@ def init(
     precision: str | int = "32",
     deterministic: bool | None = None,
     environ: Mapping[str, str] | None = None,
+    flops_per_token: float | None = None,
+    profile: str | None = None,
+    profile_dir: str | os.PathLike[str] | None = None,
 ) -> Context:
     """Set this process up for data-parallel training and return its Context.
 
@@ -75,6 +80,13 @@ def init(
             runs repeat bitwise; default ``MULTIGPU_DETERMINISTIC=1`` (set by ``multigpu verify
             --deterministic``).
         environ: the environment to read (default ``os.environ``).
+        flops_per_token: the model's training FLOPs per token (forward and backward), for the
+            MFU of ``ctx.throughput()``; default 6 x the parameters given to ``ctx.setup``
+            (plus the attention term when the model's ``config`` gives its shape).
+        profile: ``"FIRST:LAST"``: trace those optimizer steps (counted from 1) with
+            ``torch.profiler`` into ``profile_dir``, one Chrome-trace JSON per rank; default
+            ``MULTIGPU_PROFILE``.
+        profile_dir: where the traces go; default ``MULTIGPU_PROFILE_DIR``, else ``./profile``.
 
     Raises:
         UsageError: a bad argument or ``MULTIGPU_*`` value (``MULTIGPU_STRATEGY=bogus``);
@@ -97,6 +109,14 @@ def init(
         mixed = Precision(precision, device)
         resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm, precision=mixed)
         wait = dist.collective_timeout(timeout, settings.timeout_s)
+        window = _profile_window(profile) if profile is not None else settings.profile
+        if flops_per_token is not None and not (
+            isinstance(flops_per_token, int | float) and flops_per_token > 0
+        ):
+            raise UsageError(
+                f"init(flops_per_token={flops_per_token!r}); expected a positive number: the "
+                "model's training FLOPs per token (about 6 x its parameters)"
+            )
         if deterministic is None:
             deterministic = settings.deterministic
         if seed is not None:
@@ -116,6 +136,9 @@ def init(
     compression = resolved.describe().get("compression", "none") if env.world_size > 1 else "none"
     info = {"precision": mixed.name, "deterministic": deterministic, "compression": compression}
     hooks = choose_hooks(env_vars, env, timeout=wait, info=info)
+    if window is not None:
+        where = Path(profile_dir or settings.profile_dir or "profile")
+        hooks.append(ProfileHook(window, where, env.rank, env.world_size))
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,
@@ -127,7 +150,18 @@ def init(
         owns_process_group=created,
         precision=mixed,
         hooks=hooks,
+        flops_per_token=flops_per_token,
     )
+
+
+def _profile_window(profile: str) -> tuple[int, int]:
+    """``init(profile=...)`` read, or a UsageError."""
+    try:
+        return parse_window(
+            str(profile), given=f"init(profile={profile!r})", example='init(profile="3:5")'
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from e
 
 
 def choose_hooks(

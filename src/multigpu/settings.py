@@ -32,6 +32,10 @@ class Settings:
     """``MULTIGPU_TIMEOUT``, else ``DEFAULT_TIMEOUT_S``."""
     cuda_visible_devices: str | None
     """As given (for messages: which GPUs this process was shown)."""
+    profile: tuple[int, int] | None = None
+    """``MULTIGPU_PROFILE``: the optimizer steps to trace."""
+    profile_dir: str | None = None
+    """``MULTIGPU_PROFILE_DIR``: where the traces go."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> Settings:
@@ -49,4 +53,6 @@ class Settings:
             deterministic=variables.deterministic(environ),
             timeout_s=variables.timeout(environ, DEFAULT_TIMEOUT_S),
             cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+            profile=variables.profile(environ),
+            profile_dir=variables.profile_dir(environ),
         )

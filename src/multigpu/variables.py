@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.mesh_spec import EXAMPLE, parse_mesh
+from multigpu.profile_window import parse_window
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -148,6 +149,25 @@ def mesh(environ: Mapping[str, str]) -> dict[str, int] | None:
         raise _refuse(name, raw, f"a mesh shape ({why})", EXAMPLE) from e
 
 
+def profile(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """``MULTIGPU_PROFILE``: the optimizer steps to trace (``3:5``); None: unset."""
+    raw = _raw(environ, "MULTIGPU_PROFILE")
+    if not raw:
+        return None
+    try:
+        return parse_window(raw)
+    except ValueError as e:
+        why = str(e).split("; ")[0].split(": ", 1)[1]  # "the first step is after the last"
+        expected = f"a window of optimizer steps FIRST:LAST, counted from 1 ({why})"
+        raise _refuse("MULTIGPU_PROFILE", raw, expected, "3:5") from e
+
+
+def profile_dir(environ: Mapping[str, str]) -> str | None:
+    """``MULTIGPU_PROFILE_DIR``: where the traces go (default ``./profile``); None: unset.
+    Any path is taken (the profiler creates it), as ``MULTIGPU_CACHE_DIR`` is."""
+    return _raw(environ, "MULTIGPU_PROFILE_DIR") or None
+
+
 def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:
     """``MULTIGPU_LOG_LEVEL`` as ``logging`` spells it (``DEBUG`` ... ``CRITICAL``)."""
     return read_choice(environ, "MULTIGPU_LOG_LEVEL", LOG_LEVELS, default.lower(), "info").upper()
@@ -164,6 +184,7 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_HANG_AFTER": hang_after,
     "MULTIGPU_LOG_LEVEL": log_level,
     "MULTIGPU_MESH": mesh,
+    "MULTIGPU_PROFILE": profile,
 }
 """Every variable a user sets, with its reader (the others are set by multigpu itself)."""
 

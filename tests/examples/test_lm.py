@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,9 @@ TINY = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--lr", "1e-2",
     "--batch-size", "16", "--corpus-mb", "0.3", "--eval-windows", "64", "--progress", "off",
 ]  # fmt: skip
+
+
+SHAPE = {"n_layer": 1, "n_head": 2, "n_embd": 64, "block_size": 32}
 
 
 # ---- the corpus ---------------------------------------------------------------------------------
@@ -139,7 +143,9 @@ def test_two_processes_learn_below_the_unigram_baseline_and_match_one_process():
     alone = run_distributed(_train, world_size=1, args=(argv,))[0]
     r0, r1 = run_distributed(_train, world_size=2, args=(argv,))
     for record in (*r0["history"], *r1["history"]):
-        record.pop("tokens_per_second")  # each rank's own clock
+        for key in ("tokens_per_second", "step_seconds", "collective_wait_share"):
+            record.pop(key)  # each rank's own clock
+        record.pop("peak_memory_bytes")  # the largest over the ranks, but read at different times
     assert r0["history"] == r1["history"]  # every rank reports the all-reduced numbers
     assert r0["world_size"] == 2 and r0["strategy"] == "ddp"
     assert r0["val_loss"] < 0.85 * r0["unigram_baseline"], r0["history"]
@@ -165,24 +171,53 @@ def test_fsdp_trains_as_ddp_writes_a_whole_model_and_resumes_where_it_left_off(t
     assert again["val_loss"] == whole["val_loss"] and again["train_loss"] is not None
 
 
+def test_pipeline_counts_the_whole_model_and_its_sends_as_waiting():
+    argv = [*TINY, "--n-layer", "2", "--steps", "4", "--eval-every", "2", "--strategy", "pipeline"]
+    r0, r1 = run_distributed(_train, world_size=2, args=(argv,))
+    whole = sum(p.numel() for p in build_model(**{**SHAPE, "n_layer": 2}).parameters())
+    assert r0["n_params"] == r1["n_params"] == whole  # not the stage rank 0 holds
+    for record in r0["history"]:  # each stage waits on the other's activations and gradients
+        assert record["tokens_per_second"] > 0 and 0 < record["collective_wait_share"] < 1
+
+
 # ---- the command --------------------------------------------------------------------------------
 def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     out = tmp_path / "run"
     argv = ["train", "--model", "lm", "--cpu", "2", *TINY, "--progress", "lines"]
-    done = run_multigpu([*argv, "--steps", "20", "--eval-every", "10", "--out", str(out)], tmp_path)
+    argv += ["--steps", "20", "--eval-every", "10", "--out", str(out), "--profile", "3:4"]
+    done = run_multigpu(argv, tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     steps = [ln for ln in lines if ln.startswith("step ")]
     assert [ln.split()[1] for ln in steps] == ["10/20", "20/20"]  # rank 0 only
     assert all("val loss" in ln and "unigram" in ln and "tokens/s" in ln for ln in steps)
+    # the throughput of the steps since the last line: step time, wait share, peak memory
+    assert all(re.search(r"step \d+\.\d ms  wait \d+%  peak \d+ MiB$", ln) for ln in steps), steps
     assert lines[-1].startswith("val loss ") and "vs unigram baseline" in lines[-1]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["strategy"] == "ddp"
     assert [r["step"] for r in metrics["history"]] == [10, 20]
     assert metrics["tokens_per_second"] > 0 and metrics["val_loss"] < metrics["unigram_baseline"]
-    model = build_model(n_layer=1, n_head=2, n_embd=64, block_size=32)
+    for record in metrics["history"]:  # 10 steps of 16 x 32 tokens each
+        assert record["tokens_per_second"] == pytest.approx(16 * 32 / record["step_seconds"], 0.01)
+        assert 0 < record["collective_wait_share"] <= record["collective_wait_share_max"] < 1
+        assert record["peak_memory_bytes"] > 50 * 2**20 and record["mfu"] is None  # CPU
+    assert metrics["n_params"] == sum(p.numel() for p in build_model(**SHAPE).parameters())
+    model = build_model(**SHAPE)
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt", "profile"]
+    # --profile 3:4: one Chrome trace per rank, with DDP's gradient all-reduce in it
+    said = [ln for ln in lines if ln.startswith("profile: ")]
+    assert said == [
+        f"profile: optimizer steps 3-4 traced to {out / 'profile'}/rank<r>.json (Chrome trace, "
+        "r = 0..1; open in https://ui.perfetto.dev or chrome://tracing)"
+    ]
+    assert sorted(p.name for p in (out / "profile").iterdir()) == ["rank0.json", "rank1.json"]
+    for rank in (0, 1):
+        events = json.loads((out / "profile" / f"rank{rank}.json").read_text())["traceEvents"]
+        names = {e.get("name") for e in events}
+        assert {"gloo:all_reduce", "c10d::allreduce_", "Optimizer.step#AdamW.step"} <= names
+    assert "USDT" not in done.stderr  # kineto's start/stop lines are silenced
 
 
 def test_a_corpus_too_small_for_the_options_is_one_line_and_exit_2(tmp_path: Path):

@@ -145,6 +145,8 @@ class DistributedLoader:
         """True when the batch handed out last is the last micro-batch of its optimizer step."""
         self.on_batch: Callable[[DistributedLoader], None] | None = None
         """Called with the loader as each batch is handed out (Context: the active loader)."""
+        self.tokens_per_sample: int | None = None
+        """Tokens in one sample (``ctx.loader(tokens_per_sample=)``), for ``ctx.throughput()``."""
 
     @property
     def epoch(self) -> int:

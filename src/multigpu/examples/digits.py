@@ -24,6 +24,7 @@ import multigpu
 from multigpu.context import Context
 from multigpu.examples import job_cli
 from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
+from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.examples.run_state import RunState, parameter_sha256, write_outputs
 from multigpu.hang.recorder import active_log
 from multigpu.hang.stragglers import SLOW, slowest
@@ -84,7 +85,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train and evaluate; return the metrics (written to ``--out`` by rank 0)."""
     started = time.perf_counter()
     strategy = _strategy(args)
-    with multigpu.init(strategy=strategy, seed=args.seed, precision=args.precision) as ctx:
+    profile = f"{args.profile[0]}:{args.profile[1]}" if args.profile else None
+    with multigpu.init(
+        strategy=strategy,
+        seed=args.seed,
+        precision=args.precision,
+        profile=profile,  # --profile: steps traced into OUT/profile
+        profile_dir=job_cli.profile_dir(args),
+    ) as ctx:
         train_set, test_set = load_digits_split()
         model = DigitsCNN()
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -206,12 +214,17 @@ def _finish_epoch(
 ) -> dict[str, Any]:
     """Evaluate, and append the record of the epoch whose batches are done."""
     done = run.close_epoch()
+    # this epoch's steps: step time, collective-wait share, peak memory (read before evaluating)
+    figures = throughput_record(ctx.throughput(across_ranks=True))
+    figures.pop("tokens_per_second")
+    figures.pop("mfu")  # no tokens: the CNN has no FLOPs-per-token figure
     loss_sum = torch.tensor(done["loss_sum"] / max(done["micro"], 1), dtype=torch.float64)
     record = {
         "epoch": len(run.history) + 1,
         "loss": round(float(ctx.all_reduce(loss_sum, op="mean")), 6),
         "test_accuracy": round(evaluate(ctx, model, test_set, args.eval_batch_size), 6),
         "samples_per_second": round(done["samples"] / max(done["seconds"], 1e-9), 1),
+        **figures,
     }
     recorder = active_log()
     if recorder is not None and ctx.is_distributed:  # step time outside collectives, per rank
@@ -231,8 +244,8 @@ def _epoch_line(record: dict[str, Any], epochs: int) -> str:
     )
     return (
         f"epoch {record['epoch']:>3}/{epochs}  loss {record['loss']:.4f}  "
-        f"test acc {record['test_accuracy']:.4f}  {record['samples_per_second']:.0f} samples/s"
-        f"{straggler}"
+        f"test acc {record['test_accuracy']:.4f}  {record['samples_per_second']:.0f} samples/s  "
+        f"{throughput_text(record)}{straggler}"
     )
 
 

@@ -14,7 +14,11 @@ from multigpu import variables
 from multigpu.arguments import Parser, positive
 from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import add_checkpoint_options, add_seed_and_accumulation
+from multigpu.examples.job_cli import (
+    add_checkpoint_options,
+    add_profile_option,
+    add_seed_and_accumulation,
+)
 
 NO_DDP = ("single", "dp", "fsdp")
 """Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
@@ -68,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=COMPRESSIONS,
         help="compress DDP's gradient all-reduce (default MULTIGPU_COMPRESSION, else none)",
     )
+    add_profile_option(p)
     add_checkpoint_options(
         p,
         every="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",

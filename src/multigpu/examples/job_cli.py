@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from multigpu.arguments import positive
+from multigpu.arguments import positive, profile_arg
 from multigpu.errors import UsageError
 
 
@@ -52,6 +52,22 @@ def add_checkpoint_options(p: argparse.ArgumentParser, *, every: str, resume: st
     add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
     add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")
     add("--resume", default="auto", help=resume)
+
+
+def add_profile_option(p: argparse.ArgumentParser) -> None:
+    """``--profile FIRST:LAST``: trace those optimizer steps into OUT/profile (``profile_dir``)."""
+    p.add_argument(
+        "--profile",
+        type=profile_arg,
+        metavar="FIRST:LAST",
+        help="trace optimizer steps FIRST to LAST (from 1) with torch.profiler: one Chrome-trace "
+        "JSON per rank in OUT/profile (./profile without --out), for ui.perfetto.dev",
+    )
+
+
+def profile_dir(args: argparse.Namespace) -> Path:
+    """Where ``--profile`` writes: ``OUT/profile``, or ``./profile`` without ``--out``."""
+    return Path(args.out) / "profile" if getattr(args, "out", None) else Path("profile")
 
 
 def add_seed_and_accumulation(p: argparse.ArgumentParser, *, seed: str) -> None:

@@ -154,7 +154,14 @@ def evaluate(
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.steps`` optimizer steps; return the metrics (written to ``--out``)."""
     strategy = lm_options.strategy(args, Block)  # FSDP: each Block is a unit of its own
-    with multigpu.init(strategy, seed=args.seed, precision=args.precision) as ctx:
+    profile = f"{args.profile[0]}:{args.profile[1]}" if args.profile else None
+    with multigpu.init(
+        strategy,
+        seed=args.seed,
+        precision=args.precision,
+        profile=profile,  # --profile: steps traced into OUT/profile
+        profile_dir=job_cli.profile_dir(args),
+    ) as ctx:
         corpus = lm_data.load_corpus(int(args.corpus_mb * 1e6))
         lm_options.check_data(ctx, args, corpus)  # the same on every rank, and enough
         train_set = lm_data.Windows(corpus.train, args.block_size)
@@ -165,17 +172,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         with ctx.init_module():  # on the meta device: setup() allocates what this rank holds
             model = build_model(**lm_options.model_shape(args))  # --n-layer, --n-embd, ...
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
+        n_params = sum(p.numel() for p in model.parameters())  # whole: a pipeline splits it
         model, optimizer = ctx.setup(model, optimizer)  # wraps (DDP, FSDP), re-points optimizer
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lm_options.warmup_cosine(args))
-        loader = ctx.loader(
-            train_set, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps
+        loader = ctx.loader(  # a sample is block_size tokens: ctx.throughput() gives tokens/s
+            train_set,
+            batch_size=args.batch_size,
+            accumulation_steps=args.accumulation_steps,
+            tokens_per_sample=args.block_size,
         )
         tracked = {"model": model, "optimizer": optimizer, "schedule": schedule, "loader": loader}
         # without --checkpoint-every (only --checkpoint-dir): one checkpoint, at the end
         ckpt, resumed = job_cli.checkpointer(ctx, args, every=args.steps, **tracked)
         step = resumed or 0
         run = RunLog(ctx, args, baseline, corpus, start_step=step)
-        ctx.print(run.header(ctx.unwrap(model), loader.batch_size))
+        ctx.print(run.header(n_params, loader.batch_size))
         batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
         while step < args.steps:
             x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)

@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
 
 from multigpu.context import Context
 from multigpu.examples.lm_data import Corpus
+from multigpu.examples.progress import throughput_record, throughput_text
 
 
 class RunLog:
@@ -50,10 +50,11 @@ class RunLog:
         """Tokens (bytes) of one optimizer step over all ranks."""
         return int(self.args.batch_size * self.args.block_size)
 
-    def header(self, model: nn.Module, per_rank_batch: int) -> str:
-        """Two lines saying what is trained on what, and the baseline to beat."""
+    def header(self, n_params: int, per_rank_batch: int) -> str:
+        """Two lines saying what is trained on what, and the baseline to beat; ``n_params``:
+        the whole model's (counted before a strategy shards or splits it)."""
         a, ctx, corpus = self.args, self.ctx, self.corpus
-        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_params = n_params
         return (
             f"lm: {self.n_params / 1e6:.2f}M parameters ({a.n_layer} layers x {a.n_head} heads x "
             f"{a.n_embd} wide, context {a.block_size} bytes); corpus {len(corpus.train)} train + "
@@ -84,15 +85,16 @@ class RunLog:
             "step": step,
             "train_loss": train_loss,
             "val_loss": round(val_loss, 4),
-            "tokens_per_second": round(steps * self.tokens_per_step / max(elapsed, 1e-9)),
+            **throughput_record(self.ctx.throughput(across_ranks=True)),  # since the last one
         }
+        if record["tokens_per_second"] is None:  # no step since (resumed at the last step)
+            record["tokens_per_second"] = round(steps * self.tokens_per_step / max(elapsed, 1e-9))
         self.history.append(record)
         if self.args.progress == "lines":
             shown = f"{train_loss:.4f}" if train_loss is not None else "-"
             self.ctx.print(
                 f"step {step:>5}/{self.args.steps}  train loss {shown}  val loss "
-                f"{val_loss:.4f}  (unigram {self.baseline:.4f})  "
-                f"{record['tokens_per_second']} tokens/s"
+                f"{val_loss:.4f}  (unigram {self.baseline:.4f})  {throughput_text(record)}"
             )
         self.train_seconds += elapsed
         self.last_step, self._losses, self._elapsed = step, [], None
@@ -118,6 +120,9 @@ class RunLog:
             "strategy": ctx.strategy.name,
             "precision": ctx.precision.name,
             "n_params": self.n_params,
+            # the last progress line's window (history: every line's)
+            **{k: last.get(k) for k in ("step_seconds", "collective_wait_share")},
+            **{k: last.get(k) for k in ("collective_wait_share_max", "peak_memory_bytes", "mfu")},
             **{k: getattr(a, k) for k in ("batch_size", "block_size", "n_layer", "n_head")},
             **{k: getattr(a, k) for k in ("n_embd", "lr", "seed", "accumulation_steps")},
             "corpus": {

@@ -11,7 +11,11 @@ import argparse
 from multigpu.arguments import Parser, positive
 from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import add_checkpoint_options, add_seed_and_accumulation
+from multigpu.examples.job_cli import (
+    add_checkpoint_options,
+    add_profile_option,
+    add_seed_and_accumulation,
+)
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
@@ -85,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=256,
         help="validation windows per evaluation, spread evenly over the split (256)",
     )
+    add_profile_option(p)
     add_checkpoint_options(
         p,
         every="save a checkpoint every N steps (to --checkpoint-dir or OUT/checkpoints)",

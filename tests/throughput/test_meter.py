@@ -1,0 +1,103 @@
+"""The step meter and the collective-wait clock on one process, and ctx.throughput() under init."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import multigpu
+from multigpu.examples.lm import build_model
+from multigpu.throughput import StepMeter
+from multigpu.throughput.wait import WaitClock
+
+CPU = torch.device("cpu")
+
+
+def test_a_step_lasts_from_the_previous_end_and_a_read_starts_a_new_window() -> None:
+    meter = StepMeter(CPU, 1)
+    meter.batch()  # the first step starts at its batch
+    time.sleep(0.02)
+    meter.work()
+    meter.stepped(8)
+    time.sleep(0.03)  # between two steps (loading the next batch): counted
+    meter.work()
+    meter.stepped(8)
+    first = meter.read("32")
+    assert first["steps"] == 2
+    assert 0.025 <= first["step_seconds"] < 0.05
+    assert first["samples_per_second"] == pytest.approx(16 / (2 * first["step_seconds"]))
+    assert first["tokens_per_second"] is None and first["mfu"] is None
+    assert first["collective_wait_share"] == 0.0  # one process waits on nobody
+    assert first["peak_memory_bytes"] > 10 * 2**20  # this process's peak resident set
+    time.sleep(0.05)  # an evaluation after the read: not training time
+    meter.batch()  # (the evaluation's batches, then the next training batch)
+    time.sleep(0.01)
+    meter.batch()
+    meter.work()
+    meter.stepped(4, tokens_per_sample=64)
+    second = meter.read("32")
+    assert second["steps"] == 1 and second["step_seconds"] < 0.04
+    assert second["tokens_per_second"] == pytest.approx(64 * second["samples_per_second"])
+    assert meter.read("32")["step_seconds"] is None  # no step since
+
+
+def test_the_wait_clock_counts_the_main_thread_once_per_call() -> None:
+    clock = WaitClock()
+    sleep = clock.timed(time.sleep)
+    nested = clock.timed(lambda: sleep(0.02))  # all_gather_object calls all_gather: once
+    nested()
+    assert 0.02 <= clock.seconds < 0.04
+    other = threading.Thread(target=sleep, args=(0.05,))  # another thread: not the step's wait
+    other.start()
+    other.join()
+    assert clock.seconds < 0.04
+
+
+def test_flops_per_token_defaults_to_six_per_parameter_of_the_whole_model() -> None:
+    meter = StepMeter(CPU, 1)
+    assert meter.flops_per_token() is None  # nothing set up
+    meter.note_model(nn.Linear(10, 10))
+    assert meter.flops_per_token() == 6 * 110
+    assert StepMeter(CPU, 1, flops_per_token=1e9).flops_per_token() == 1e9
+
+
+def test_the_attention_term_takes_the_training_loaders_sequence_length() -> None:
+    meter = StepMeter(CPU, 1)
+    with torch.device("meta"):
+        gpt = build_model()  # config: 4 layers, 128 wide
+    meter.note_model(gpt)
+    meter.stepped(32, tokens_per_sample=64)
+    meter.read("32")  # after an evaluation whose loader has no tokens_per_sample
+    meter.stepped(32)
+    n = sum(p.numel() for p in gpt.parameters())
+    assert meter.flops_per_token() == 6 * n + 12 * 4 * 128 * 64
+
+
+def test_ctx_throughput_counts_the_loaders_samples_and_tokens_under_accumulation() -> None:
+    ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    with multigpu.init(seed=0, environ={}) as ctx:
+        model, optimizer = ctx.setup(nn.Linear(4, 2), torch.optim.SGD(nn.Linear(4, 2).parameters()))
+        loader = ctx.loader(ds, batch_size=16, accumulation_steps=2, tokens_per_sample=32)
+        for x, y in loader:
+            with ctx.accumulate(model):
+                ctx.backward(F.cross_entropy(model(x), y))
+                ctx.step(optimizer)
+        figures = ctx.throughput(across_ranks=True)
+        with pytest.raises(multigpu.UsageError, match="tokens_per_sample=0.*whole number >= 1"):
+            ctx.loader(ds, batch_size=16, tokens_per_sample=0)
+    assert figures["steps"] == 4  # 64 samples, 16 per optimizer step (2 micro-batches each)
+    assert figures["tokens_per_second"] == pytest.approx(32 * figures["samples_per_second"])
+    assert figures["peak_memory_bytes_max"] == figures["peak_memory_bytes"]
+    assert figures["collective_wait_share_max"] == 0.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "6e9", float("nan")])
+def test_init_refuses_a_flops_per_token_that_is_not_a_positive_number(bad: object) -> None:
+    with pytest.raises(multigpu.UsageError, match="flops_per_token=.*expected a positive number"):
+        multigpu.init(flops_per_token=bad, environ={})  # type: ignore[arg-type]
