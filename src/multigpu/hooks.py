@@ -7,7 +7,7 @@ the Context (typed ``Any``: this module sits below it). A hook inherits a no-op 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +28,9 @@ class Hook:
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
         """What ``ctx.backward(loss, **kwargs)`` runs instead of ``backward`` (made once)."""
         return backward
+
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+        """``ctx.log(metrics, step=step)`` was called (the trackers attach here, on rank 0)."""
 
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
         """The ``with`` block ends, by ``error`` or normally (None); the group still exists."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,6 +33,8 @@ from multigpu.precision import Precision
 from multigpu.seed import seed_everything
 from multigpu.settings import Settings
 from multigpu.strategies import Strategy, resolve_strategy
+from multigpu.tracker_names import parse_trackers
+from multigpu.tracking import DEFAULT_LOG_DIR, Tracking
 from multigpu.verify_record import VerifyRecorder
 from multigpu.versions import local_versions, mismatch_message
 
@@ -50,6 +52,9 @@ def init(
     precision: str | int = "32",
     deterministic: bool | None = None,
     environ: Mapping[str, str] | None = None,
+    log_to: str | Sequence[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    config: Mapping[str, object] | None = None,
 ) -> Context:
     """Set this process up for data-parallel training and return its Context.
 
@@ -75,6 +80,13 @@ def init(
             runs repeat bitwise; default ``MULTIGPU_DETERMINISTIC=1`` (set by ``multigpu verify
             --deterministic``).
         environ: the environment to read (default ``os.environ``).
+        log_to: experiment trackers ``ctx.log`` writes to, from rank 0: ``"tensorboard,csv"``
+            or a sequence of ``tensorboard``, ``csv``, ``mlflow``, ``wandb``; default
+            ``MULTIGPU_LOG_TO``, else none.
+        log_dir: the trackers' directory, one run in it; a job resuming there continues that
+            run. Default ``MULTIGPU_LOG_DIR``, else ``runs``.
+        config: the run's hyperparameters (names to numbers, strings, bools), recorded by
+            each tracker with the job's environment (world size, strategy, versions, ...).
 
     Raises:
         UsageError: a bad argument or ``MULTIGPU_*`` value (``MULTIGPU_STRATEGY=bogus``);
@@ -99,6 +111,7 @@ def init(
         wait = dist.collective_timeout(timeout, settings.timeout_s)
         if deterministic is None:
             deterministic = settings.deterministic
+        tracking = choose_tracking(log_to, log_dir, config, settings, env)
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
@@ -116,6 +129,8 @@ def init(
     compression = resolved.describe().get("compression", "none") if env.world_size > 1 else "none"
     info = {"precision": mixed.name, "deterministic": deterministic, "compression": compression}
     hooks = choose_hooks(env_vars, env, timeout=wait, info=info)
+    if tracking is not None:
+        hooks.append(tracking)
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,
@@ -128,6 +143,39 @@ def init(
         precision=mixed,
         hooks=hooks,
     )
+
+
+def choose_tracking(
+    log_to: str | Sequence[str] | None,
+    log_dir: str | os.PathLike[str] | None,
+    config: Mapping[str, object] | None,
+    settings: Settings,
+    env: ClusterEnv,
+) -> Tracking | None:
+    """Rank 0's trackers (None elsewhere, or with none asked for), checked before anything
+    starts: the names, their packages, ``config``, and a log directory rank 0 can write."""
+    names = settings.log_to if log_to is None else parse_trackers(log_to, "log_to=")
+    if config is not None and not (
+        isinstance(config, Mapping) and all(isinstance(k, str) for k in config)
+    ):
+        raise UsageError(
+            f"config={config!r}: expected a mapping of hyperparameter names (strings) to "
+            "values, e.g. config={'lr': 3e-4, 'batch_size': 64}"
+        )
+    if not names or env.rank != 0:
+        return None
+    directory = Path(log_dir or settings.log_dir or DEFAULT_LOG_DIR)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".multigpu-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(
+            f"log directory {directory}: cannot write there ({e.strerror}); expected a "
+            "directory this user can write; give another log_dir= or MULTIGPU_LOG_DIR"
+        ) from e
+    return Tracking(names, directory, config=config, restarts=env.restart_count)
 
 
 def choose_hooks(

@@ -32,6 +32,10 @@ class Settings:
     """``MULTIGPU_TIMEOUT``, else ``DEFAULT_TIMEOUT_S``."""
     cuda_visible_devices: str | None
     """As given (for messages: which GPUs this process was shown)."""
+    log_to: tuple[str, ...] = ()
+    """``MULTIGPU_LOG_TO``: the experiment trackers (none when unset)."""
+    log_dir: str | None = None
+    """``MULTIGPU_LOG_DIR``: the trackers' directory (None: ``init``'s default)."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> Settings:
@@ -49,4 +53,6 @@ class Settings:
             deterministic=variables.deterministic(environ),
             timeout_s=variables.timeout(environ, DEFAULT_TIMEOUT_S),
             cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+            log_to=variables.log_to(environ),
+            log_dir=variables.log_dir(environ),
         )

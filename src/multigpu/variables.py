@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.mesh_spec import EXAMPLE, parse_mesh
+from multigpu.tracker_names import parse_trackers
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -153,6 +154,20 @@ def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:
     return read_choice(environ, "MULTIGPU_LOG_LEVEL", LOG_LEVELS, default.lower(), "info").upper()
 
 
+def log_to(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``MULTIGPU_LOG_TO``: the experiment trackers (``tensorboard,csv``); () when unset.
+
+    An unknown name or a tracker whose package is missing is refused like any bad value.
+    """
+    raw = _raw(environ, "MULTIGPU_LOG_TO")
+    return parse_trackers(raw, "MULTIGPU_LOG_TO=") if raw else ()
+
+
+def log_dir(environ: Mapping[str, str]) -> str | None:
+    """``MULTIGPU_LOG_DIR``: the directory of the trackers' run; None when unset."""
+    return _raw(environ, "MULTIGPU_LOG_DIR") or None
+
+
 CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_STRATEGY": strategy,
     "MULTIGPU_BACKEND": backend,
@@ -164,6 +179,8 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_HANG_AFTER": hang_after,
     "MULTIGPU_LOG_LEVEL": log_level,
     "MULTIGPU_MESH": mesh,
+    "MULTIGPU_LOG_TO": log_to,
+    "MULTIGPU_LOG_DIR": log_dir,
 }
 """Every variable a user sets, with its reader (the others are set by multigpu itself)."""
 
