@@ -82,4 +82,4 @@ def check_installed(name: str, given_as: str) -> None:
 
 def _said(given_as: str, value: str) -> str:
     """``--log-to csv``, ``log_to='csv'``, ``MULTIGPU_LOG_TO=csv``: how the user gave it."""
-    return f"{given_as}{value}" if given_as.endswith("=") else f"{given_as} {value}"
+    return f"{given_as}{value}" if given_as.endswith("=") or not given_as else f"{given_as} {value}"

@@ -14,7 +14,11 @@ from multigpu import variables
 from multigpu.arguments import Parser, positive
 from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import add_checkpoint_options, add_seed_and_accumulation
+from multigpu.examples.job_cli import (
+    add_checkpoint_options,
+    add_seed_and_accumulation,
+    add_tracking_option,
+)
 
 NO_DDP = ("single", "dp", "fsdp")
 """Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
@@ -74,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         resume="auto: continue from the newest complete checkpoint when there is one (default); "
         "never: start over (refused if checkpoints exist); or the path of one checkpoint",
     )
+    add_tracking_option(p)
     p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")
     p.add_argument(
         "--progress",

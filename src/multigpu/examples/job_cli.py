@@ -19,6 +19,7 @@ from typing import Any
 
 from multigpu.arguments import positive
 from multigpu.errors import UsageError
+from multigpu.tracker_names import TRACKERS, parse_trackers
 
 
 def directory_problem(path: Path) -> str | None:
@@ -52,6 +53,25 @@ def add_checkpoint_options(p: argparse.ArgumentParser, *, every: str, resume: st
     add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
     add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")
     add("--resume", default="auto", help=resume)
+
+
+def tracker_list(text: str) -> tuple[str, ...]:
+    """``--log-to``'s converter: tracker names, refused (one line) when unknown or missing."""
+    try:
+        return parse_trackers(text, "")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).strip()) from None
+
+
+def add_tracking_option(p: argparse.ArgumentParser) -> None:
+    """``--log-to NAMES``: the experiment trackers, writing in ``--out`` (see job_tracking)."""
+    p.add_argument(
+        "--log-to",
+        type=tracker_list,
+        metavar="NAMES",
+        help=f"experiment trackers, comma-separated: {', '.join(TRACKERS)}; they write in "
+        "--out (default MULTIGPU_LOG_DIR, else runs); default MULTIGPU_LOG_TO, else none",
+    )
 
 
 def add_seed_and_accumulation(p: argparse.ArgumentParser, *, seed: str) -> None:

@@ -11,7 +11,11 @@ import argparse
 from multigpu.arguments import Parser, positive
 from multigpu.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
-from multigpu.examples.job_cli import add_checkpoint_options, add_seed_and_accumulation
+from multigpu.examples.job_cli import (
+    add_checkpoint_options,
+    add_seed_and_accumulation,
+    add_tracking_option,
+)
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
@@ -91,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         resume="auto: continue from the newest complete checkpoint (default); never: start over "
         "(refused if checkpoints exist); or the path of one checkpoint",
     )
+    add_tracking_option(p)
     add(
         "--progress",
         choices=("lines", "off"),
