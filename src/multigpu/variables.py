@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.mesh_spec import EXAMPLE, parse_mesh
-from multigpu.tracker_names import parse_trackers
+from multigpu.tracker_names import TRACKERS, parse_trackers
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -159,8 +159,15 @@ def log_to(environ: Mapping[str, str]) -> tuple[str, ...]:
 
     An unknown name or a tracker whose package is missing is refused like any bad value.
     """
-    raw = _raw(environ, "MULTIGPU_LOG_TO")
-    return parse_trackers(raw, "MULTIGPU_LOG_TO=") if raw else ()
+    name = "MULTIGPU_LOG_TO"
+    raw = _raw(environ, name)
+    try:
+        return parse_trackers(raw, f"{name}=") if raw else ()
+    except UsageError as e:
+        if "unknown tracker" not in str(e):
+            raise  # a missing package: its message says what to install
+        why = str(e).split(": ", 1)[1].split("; ")[0]
+        raise _refuse(name, raw, f"a list of {', '.join(TRACKERS)} ({why})", "tensorboard") from e
 
 
 def log_dir(environ: Mapping[str, str]) -> str | None:
@@ -180,9 +187,9 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_LOG_LEVEL": log_level,
     "MULTIGPU_MESH": mesh,
     "MULTIGPU_LOG_TO": log_to,
-    "MULTIGPU_LOG_DIR": log_dir,
 }
-"""Every variable a user sets, with its reader (the others are set by multigpu itself)."""
+"""Every variable a user sets that can be wrong, with its reader (``MULTIGPU_LOG_DIR`` takes
+any path; the others are set by multigpu itself)."""
 
 
 def check_environment(environ: Mapping[str, str]) -> None:

@@ -25,6 +25,7 @@ BAD = {
     "MULTIGPU_HANG_AFTER": ("-1", "a positive number of seconds"),
     "MULTIGPU_LOG_LEVEL": ("loud", "one of debug, info, warning, error, critical"),
     "MULTIGPU_MESH": ("dp=2,pp=2", "a mesh shape ('pp' is not a mesh axis"),
+    "MULTIGPU_LOG_TO": ("tensorbord", "a list of tensorboard, csv, mlflow, wandb (unknown"),
 }
 
 

@@ -95,16 +95,18 @@ def test_the_environment_variables_choose_the_trackers_and_the_directory(tmp_pat
     ],
 )
 def test_bad_values_are_refused_in_one_line(tmp_path: Path, metrics, step, says):
-    with multigpu.init(environ={}, log_to="csv", log_dir=tmp_path) as ctx:
-        with pytest.raises(UsageError, match=r"ctx\.log") as e:
-            ctx.log(metrics, step=step)
+    with (
+        multigpu.init(environ={}, log_to="csv", log_dir=tmp_path) as ctx,
+        pytest.raises(UsageError, match=r"ctx\.log") as e,
+    ):
+        ctx.log(metrics, step=step)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def test_unknown_tracker_names_get_a_did_you_mean():
     with pytest.raises(UsageError, match=r"did you mean mlflow\?"):
         multigpu.init(environ={}, log_to="mlfow")
-    with pytest.raises(UsageError, match=r"MULTIGPU_LOG_TO='wandbb'.*did you mean wandb\?"):
+    with pytest.raises(UsageError, match=r"MULTIGPU_LOG_TO='wandbb' .*did you mean wandb\?"):
         variables.check_environment({"MULTIGPU_LOG_TO": "wandbb"})
     assert parse_trackers(["CSV", "csv", " none "], "log_to=") == ("csv",)
 

@@ -25,11 +25,11 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     tmp = tmp_path_factory.mktemp("track")
     out = tmp / "out"
     said = []
+    common = ["--out", str(out), "--checkpoint-every", "10", "--progress", "off"]
+    names = ",".join(["csv", *TRACKERS])
     for epochs in ("1", "2"):
         done = run_multigpu(
-            ["train", "--cpu", "2", "--epochs", epochs, "--out", str(out)]
-            + ["--checkpoint-every", "10", "--progress", "off"]
-            + ["--log-to", ",".join(["csv", *TRACKERS])],
+            ["train", "--cpu", "2", "--epochs", epochs, "--log-to", names, *common],
             tmp,
             timeout=240,
             WANDB_MODE="offline",
@@ -41,7 +41,7 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 def test_the_resumed_job_says_it_continues_the_run(resumed):
-    out, said = resumed
+    _, said = resumed
     assert "(a new run)" in said[0]
     assert "continuing its run; steps up to 22 are there and not sent again" in said[1]
 
