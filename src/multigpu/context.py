@@ -8,7 +8,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -365,6 +365,14 @@ class Context(RankTools, Checkpointing, Metering):
     def to_device(self, obj: T) -> T:
         """Move tensors (also nested in dicts, lists, dataclasses) or a module to ``device``."""
         return move_to_device(obj, self.device)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Send ``metrics`` (numbers or one-element tensors) at ``step`` to the trackers of
+        ``init(log_to=...)``, from rank 0; elsewhere (or with no tracker) it does nothing and
+        never communicates, so reduce a value first where every rank's share counts. A resumed
+        run does not send again a step its trackers already have (see docs/api.md)."""
+        for hook in self._hooks:
+            hook.on_log(self, metrics, step)
 
     # ---- lifetime -----------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -7,7 +7,7 @@ the Context (typed ``Any``: this module sits below it). A hook inherits a no-op 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,9 @@ class Hook:
     def on_step(self, ctx: Any) -> None:
         """An optimizer step ended (``ctx.step`` stepped: also the last micro-batch of an
         accumulated step, and after a pipeline's ``forward_backward``)."""
+
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+        """``ctx.log(metrics, step=step)`` was called (the trackers attach here, on rank 0)."""
 
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
         """The ``with`` block ends, by ``error`` or normally (None); the group still exists."""

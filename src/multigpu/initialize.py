@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,6 +35,8 @@ from multigpu.profile_window import parse_window
 from multigpu.seed import seed_everything
 from multigpu.settings import Settings
 from multigpu.strategies import Strategy, resolve_strategy
+from multigpu.tracker_names import parse_trackers
+from multigpu.tracking import DEFAULT_LOG_DIR, Tracking
 from multigpu.verify_record import VerifyRecorder
 from multigpu.versions import local_versions, mismatch_message
 
@@ -55,6 +57,9 @@ def init(
     flops_per_token: float | None = None,
     profile: str | None = None,
     profile_dir: str | os.PathLike[str] | None = None,
+    log_to: str | Sequence[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    config: Mapping[str, object] | None = None,
 ) -> Context:
     """Set this process up for data-parallel training and return its Context.
 
@@ -87,6 +92,13 @@ def init(
             ``torch.profiler`` into ``profile_dir``, one Chrome-trace JSON per rank; default
             ``MULTIGPU_PROFILE``.
         profile_dir: where the traces go; default ``MULTIGPU_PROFILE_DIR``, else ``./profile``.
+        log_to: experiment trackers ``ctx.log`` writes to, from rank 0: ``"tensorboard,csv"``
+            or a sequence of ``tensorboard``, ``csv``, ``mlflow``, ``wandb``; default
+            ``MULTIGPU_LOG_TO``, else none.
+        log_dir: the trackers' directory, one run in it; a job resuming there continues that
+            run. Default ``MULTIGPU_LOG_DIR``, else ``runs``.
+        config: the run's hyperparameters (names to numbers, strings, bools), recorded by
+            each tracker with the job's environment (world size, strategy, versions, ...).
 
     Raises:
         UsageError: a bad argument or ``MULTIGPU_*`` value (``MULTIGPU_STRATEGY=bogus``);
@@ -119,6 +131,7 @@ def init(
             )
         if deterministic is None:
             deterministic = settings.deterministic
+        tracking = choose_tracking(log_to, log_dir, config, settings, env)
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
@@ -139,6 +152,8 @@ def init(
     if window is not None:
         where = Path(profile_dir or settings.profile_dir or "profile")
         hooks.append(ProfileHook(window, where, env.rank, env.world_size))
+    if tracking is not None:
+        hooks.append(tracking)
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,
@@ -162,6 +177,37 @@ def _profile_window(profile: str) -> tuple[int, int]:
         )
     except ValueError as e:
         raise UsageError(str(e)) from e
+def choose_tracking(
+    log_to: str | Sequence[str] | None,
+    log_dir: str | os.PathLike[str] | None,
+    config: Mapping[str, object] | None,
+    settings: Settings,
+    env: ClusterEnv,
+) -> Tracking | None:
+    """Rank 0's trackers (None elsewhere, or with none asked for), checked before anything
+    starts: the names, their packages, ``config``, and a log directory rank 0 can write."""
+    names = settings.log_to if log_to is None else parse_trackers(log_to, "log_to=")
+    if config is not None and not (
+        isinstance(config, Mapping) and all(isinstance(k, str) for k in config)
+    ):
+        raise UsageError(
+            f"config={config!r}: expected a mapping of hyperparameter names (strings) to "
+            "values, e.g. config={'lr': 3e-4, 'batch_size': 64}"
+        )
+    if not names or env.rank != 0:
+        return None
+    directory = Path(log_dir or settings.log_dir or DEFAULT_LOG_DIR)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".multigpu-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(
+            f"log directory {directory}: cannot write there ({e.strerror}); expected a "
+            "directory this user can write; give another log_dir= or MULTIGPU_LOG_DIR"
+        ) from e
+    return Tracking(names, directory, config=config, restarts=env.restart_count)
 
 
 def choose_hooks(

@@ -36,6 +36,10 @@ class Settings:
     """``MULTIGPU_PROFILE``: the optimizer steps to trace."""
     profile_dir: str | None = None
     """``MULTIGPU_PROFILE_DIR``: where the traces go."""
+    log_to: tuple[str, ...] = ()
+    """``MULTIGPU_LOG_TO``: the experiment trackers (none when unset)."""
+    log_dir: str | None = None
+    """``MULTIGPU_LOG_DIR``: the trackers' directory (None: ``init``'s default)."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> Settings:
@@ -55,4 +59,6 @@ class Settings:
             cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
             profile=variables.profile(environ),
             profile_dir=variables.profile_dir(environ),
+            log_to=variables.log_to(environ),
+            log_dir=variables.log_dir(environ),
         )

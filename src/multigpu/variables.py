@@ -17,6 +17,7 @@ from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.mesh_spec import EXAMPLE, parse_mesh
 from multigpu.profile_window import parse_window
+from multigpu.tracker_names import TRACKERS, parse_trackers
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -173,6 +174,27 @@ def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:
     return read_choice(environ, "MULTIGPU_LOG_LEVEL", LOG_LEVELS, default.lower(), "info").upper()
 
 
+def log_to(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``MULTIGPU_LOG_TO``: the experiment trackers (``tensorboard,csv``); () when unset.
+
+    An unknown name or a tracker whose package is missing is refused like any bad value.
+    """
+    name = "MULTIGPU_LOG_TO"
+    raw = _raw(environ, name)
+    try:
+        return parse_trackers(raw, f"{name}=") if raw else ()
+    except UsageError as e:
+        if "unknown tracker" not in str(e):
+            raise  # a missing package: its message says what to install
+        why = str(e).split(": ", 1)[1].split("; ")[0]
+        raise _refuse(name, raw, f"a list of {', '.join(TRACKERS)} ({why})", "tensorboard") from e
+
+
+def log_dir(environ: Mapping[str, str]) -> str | None:
+    """``MULTIGPU_LOG_DIR``: the directory of the trackers' run; None when unset."""
+    return _raw(environ, "MULTIGPU_LOG_DIR") or None
+
+
 CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_STRATEGY": strategy,
     "MULTIGPU_BACKEND": backend,
@@ -185,8 +207,10 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_LOG_LEVEL": log_level,
     "MULTIGPU_MESH": mesh,
     "MULTIGPU_PROFILE": profile,
+    "MULTIGPU_LOG_TO": log_to,
 }
-"""Every variable a user sets, with its reader (the others are set by multigpu itself)."""
+"""Every variable a user sets that can be wrong, with its reader (``MULTIGPU_LOG_DIR`` takes
+any path; the others are set by multigpu itself)."""
 
 
 def check_environment(environ: Mapping[str, str]) -> None:

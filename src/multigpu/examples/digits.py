@@ -24,6 +24,7 @@ import multigpu
 from multigpu.context import Context
 from multigpu.examples import job_cli
 from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
+from multigpu.examples.job_tracking import TrackedSteps, hyperparameters
 from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.examples.run_state import RunState, parameter_sha256, write_outputs
 from multigpu.hang.recorder import active_log
@@ -92,6 +93,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         profile=profile,  # --profile: steps traced into OUT/profile
         profile_dir=job_cli.profile_dir(args),
+        log_to=args.log_to,  # None: MULTIGPU_LOG_TO
+        log_dir=args.out,  # None: MULTIGPU_LOG_DIR, else runs
+        config=hyperparameters(args),
     ) as ctx:
         train_set, test_set = load_digits_split()
         model = DigitsCNN()
@@ -127,6 +131,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "start afresh here, so this run ends close to, not equal to, an uninterrupted one"
             )
         step_seconds: list[float] = []  # per optimizer step (all its micro-batches), this run
+        tracked = TrackedSteps(ctx, samples_per_step=args.batch_size)  # --log-to's records
         in_step = 0.0
         progress = _progress(ctx, args.progress)
         task = progress.add_task("train", total=args.epochs * len(loader)) if progress else None
@@ -151,12 +156,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         seconds=now - tick,
                         samples=args.batch_size,
                     )
-                    tick = now
+                    tracked.micro_batch(loss)
+                    if stepped:
+                        tracked.stepped(run.steps, optimizer.param_groups[0]["lr"])
+                    tick = time.perf_counter()  # the log call is not the next step's time
                     if stepped and checkpointer is not None:
                         checkpointer.step()  # saves every --checkpoint-every steps
                     if progress is not None and task is not None:
                         progress.update(task, advance=1)
             record = _finish_epoch(ctx, model, test_set, args, run)
+            tracked.evaluated(run.train_steps, _epoch_values(record))
             if progress is not None:
                 progress.console.print(_epoch_line(record, args.epochs))
             elif args.progress != "off":
@@ -198,6 +207,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             f"{metrics['seconds']:.1f} s ({metrics['samples_per_second']:.0f} samples/s)"
         )
     return metrics
+
+
+def _epoch_values(record: dict[str, Any]) -> dict[str, Any]:
+    """What an epoch's record sends to the trackers, at the step the epoch ended."""
+    return {
+        "epoch": record["epoch"],
+        "epoch_loss": record["loss"],  # the mean over every rank's micro-batches
+        "test_accuracy": record["test_accuracy"],
+        "epoch_samples_per_s": record["samples_per_second"],
+    }
 
 
 def _strategy(args: argparse.Namespace) -> str | DDPStrategy | None:

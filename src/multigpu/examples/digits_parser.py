@@ -18,6 +18,7 @@ from multigpu.examples.job_cli import (
     add_checkpoint_options,
     add_profile_option,
     add_seed_and_accumulation,
+    add_tracking_option,
 )
 
 NO_DDP = ("single", "dp", "fsdp")
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         resume="auto: continue from the newest complete checkpoint when there is one (default); "
         "never: start over (refused if checkpoints exist); or the path of one checkpoint",
     )
+    add_tracking_option(p)
     p.add_argument("--save", help="path of the model's state dict (default OUT/model.pt)")
     p.add_argument(
         "--progress",

@@ -19,6 +19,7 @@ from typing import Any
 
 from multigpu.arguments import positive, profile_arg
 from multigpu.errors import UsageError
+from multigpu.tracker_names import TRACKERS, parse_trackers
 
 
 def directory_problem(path: Path) -> str | None:
@@ -68,6 +69,25 @@ def add_profile_option(p: argparse.ArgumentParser) -> None:
 def profile_dir(args: argparse.Namespace) -> Path:
     """Where ``--profile`` writes: ``OUT/profile``, or ``./profile`` without ``--out``."""
     return Path(args.out) / "profile" if getattr(args, "out", None) else Path("profile")
+
+
+def tracker_list(text: str) -> tuple[str, ...]:
+    """``--log-to``'s converter: tracker names, refused (one line) when unknown or missing."""
+    try:
+        return parse_trackers(text, "")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).strip()) from None
+
+
+def add_tracking_option(p: argparse.ArgumentParser) -> None:
+    """``--log-to NAMES``: the experiment trackers, writing in ``--out`` (see job_tracking)."""
+    p.add_argument(
+        "--log-to",
+        type=tracker_list,
+        metavar="NAMES",
+        help=f"experiment trackers, comma-separated: {', '.join(TRACKERS)}; they write in "
+        "--out (default MULTIGPU_LOG_DIR, else runs); default MULTIGPU_LOG_TO, else none",
+    )
 
 
 def add_seed_and_accumulation(p: argparse.ArgumentParser, *, seed: str) -> None:

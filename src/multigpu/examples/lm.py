@@ -20,6 +20,7 @@ from torch import nn
 
 import multigpu
 from multigpu.examples import job_cli, lm_data, lm_options
+from multigpu.examples.job_tracking import TrackedSteps, hyperparameters
 from multigpu.examples.lm_log import RunLog
 from multigpu.examples.run_state import write_outputs
 
@@ -161,6 +162,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         profile=profile,  # --profile: steps traced into OUT/profile
         profile_dir=job_cli.profile_dir(args),
+        log_to=args.log_to,  # None: MULTIGPU_LOG_TO
+        log_dir=args.out,  # None: MULTIGPU_LOG_DIR, else runs
+        config=hyperparameters(args),
     ) as ctx:
         corpus = lm_data.load_corpus(int(args.corpus_mb * 1e6))
         lm_options.check_data(ctx, args, corpus)  # the same on every rank, and enough
@@ -187,6 +191,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         step = resumed or 0
         run = RunLog(ctx, args, baseline, corpus, start_step=step)
         ctx.print(run.header(n_params, loader.batch_size))
+        tokens = args.batch_size * args.block_size  # per optimizer step, over every rank
+        steps_log = TrackedSteps(ctx, samples_per_step=args.batch_size, tokens_per_step=tokens)
         batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
         while step < args.steps:
             x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)
@@ -196,8 +202,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 ctx.clip_grad_norm(model, optimizer, 1.0)
                 stepped = ctx.step(optimizer)
             run.add(loss.detach())
+            steps_log.micro_batch(loss)
             if not stepped:
                 continue
+            steps_log.stepped(step + 1, optimizer.param_groups[0]["lr"])  # the lr it used
             schedule.step()
             step += 1
             if ckpt is not None:
@@ -205,6 +213,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if step % args.eval_every == 0 or step == args.steps:
                 run.pause()  # evaluation is not training time
                 run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
+                steps_log.evaluated(step, run.history[-1])
         if not run.history:  # resumed at the last step: nothing left to train, still evaluate
             run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
         if isinstance(ctx.strategy, multigpu.PipelineStrategy):

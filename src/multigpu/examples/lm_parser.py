@@ -15,6 +15,7 @@ from multigpu.examples.job_cli import (
     add_checkpoint_options,
     add_profile_option,
     add_seed_and_accumulation,
+    add_tracking_option,
 )
 
 DEFAULT_BATCH_SIZE = 32
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         resume="auto: continue from the newest complete checkpoint (default); never: start over "
         "(refused if checkpoints exist); or the path of one checkpoint",
     )
+    add_tracking_option(p)
     add(
         "--progress",
         choices=("lines", "off"),

@@ -37,6 +37,7 @@ class RunState:
     history: list[dict[str, Any]] = field(default_factory=list)
     train_seconds: float = 0.0
     train_samples: int = 0
+    train_steps: int = 0
     current: dict[str, Any] = field(default_factory=_empty)
 
     def add_step(self, loss: float, *, stepped: bool, seconds: float, samples: int) -> None:
@@ -53,7 +54,13 @@ class RunState:
         done, self.current = self.current, _empty()
         self.train_seconds += done["seconds"]
         self.train_samples += done["samples"]
+        self.train_steps += done["steps"]
         return done
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken so far, over every epoch (the step trackers are sent)."""
+        return self.train_steps + int(self.current["steps"])
 
     def state_dict(self) -> dict[str, Any]:
         """Everything, as plain Python values (loads with ``weights_only=True``)."""
@@ -64,6 +71,7 @@ class RunState:
         self.history = [dict(r) for r in state["history"]]
         self.train_seconds = float(state["train_seconds"])
         self.train_samples = int(state["train_samples"])
+        self.train_steps = int(state.get("train_steps", 0))  # absent in older checkpoints
         self.current = dict(state["current"])
 
 

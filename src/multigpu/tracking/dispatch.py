@@ -1,0 +1,196 @@
+"""The hook behind ``ctx.log``: rank 0's trackers, one run, no step sent twice.
+
+Environment variables read: none (``multigpu.init`` hands over ``log_to``, ``log_dir`` and the
+restart count; each tracker module names what its own package reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.errors import UsageError
+from multigpu.hooks import Hook
+from multigpu.tracking.run_file import Frontier, RunRecord, plain, read_run, write_run
+from multigpu.tracking.tracker import Opening, Tracker
+from multigpu.versions import local_versions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG_DIR = "runs"
+"""The log directory when neither ``log_dir=`` nor ``MULTIGPU_LOG_DIR`` gives one."""
+
+
+def make_tracker(name: str, directory: Path) -> Tracker:
+    """The adapter of tracker ``name`` (its package is imported when the run opens)."""
+    if name == "tensorboard":
+        from multigpu.tracking.to_tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker(directory)
+    if name == "csv":
+        from multigpu.tracking.to_csv import CsvTracker
+
+        return CsvTracker(directory)
+    if name == "mlflow":
+        from multigpu.tracking.to_mlflow import MlflowTracker
+
+        return MlflowTracker(directory)
+    from multigpu.tracking.to_wandb import WandbTracker
+
+    return WandbTracker(directory)
+
+
+class Tracking(Hook):
+    """Rank 0's trackers of a job, attached to its Context by ``multigpu.init``.
+
+    The run opens at the first ``ctx.log``: a new one, or the run of ``directory``'s run file
+    when this job resumes it (its first step is past the run's first, or it is an elastic
+    restart: ``restarts`` > 0); a job starting over at the run's first step starts a new run.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        directory: Path,
+        *,
+        config: Mapping[str, Any] | None = None,
+        restarts: int = 0,
+    ) -> None:
+        self.names = tuple(names)
+        self.directory = directory
+        self.config = {str(k): plain(v) for k, v in (config or {}).items()}
+        self.restarts = restarts
+        self._trackers: list[tuple[Tracker, Frontier]] = []
+        self._record: RunRecord | None = None
+        self._sent = Frontier()
+        self._closed = False
+
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+        values = numbers_of(metrics, step)
+        if self._closed:
+            raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
+        record = self._record or self._open(ctx, step)
+        done = []
+        for tracker, frontier in self._trackers:
+            fresh = {k: v for k, v in values.items() if not frontier.has(step, k)}
+            if fresh:
+                tracker.log(fresh, step)
+            done.append((tracker, frontier.after(step, values)))
+        self._trackers = done
+        self._sent = self._sent.after(step, values)
+        record.note(self._sent)
+        write_run(self.directory, record)
+
+    def _open(self, ctx: Any, step: int) -> RunRecord:
+        previous = read_run(self.directory)
+        continuing = previous is not None and (self.restarts > 0 or step > previous.first_step)
+        record = previous if continuing and previous is not None else RunRecord(first_step=step)
+        if continuing:
+            record.jobs += 1
+        opening = Opening(
+            directory=self.directory,
+            name=self.directory.absolute().name,
+            continuing=continuing,
+            first_step=step,
+            frontier=record.frontier,
+            ids=dict(record.ids),
+            config=self.config,
+            environment=environment(ctx, self.restarts),
+        )
+        for name in self.names:
+            tracker = make_tracker(name, self.directory)
+            own = tracker.open(opening)
+            self._trackers.append((tracker, _later(record.frontier, own)))
+            record.ids.update(tracker.ids())
+        self._record, self._sent = record, record.frontier
+        write_run(self.directory, record, durable=True)
+        said = "continuing its run" if continuing else "a new run"
+        if continuing and record.last_step is not None:
+            said += f"; steps up to {record.last_step} are there and not sent again"
+        ctx.print(f"tracking: {', '.join(self.names)} in {self.directory} ({said})")
+        return record
+
+    def on_exit(self, ctx: Any, error: BaseException | None) -> None:
+        stopped_cleanly = error is None or (isinstance(error, SystemExit) and not error.code)
+        self._close(failed=not stopped_cleanly)
+
+    def on_teardown(self, ctx: Any) -> None:
+        self._close(failed=False)
+
+    def _close(self, *, failed: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for tracker, _ in self._trackers:
+            try:  # one tracker failing to close must not keep the others open
+                tracker.close(failed)
+            except Exception as e:
+                log.warning("tracking: closing %s failed: %s", tracker.name, e)
+        if self._record is not None:
+            write_run(self.directory, self._record, durable=True)
+
+
+def _later(a: Frontier, b: Frontier | None) -> Frontier:
+    """The further of two frontiers (a tracker's own store may be ahead of the run file)."""
+    if b is None or b.step is None or (a.step is not None and a.step > b.step):
+        return a
+    if a.step == b.step:
+        return Frontier(a.step, a.keys | b.keys)
+    return b
+
+
+def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
+    """``metrics`` as floats (tensors read once); refuses what a tracker cannot plot.
+
+    Example:
+        >>> numbers_of({"loss": torch.tensor(0.5), "n": 3}, step=1)
+        {'loss': 0.5, 'n': 3.0}
+    """
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise UsageError(f"ctx.log(step={step!r}): expected the step as a whole number >= 0")
+    if not isinstance(metrics, Mapping):
+        raise UsageError(
+            f"ctx.log({type(metrics).__name__}): expected a mapping of names to numbers, "
+            "e.g. ctx.log({'loss': loss}, step=step)"
+        )
+    values: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key:
+            raise UsageError(f"ctx.log: metric name {key!r}: expected a non-empty string")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            values[key] = float(value.detach().item())
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            values[key] = float(value)
+        else:
+            shown = f"a tensor of shape {tuple(value.shape)}" if hasattr(value, "shape") else value
+            raise UsageError(
+                f"ctx.log: {key}={shown!r}: expected a number or a one-element tensor"
+            )
+    return values
+
+
+def environment(ctx: Any, restarts: int) -> dict[str, Any]:
+    """Where the job runs, as the trackers record it beside the hyperparameters."""
+    env = ctx.env
+    found: dict[str, Any] = {
+        "world_size": ctx.world_size,
+        "nodes": env.num_nodes,
+        "processes_per_node": env.local_world_size,
+        "launcher": env.source,
+        "strategy": ctx.strategy.name,
+        "precision": ctx.precision.name,
+        "device": ctx.device.type,
+        "backend": ctx.backend or "none",
+        "host": socket.gethostname(),
+        "restarts": restarts,
+    }
+    if ctx.device.type == "cuda":
+        found["gpu"] = torch.cuda.get_device_name(ctx.device)
+    found.update({f"{k}_version": v for k, v in local_versions().items()})
+    return found

@@ -1,0 +1,54 @@
+"""What every tracker adapter offers the dispatcher, and what it is told when its run opens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multigpu.tracking.run_file import Frontier
+
+
+@dataclass(frozen=True, kw_only=True)
+class Opening:
+    """A run starting or continuing in ``directory`` at this job's first step."""
+
+    directory: Path
+    """The log directory (each tracker writes in its own place under it)."""
+    name: str
+    """The run's name (the directory's name)."""
+    continuing: bool
+    """True: an earlier job's run is continued (its ids are in ``ids``)."""
+    first_step: int
+    """The step of this job's first ``ctx.log``."""
+    frontier: Frontier
+    """What the run file says every tracker has (empty for a new run)."""
+    ids: Mapping[str, str]
+    """The trackers' ids of the run being continued."""
+    config: Mapping[str, Any]
+    """The run's hyperparameters (``init(config=)``)."""
+    environment: Mapping[str, Any]
+    """Where it runs: world size, nodes, strategy, precision, device, versions."""
+
+
+class Tracker:
+    """One tracker of a run: opened at the first ``ctx.log``, then sent each step's values."""
+
+    name = ""
+
+    def open(self, opening: Opening) -> Frontier | None:
+        """Start or continue the run; return what the tracker's own store says it already has
+        of a continued run when it can tell (it may hold a step the run file missed)."""
+        raise NotImplementedError
+
+    def ids(self) -> dict[str, str]:
+        """The ids that name this tracker's run, kept in the run file."""
+        return {}
+
+    def log(self, values: Mapping[str, float], step: int) -> None:
+        """Record ``values`` at ``step``, durably enough to survive this process being killed."""
+        raise NotImplementedError
+
+    def close(self, failed: bool) -> None:
+        """End the run (``failed``: the job ended by an error)."""
