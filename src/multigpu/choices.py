@@ -7,6 +7,9 @@ a name (``multigpu.strategies``, ``multigpu.precision``, ``multigpu.device``) ta
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 STRATEGY_NAMES = ("auto", "single", "dp", "ddp", "fsdp", "pipeline")
 """``multigpu.init(strategy=)``, ``MULTIGPU_STRATEGY`` and ``multigpu train --strategy``."""
 
@@ -25,3 +28,17 @@ BACKENDS = ("nccl", "gloo")
 DEVICES = ("auto", "cpu")
 """``MULTIGPU_DEVICE``: ``cpu`` keeps a rank on the CPU where CUDA is present (``multigpu run
 --cpu`` sets it); ``auto`` (or unset): CUDA when present."""
+
+
+def did_you_mean(given: str, names: Iterable[str]) -> str:
+    """``"; did you mean NAME?"`` for the name of ``names`` closest to ``given`` (difflib), or
+    ``""`` when none is close: the tail of a one-line refusal of a mistyped choice.
+
+    Example:
+        >>> did_you_mean("fsdpp", STRATEGY_NAMES)
+        '; did you mean fsdp?'
+        >>> did_you_mean("xyz", STRATEGY_NAMES)
+        ''
+    """
+    close = difflib.get_close_matches(str(given).lower(), [str(n) for n in names], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
