@@ -29,7 +29,7 @@ from multigpu import variables
 from multigpu.arguments import Parser, cpu_count_arg, options_from, seconds_arg
 from multigpu.cli.args import split_own_args
 from multigpu.errors import LaunchError, UsageError
-from multigpu.launch import train
+from multigpu.launch import train, train_outputs
 from multigpu.launch.options import BACKENDS, LaunchOptions, parse_nnodes
 from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
 
@@ -223,8 +223,13 @@ def _train(argv: Sequence[str]) -> int:
     if ns.help:
         sys.stdout.write(parser.format_help() + "\n" + train.training_help(model))
         return 0
+    # No --out: a fresh runs/MODEL/N, decided here once for every restart of this launch.
+    nnodes = str(getattr(ns, "nnodes", "1"))
+    job_argv, chosen = train_outputs.default_outputs(
+        model, job_argv, nnodes=nnodes, rdzv_id=getattr(ns, "rdzv_id", None)
+    )
     # The job's own parser: a bad option refused here, once, before anything starts.
-    single_node = str(getattr(ns, "nnodes", "1")) in ("1", "1:1")
+    single_node = nnodes in ("1", "1:1")
     train.parse_job_args(model, job_argv, single_node=single_node)
     # Checks that need no device: before the GPUs are chosen, so that a busy GPU cannot hide
     # a mistake in the options (seen on a GPU machine whose one GPU another job held).
@@ -247,6 +252,10 @@ def _train(argv: Sequence[str]) -> int:
         if low == high:  # an elastic node count has no fixed world size to check against
             train.check_batch_size(job_argv, plan.nproc_per_node * low, model)
             train.check_pipeline_options(job_argv, plan.nproc_per_node * low, model)
+        if not options.dry_run:  # the last check: nothing is created for a refused run
+            if chosen is not None:
+                train_outputs.claim_run_dir(chosen, shared=not single_node)
+            train_outputs.announce(job_argv, chosen)
 
     return multigpu_run(options, check=check)
 

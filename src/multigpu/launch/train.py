@@ -203,8 +203,12 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
 
 def check_pipeline_options(job_args: Sequence[str], processes: int, model: str) -> None:
     """Refuse, before anything starts, ``--strategy pipeline`` options the job cannot build."""
+    args = JOB_PARSERS[model]().parse_args(list(job_args))
     if model == "lm":
-        lm_parser.check_pipeline(JOB_PARSERS[model]().parse_args(list(job_args)), processes)
+        lm_parser.check_pipeline(args, processes)
+    else:  # digits: --strategy, else MULTIGPU_STRATEGY
+        strategy = digits_parser.check_compression(args.strategy, args.compression)
+        digits_parser.check_pipeline(args, processes, strategy)
 
 
 def wants_one_process(job_args: Sequence[str]) -> bool:
