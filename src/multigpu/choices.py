@@ -37,8 +37,14 @@ def did_you_mean(given: str, names: Iterable[str]) -> str:
     Example:
         >>> did_you_mean("fsdpp", STRATEGY_NAMES)
         '; did you mean fsdp?'
+        >>> did_you_mean("bf16", PRECISIONS)
+        '; did you mean bf16-mixed?'
         >>> did_you_mean("xyz", STRATEGY_NAMES)
         ''
     """
-    close = difflib.get_close_matches(str(given).lower(), [str(n) for n in names], n=1, cutoff=0.6)
+    given, choices = str(given).lower(), [str(n) for n in names]
+    close = difflib.get_close_matches(given, choices, n=1, cutoff=0.6)
+    if not close and given:  # a prefix of one name only: "bf16" for "bf16-mixed"
+        close = [n for n in choices if n.startswith(given)][:2]
+        close = close if len(close) == 1 else []
     return f"; did you mean {close[0]}?" if close else ""
