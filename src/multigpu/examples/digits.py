@@ -153,7 +153,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     tick = now
                     if stepped and checkpointer is not None:
-                        checkpointer.step()  # saves every --checkpoint-every steps
+                        if checkpointer.step():  # saves every --checkpoint-every steps
+                            tick = time.perf_counter()  # a save is not training time
                     if progress is not None and task is not None:
                         progress.update(task, advance=1)
             record = _finish_epoch(ctx, model, test_set, args, run)
