@@ -152,9 +152,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         samples=args.batch_size,
                     )
                     tick = now
-                    if stepped and checkpointer is not None:
-                        if checkpointer.step():  # saves every --checkpoint-every steps
-                            tick = time.perf_counter()  # a save is not training time
+                    # saves every --checkpoint-every steps; a save is not training time
+                    if stepped and checkpointer is not None and checkpointer.step():
+                        tick = time.perf_counter()
                     if progress is not None and task is not None:
                         progress.update(task, advance=1)
             record = _finish_epoch(ctx, model, test_set, args, run)
