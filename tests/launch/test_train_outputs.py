@@ -51,8 +51,11 @@ def test_dry_run_shows_the_chosen_directory_and_creates_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--model", "lm", "--cpu", "2", "--dry-run", "--steps", "5"]) == 0
+    argv = ["train", "--model", "lm", "--cpu", "2", "--max-restarts", "1", "--dry-run"]
+    assert main([*argv, "--steps", "5"]) == 0
     plan = dict(ln.split(":", 1) for ln in capsys.readouterr().out.splitlines() if ":" in ln)
+    # torchrun restarts the workers with these arguments: the same directory, its checkpoints
+    assert "--max-restarts=1" in shlex.split(plan["torchrun"])
     assert shlex.split(plan["torchrun"])[-7:] == [
         "multigpu.examples.lm", "--steps", "5", "--out", "runs/lm/1",
         "--checkpoint-dir", "runs/lm/1/checkpoints",
