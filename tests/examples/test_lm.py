@@ -169,22 +169,32 @@ def test_fsdp_trains_as_ddp_writes_a_whole_model_and_resumes_where_it_left_off(t
 def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     out = tmp_path / "run"
     argv = ["train", "--model", "lm", "--cpu", "2", *TINY, "--progress", "lines"]
-    done = run_multigpu([*argv, "--steps", "20", "--eval-every", "10", "--out", str(out)], tmp_path)
+    every = ["--checkpoint-every", "15"]  # step 15, and the last step (20)
+    done = run_multigpu([*argv, "--steps", "20", "--eval-every", "10", "--out", str(out), *every],
+                        tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     steps = [ln for ln in lines if ln.startswith("step ")]
     assert [ln.split()[1] for ln in steps] == ["10/20", "20/20"]  # rank 0 only
     assert all("val loss" in ln and "unigram" in ln and "tokens/s" in ln for ln in steps)
-    assert lines[-2].startswith("val loss ") and "vs unigram baseline" in lines[-2]
+    assert lines[-3].startswith("val loss ") and "vs unigram baseline" in lines[-3]
     png = ", loss.png" if (out / "loss.png").exists() else ""  # with matplotlib (extra plot)
-    assert lines[-1] == f"wrote {out}/: model.pt, metrics.json{png}"
+    assert lines[-2] == f"wrote {out}/: model.pt, metrics.json{png}"
+    newest = out / "checkpoints" / "step-00000020"
+    assert lines[-1] == (
+        f"checkpoints in {out}/checkpoints/: step-00000015, step-00000020 (multigpu ckpt "
+        f"inspect {newest})"
+    )
+    assert (newest / "COMMITTED").is_file()
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["strategy"] == "ddp"
     assert [r["step"] for r in metrics["history"]] == [10, 20]
     assert metrics["tokens_per_second"] > 0 and metrics["val_loss"] < metrics["unigram_baseline"]
     model = build_model(n_layer=1, n_head=2, n_embd=64, block_size=32)
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
-    assert {p.name for p in out.iterdir()} - {"loss.png"} == {"metrics.json", "model.pt"}
+    assert {p.name for p in out.iterdir()} - {"loss.png"} == {
+        "checkpoints", "metrics.json", "model.pt"
+    }  # fmt: skip
 
 
 def test_a_corpus_too_small_for_the_options_is_one_line_and_exit_2(tmp_path: Path):
