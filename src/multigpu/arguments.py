@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal, NoReturn, TypeVar
 
+from multigpu.choices import did_you_mean
 from multigpu.errors import UsageError
 from multigpu.profile_window import parse_window
 
@@ -42,6 +43,19 @@ class Parser(argparse.ArgumentParser):
                 f"[args]' or '{self.prog} [options] -m module [args]'; see '{self.prog} --help'"
             )
         raise UsageError(f"{message}; see '{self.prog} --help'")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's own check and words, with the closest choice named ("did you mean
+        # fsdp?"): Python 3.14's suggest_on_error does the same; 3.10-3.13 have nothing.
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = ", ".join(map(repr, choices))
+        raise argparse.ArgumentError(
+            action,
+            f"invalid choice: {value!r} (choose from {names})"
+            f"{did_you_mean(value, map(str, choices))}",
+        )
 
     def add_json(self, what: str = "one JSON document") -> None:
         """``--json`` (``as_json``): print ``what`` instead of the table."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES
+from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES, did_you_mean
 from multigpu.errors import UsageError
 from multigpu.mesh_spec import EXAMPLE, parse_mesh
 from multigpu.profile_window import parse_window
@@ -47,7 +47,9 @@ def read_choice(
     if not raw:
         return default
     if raw.lower() not in allowed:
-        raise _refuse(name, raw, f"one of {', '.join(allowed)}", example or allowed[0])
+        close = did_you_mean(raw, allowed)  # "fsdpp": "; did you mean fsdp?", and set that
+        suggested = close.removeprefix("; did you mean ").removesuffix("?") or example
+        raise _refuse(name, raw, f"one of {', '.join(allowed)}{close}", suggested or allowed[0])
     return raw.lower()
 
 

@@ -40,9 +40,10 @@ def test_minimal_example_gives_the_same_losses_on_one_and_two_processes(tmp_path
 
 
 def test_multigpu_train_defaults_reach_95_percent_on_two_processes(tmp_path: Path):
-    out = tmp_path / "run"
-    done = run_multigpu(["train", "--cpu", "2", "--out", str(out)], tmp_path, timeout=240)
+    # The README's command as written: no --out, so the launcher picks runs/digits/1.
+    done = run_multigpu(["train", "--cpu", "2"], tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr
+    out = tmp_path / "runs" / "digits" / "1"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["device"] == "cpu"
     assert metrics["strategy"] == "ddp" and metrics["epochs"] == len(metrics["history"])
@@ -51,7 +52,16 @@ def test_multigpu_train_defaults_reach_95_percent_on_two_processes(tmp_path: Pat
     model = DigitsCNN()
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
     assert "test accuracy" in done.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt"]
+    assert {p.name for p in out.iterdir()} - {"loss.png"} == {
+        "checkpoints", "metrics.json", "model.pt"
+    }  # fmt: skip
+    # once an epoch (22 steps), the 3 newest kept; the README quotes the last line's command
+    newest = "runs/digits/1/checkpoints/step-00000264"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step-00000220", "step-00000242", "step-00000264"
+    ]  # fmt: skip
+    assert done.stdout.splitlines()[-1].endswith(f"(multigpu ckpt inspect {newest})")
+    assert f"multigpu ckpt inspect {newest}" in (ROOT / "README.md").read_text()
 
 
 def test_checkpoint_docs_show_the_resume_example_verbatim():

@@ -184,7 +184,8 @@ def test_pipeline_counts_the_whole_model_and_its_sends_as_waiting():
 def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     out = tmp_path / "run"
     argv = ["train", "--model", "lm", "--cpu", "2", *TINY, "--progress", "lines"]
-    argv += ["--steps", "20", "--eval-every", "10", "--out", str(out), "--profile", "3:4"]
+    every = ["--checkpoint-every", "15"]  # step 15, and the last step (20)
+    argv += ["--steps", "20", "--eval-every", "10", "--out", str(out), "--profile", "3:4", *every]
     done = run_multigpu(argv, tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -193,7 +194,15 @@ def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     assert all("val loss" in ln and "unigram" in ln and "tokens/s" in ln for ln in steps)
     # the throughput of the steps since the last line: step time, wait share, peak memory
     assert all(re.search(r"step \d+\.\d ms  wait \d+%  peak \d+ MiB$", ln) for ln in steps), steps
-    assert lines[-1].startswith("val loss ") and "vs unigram baseline" in lines[-1]
+    assert lines[-3].startswith("val loss ") and "vs unigram baseline" in lines[-3]
+    png = ", loss.png" if (out / "loss.png").exists() else ""  # with matplotlib (extra plot)
+    assert lines[-2] == f"wrote {out}/: model.pt, metrics.json{png}"
+    newest = out / "checkpoints" / "step-00000020"
+    assert lines[-1] == (
+        f"checkpoints in {out}/checkpoints/: step-00000015, step-00000020 (multigpu ckpt "
+        f"inspect {newest})"
+    )
+    assert (newest / "COMMITTED").is_file()
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["strategy"] == "ddp"
     assert [r["step"] for r in metrics["history"]] == [10, 20]
@@ -205,7 +214,9 @@ def test_multigpu_train_model_lm_on_two_processes(tmp_path: Path):
     assert metrics["n_params"] == sum(p.numel() for p in build_model(**SHAPE).parameters())
     model = build_model(**SHAPE)
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))  # plain, CPU
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.pt", "profile"]
+    assert {p.name for p in out.iterdir()} - {"loss.png"} == {
+        "checkpoints", "metrics.json", "model.pt", "profile"
+    }  # fmt: skip
     # --profile 3:4: one Chrome trace per rank, with DDP's gradient all-reduce in it
     said = [ln for ln in lines if ln.startswith("profile: ")]
     assert said == [

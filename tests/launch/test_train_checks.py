@@ -52,9 +52,12 @@ def test_model_option_chooses_the_job_and_is_not_passed_on():
 
 
 def test_dry_run_launches_the_chosen_module(capsys: pytest.CaptureFixture[str]):
-    assert main(["train", "--model", "lm", "--cpu", "2", "--dry-run", "--steps", "5"]) == 0
+    argv = ["train", "--model", "lm", "--cpu", "2", "--dry-run", "--steps", "5", "--out", "o"]
+    assert main(argv) == 0
     plan = dict(ln.split(":", 1) for ln in capsys.readouterr().out.splitlines() if ":" in ln)
-    assert shlex.split(plan["torchrun"])[-3:] == ["multigpu.examples.lm", "--steps", "5"]
+    assert shlex.split(plan["torchrun"])[-5:] == [
+        "multigpu.examples.lm", "--steps", "5", "--out", "o"
+    ]  # fmt: skip
 
 
 def test_batch_size_is_checked_against_the_chosen_jobs_default(capsys: pytest.CaptureFixture[str]):
@@ -103,9 +106,13 @@ def test_checkpoint_options_are_checked_before_anything_starts(tmp_path):
 
 
 def test_bad_checkpoint_options_exit_2_with_one_line_and_write_nothing(tmp_path):
-    done = run_multigpu(["train", "--checkpoint-every", "5", "--epochs", "1"], tmp_path)
+    # Without --out the launcher would write to runs/digits/1: refused, it creates nothing.
+    done = run_multigpu(["train", "--resume", "nowhere", "--epochs", "1"], tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("multigpu: error: --checkpoint-every")
+    assert done.stderr.strip().splitlines() == [
+        "multigpu: error: --resume nowhere: no such checkpoint directory; expected auto, never "
+        "or the path of a step-XXXXXXXX directory"
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -129,6 +136,7 @@ BAD_JOB_ARGS = {
     "lr-nan": (["--lr", "nan"], "argument --lr: nan must be a positive finite number"),
     "accumulation-zero": (["--accumulation-steps", "0"], "--accumulation-steps: 0 must be"),
     "strategy-bogus": (["--strategy", "bogus"], "argument --strategy: invalid choice: 'bogus'"),
+    "strategy-fsdpp": (["--strategy", "fsdpp"], "'fsdp', 'pipeline'); did you mean fsdp?"),
     "precision-8": (["--precision", "8"], "argument --precision: invalid choice: '8'"),
     "checkpoint-every-zero": (["--checkpoint-every", "0"], "--checkpoint-every: 0 must be"),
     "keep-negative": (["--keep-checkpoints", "-1"], "--keep-checkpoints: -1 must be"),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.arguments import Parser, options_from, process_counts, whole_arg
+from multigpu.choices import did_you_mean
 from multigpu.cli.args import parse_with_target
 from multigpu.diagnostics.bench import comm
 from multigpu.diagnostics.bench.scaling import ScalingOptions, bench_scaling
@@ -48,7 +49,8 @@ def bench_main(argv: Sequence[str]) -> int:
         return scaling_main(args[1:])
     raise UsageError(
         f"'multigpu bench {args[0]}' is not a benchmark; expected 'multigpu bench comm' or "
-        "'multigpu bench scaling'; see 'multigpu bench --help'"
+        f"'multigpu bench scaling'{did_you_mean(args[0], ('comm', 'scaling'))}; see "
+        "'multigpu bench --help'"
     )
 
 

@@ -29,7 +29,7 @@ from multigpu import variables
 from multigpu.arguments import Parser, cpu_count_arg, options_from, seconds_arg
 from multigpu.cli.args import split_own_args
 from multigpu.errors import LaunchError, UsageError
-from multigpu.launch import train
+from multigpu.launch import train, train_outputs
 from multigpu.launch.options import BACKENDS, LaunchOptions, parse_nnodes
 from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
 
@@ -116,22 +116,44 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_torchrun_options(parser: argparse.ArgumentParser, dests: frozenset[str] | None) -> None:
+    """torchrun's options (those of ``dests``; all when None), under their own heading after
+    multigpu's; its positionals (the script and its arguments) as they are."""
+    if dests is None:
+        about = (
+            "torchrun's own, with its names, spellings (--nproc_per_node too) and meanings; "
+            "shortened as torchrun allows (--nproc-per 2)."
+        )
+    else:
+        about = "the torchrun options multigpu train takes, with torchrun's names and meanings."
+    group = parser.add_argument_group("torchrun options", about)
+    for action in _torchrun_parser()._actions:
+        if action.dest == "help" or (dests is not None and action.dest not in dests):
+            continue
+        if action.option_strings:
+            group._add_action(action)
+        elif dests is None:
+            parser._add_action(action)  # training_script, training_script_args
+
+
 def build_run_parser(prog: str = f"{PROG} run") -> Parser:
-    """The parser of ``multigpu run``: torchrun's options plus ``--gpus/--cpu/--backend/--dry-run``.
+    """The parser of ``multigpu run``: ``--gpus/--cpu/--backend/--dry-run/...`` first, then
+    every torchrun option under its own heading.
 
     It takes torchrun's options as torchrun does, shortened ones included (``--nproc-per 2``);
     every other parser takes whole names only (``arguments.Parser``).
     """
     parser = Parser(
         prog=prog,
-        parents=[_torchrun_parser()],
-        add_help=False,
         allow_abbrev=True,
+        usage=f"{prog} [multigpu options] [torchrun options] script.py [args]\n"
+        f"       {prog} [multigpu options] [torchrun options] -m module [args]",
         description="Run a training script (or -m module) on every GPU, on N CPU processes, or "
         "on many machines, through torchrun's elastic agent. All torchrun options work as in "
         "torchrun. On one node without rendezvous options, --standalone is added (free port).",
     )
     _add_multigpu_options(parser)
+    _add_torchrun_options(parser, None)
     return parser
 
 
@@ -140,18 +162,15 @@ def build_train_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=f"{PROG} train",
         add_help=False,
-        usage=f"{PROG} train [launch options] [training options]",
+        usage=f"{PROG} train [--model digits|lm] [launch options] [training options]",
         description=f"Train a built-in job through the launcher: --model digits (the default, "
         f"{train.TRAIN_MODULE}) or --model lm (a small GPT). "
         "Launch options are listed here; any other option goes to the job. --strategy dp runs "
         "ONE process that sees all chosen GPUs (DataParallel).",
     )
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-    launch = parser.add_argument_group("launch options (torchrun's)")
-    for action in _torchrun_parser()._actions:
-        if action.dest in train.TRAIN_DESTS:
-            launch._add_action(action)
     _add_multigpu_options(parser)
+    _add_torchrun_options(parser, train.TRAIN_DESTS)
     return parser
 
 
@@ -170,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         allow_abbrev=True,  # as build_run_parser
         help="run a script on all devices",
+        usage=run.usage,
         description=run.description,
     )
     sub.add_parser("train", help="train a built-in example, digits or lm (see 'multigpu train -h')")
@@ -201,12 +221,15 @@ def _train(argv: Sequence[str]) -> int:
     model, job_argv = train.choose_model(job_argv)  # --model digits (default) | lm
     ns = parser.parse_args(launch_argv)
     if ns.help:
-        sys.stdout.write(
-            parser.format_help() + "\ntraining options:\n" + train.training_help(model)
-        )
+        sys.stdout.write(parser.format_help() + "\n" + train.training_help(model))
         return 0
+    # No --out: a fresh runs/MODEL/N, decided here once for every restart of this launch.
+    nnodes = str(getattr(ns, "nnodes", "1"))
+    job_argv, chosen = train_outputs.default_outputs(
+        model, job_argv, nnodes=nnodes, rdzv_id=getattr(ns, "rdzv_id", None)
+    )
     # The job's own parser: a bad option refused here, once, before anything starts.
-    single_node = str(getattr(ns, "nnodes", "1")) in ("1", "1:1")
+    single_node = nnodes in ("1", "1:1")
     train.parse_job_args(model, job_argv, single_node=single_node)
     # Checks that need no device: before the GPUs are chosen, so that a busy GPU cannot hide
     # a mistake in the options (seen on a GPU machine whose one GPU another job held).
@@ -229,6 +252,10 @@ def _train(argv: Sequence[str]) -> int:
         if low == high:  # an elastic node count has no fixed world size to check against
             train.check_batch_size(job_argv, plan.nproc_per_node * low, model)
             train.check_pipeline_options(job_argv, plan.nproc_per_node * low, model)
+        if not options.dry_run:  # the last check: nothing is created for a refused run
+            if chosen is not None:
+                train_outputs.claim_run_dir(chosen, shared=not single_node)
+            train_outputs.announce(job_argv, chosen)
 
     return multigpu_run(options, check=check)
 

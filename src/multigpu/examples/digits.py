@@ -9,6 +9,7 @@ Kept plain on purpose: it is also the reference for what a multigpu training scr
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -22,11 +23,18 @@ from torch.utils.data import TensorDataset
 
 import multigpu
 from multigpu.context import Context
-from multigpu.examples import job_cli
-from multigpu.examples.digits_parser import NO_DDP, build_parser, check_compression
+from multigpu.examples import job_cli, outputs
+from multigpu.examples.digits_parser import (
+    NO_DDP,
+    PIPELINE_MICROBATCHES,
+    build_parser,
+    check_compression,
+    check_pipeline,
+    pipeline_split_points,
+)
 from multigpu.examples.job_tracking import TrackedSteps, hyperparameters
 from multigpu.examples.progress import throughput_record, throughput_text
-from multigpu.examples.run_state import RunState, parameter_sha256, write_outputs
+from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang.recorder import active_log
 from multigpu.hang.stragglers import SLOW, slowest
 from multigpu.strategies import DDPStrategy
@@ -142,8 +150,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 tick = time.perf_counter()
                 for x, y in loader:
                     with ctx.accumulate(model):  # all-reduce once per step, on its last micro
-                        loss = F.cross_entropy(model(x), y)
-                        ctx.backward(loss)
+                        # forward + backward (a pipeline runs its schedule; loss on every rank)
+                        loss = ctx.forward_backward(model, x, target=y, loss_fn=F.cross_entropy)
                         stepped = ctx.step(optimizer)  # steps and zeroes the gradients
                     now = time.perf_counter()
                     in_step += now - tick
@@ -160,8 +168,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     if stepped:
                         tracked.stepped(run.steps, optimizer.param_groups[0]["lr"])
                     tick = time.perf_counter()  # the log call is not the next step's time
-                    if stepped and checkpointer is not None:
-                        checkpointer.step()  # saves every --checkpoint-every steps
+                    # saves every --checkpoint-every steps; a save is not training time
+                    if stepped and checkpointer is not None and checkpointer.step():
+                        tick = time.perf_counter()
                     if progress is not None and task is not None:
                         progress.update(task, advance=1)
             record = _finish_epoch(ctx, model, test_set, args, run)
@@ -199,13 +208,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "resumed_from_step": resumed,
             "history": history,
         }
-        saved = write_outputs(whole, metrics, args.out, args.save) if ctx.is_main else None
-        if saved is not None:
-            ctx.print(f"saved the model's state dict (unwrapped, CPU tensors) to {saved}")
+        # rank 0: model.pt (unwrapped, CPU tensors), metrics.json, loss.png; the lines naming them
+        written = outputs.finish(
+            ctx, whole, metrics, args, checkpointer=checkpointer, plot=outputs.plot_digits(history)
+        )
         ctx.print(
             f"test accuracy {metrics['test_accuracy']:.4f} on {ctx.world_size} process(es) in "
             f"{metrics['seconds']:.1f} s ({metrics['samples_per_second']:.0f} samples/s)"
         )
+        for line in written:
+            ctx.print(line)
     return metrics
 
 
@@ -219,13 +231,28 @@ def _epoch_values(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _strategy(args: argparse.Namespace) -> str | DDPStrategy | None:
+def _strategy(args: argparse.Namespace) -> str | DDPStrategy | multigpu.PipelineStrategy | None:
     """``--strategy``, as a ``DDPStrategy`` carrying ``--compression`` when that is given
-    (and the strategy, given or ``MULTIGPU_STRATEGY``, has DDP's all-reduce)."""
+    (and the strategy, given or ``MULTIGPU_STRATEGY``, has DDP's all-reduce), or the pipeline."""
     name = check_compression(args.strategy, args.compression)
+    if name == "pipeline":
+        return _pipeline(args)
     if args.compression is None or name in NO_DDP:
         return args.strategy
     return DDPStrategy(compression=args.compression)
+
+
+def _pipeline(args: argparse.Namespace) -> multigpu.PipelineStrategy:
+    """One stage per process (``digits_parser.pipeline_split_points``), traced with one batch of
+    images; the batch is cut into up to 4 micro-batches."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    check_pipeline(args, processes, "pipeline")
+    return multigpu.PipelineStrategy(
+        example_input=torch.zeros(args.batch_size, 1, 8, 8),
+        split_points=pipeline_split_points(processes),
+        schedule="1f1b",
+        microbatches=math.gcd(args.batch_size, PIPELINE_MICROBATCHES),
+    )
 
 
 def _finish_epoch(

@@ -21,7 +21,7 @@ from multigpu.examples.job_cli import (
     add_tracking_option,
 )
 
-NO_DDP = ("single", "dp", "fsdp")
+NO_DDP = ("single", "dp", "fsdp", "pipeline")
 """Strategies without DDP's gradient all-reduce: nothing for ``--compression`` to compress."""
 
 
@@ -65,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategy",
         choices=STRATEGY_NAMES,
-        help="auto (ddp above one process), single, dp (legacy), ddp, fsdp (sharded); "
-        "default MULTIGPU_STRATEGY, else auto",
+        help="auto (ddp above one process), single, dp (legacy), ddp, fsdp (sharded), "
+        "pipeline (2-4 processes, one stage of the CNN each); default MULTIGPU_STRATEGY, else "
+        "auto",
     )
     p.add_argument(
         "--compression",
@@ -89,3 +90,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="rank-0 progress bar on a terminal, else one line per epoch",
     )
     return p
+
+
+PIPELINE_STAGE_STARTS = ("conv2", "fc1", "fc2")
+"""``--strategy pipeline``: the layers a stage begins with, one fewer than the stages (2
+processes cut before ``fc1``: the convolutions, then the classifier; 4: one layer each)."""
+
+PIPELINE_MICROBATCHES = 4
+"""Micro-batches per batch under ``--strategy pipeline`` (fewer when the batch does not divide)."""
+
+
+def pipeline_split_points(processes: int) -> list[str]:
+    """The digits CNN's split points for one pipeline stage per process (2 to 4).
+
+    Example:
+        >>> pipeline_split_points(2), pipeline_split_points(3)
+        (['fc1'], ['conv2', 'fc1'])
+    """
+    return {2: ["fc1"], 3: ["conv2", "fc1"]}.get(processes, list(PIPELINE_STAGE_STARTS))
+
+
+def check_pipeline(args: argparse.Namespace, processes: int, strategy: str | None) -> None:
+    """Refuse, before anything starts, a digits pipeline it cannot build (``strategy``: the one
+    the job will run, from ``--strategy`` or ``MULTIGPU_STRATEGY``)."""
+    if strategy != "pipeline":
+        return
+    stages = len(PIPELINE_STAGE_STARTS) + 1
+    if not 2 <= processes <= stages:
+        raise UsageError(
+            f"--strategy pipeline on {processes} process(es): the digits CNN has {stages} layers, "
+            f"one stage per process; expected 2 to {stages} processes (e.g. --cpu 2), or "
+            "--model lm --strategy pipeline for a deeper model"
+        )
+    if args.precision != "32" or args.accumulation_steps != 1:
+        given = (
+            f"--precision {args.precision}"
+            if args.precision != "32"
+            else f"--accumulation-steps {args.accumulation_steps}"
+        )
+        raise UsageError(
+            f"--strategy pipeline runs in fp32 without accumulation (the batch is cut into "
+            f"micro-batches instead), and {given} was given; leave it out or use --strategy ddp"
+        )

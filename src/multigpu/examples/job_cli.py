@@ -48,7 +48,11 @@ def add_checkpoint_options(p: argparse.ArgumentParser, *, every: str, resume: st
     """``--out`` and the checkpoint options that ``checkpointer`` reads (``every`` and ``resume``:
     the help of ``--checkpoint-every`` and ``--resume``, in the job's words)."""
     add = p.add_argument
-    add("--out", help="directory for metrics.json, model.pt (and checkpoints/)")
+    add(
+        "--out",
+        help="directory for model.pt, metrics.json, loss.png (and checkpoints/); multigpu train "
+        "without it: a fresh runs/MODEL/N, with checkpoints",
+    )
     add("--checkpoint-every", type=positive(int), help=every)
     add("--checkpoint-dir", help="directory of the checkpoints (default OUT/checkpoints)")
     add("--keep-checkpoints", type=positive(int), default=3, help="newest checkpoints kept (3)")

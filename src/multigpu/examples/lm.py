@@ -19,10 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import multigpu
-from multigpu.examples import job_cli, lm_data, lm_options
+from multigpu.examples import job_cli, lm_data, lm_options, outputs
 from multigpu.examples.job_tracking import TrackedSteps, hyperparameters
 from multigpu.examples.lm_log import RunLog
-from multigpu.examples.run_state import write_outputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,8 +185,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             tokens_per_sample=args.block_size,
         )
         tracked = {"model": model, "optimizer": optimizer, "schedule": schedule, "loader": loader}
-        # without --checkpoint-every (only --checkpoint-dir): one checkpoint, at the end
-        ckpt, resumed = job_cli.checkpointer(ctx, args, every=args.steps, **tracked)
+        # without --checkpoint-every (only --checkpoint-dir): every 100 steps, and at the end
+        every = min(lm_options.CHECKPOINT_EVERY, args.steps)
+        ckpt, resumed = job_cli.checkpointer(ctx, args, every=every, **tracked)
         step = resumed or 0
         run = RunLog(ctx, args, baseline, corpus, start_step=step)
         ctx.print(run.header(n_params, loader.batch_size))
@@ -216,12 +216,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 steps_log.evaluated(step, run.history[-1])
         if not run.history:  # resumed at the last step: nothing left to train, still evaluate
             run.evaluated(step, evaluate(ctx, model, val_set, args.batch_size))
+        if ckpt is not None:
+            if step > (resumed or 0):
+                ckpt.save()  # the last step, unless step() just saved it (then a no-op)
+            ckpt.close()
         if isinstance(ctx.strategy, multigpu.PipelineStrategy):
             ctx.print(bubble_line(ctx.strategy, ctx.strategy.bubble(model)))  # collective
         state = ctx.full_state_dict(model)  # gathered from the shards under FSDP (collective)
-        if ctx.is_main and args.out:
-            write_outputs(state, run.metrics(), args.out)  # model.pt and metrics.json
+        # rank 0: model.pt, metrics.json, loss.png; then the lines that name them
+        plot = outputs.plot_lm(run.history, run.baseline)
+        written = outputs.finish(ctx, state, run.metrics(), args, checkpointer=ckpt, plot=plot)
         ctx.print(run.summary())
+        for line in written:
+            ctx.print(line)
     return run.metrics()
 
 

@@ -21,6 +21,10 @@ from multigpu.examples import lm_parser
 from multigpu.examples.lm_data import Corpus
 from multigpu.examples.lm_parser import build_parser as build_parser  # the job parses with it
 
+CHECKPOINT_EVERY = 100
+"""Steps between checkpoints when only ``--checkpoint-dir`` is given (``multigpu train`` without
+``--out`` gives it): 100, and the last step."""
+
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
     """The ``GPTConfig`` fields the options set."""

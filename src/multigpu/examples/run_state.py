@@ -94,14 +94,15 @@ def write_outputs(
     metrics: dict[str, Any],
     out: str | None,
     save: str | None = None,
-) -> Path | None:
+) -> list[Path]:
     """Save ``state`` to ``save`` (default ``out/model.pt``), then ``metrics`` with its
-    ``model_path`` to ``out/metrics.json``, each atomically; return where the model went."""
+    ``model_path`` to ``out/metrics.json``, each atomically; return the files written."""
+    written: list[Path] = []
     target = Path(save) if save else (Path(out) / "model.pt" if out else None)
     if target is not None:
-        atomic_write(target, lambda fh: torch.save(state, fh))
+        written.append(atomic_write(target, lambda fh: torch.save(state, fh)))
         metrics["model_path"] = str(target)
     if out:
         text = json.dumps(metrics, indent=2) + "\n"
-        atomic_write(Path(out) / "metrics.json", lambda fh: fh.write(text.encode()))
-    return target
+        written.append(atomic_write(Path(out) / "metrics.json", lambda fh: fh.write(text.encode())))
+    return written

@@ -203,8 +203,12 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
 
 def check_pipeline_options(job_args: Sequence[str], processes: int, model: str) -> None:
     """Refuse, before anything starts, ``--strategy pipeline`` options the job cannot build."""
+    args = JOB_PARSERS[model]().parse_args(list(job_args))
     if model == "lm":
-        lm_parser.check_pipeline(JOB_PARSERS[model]().parse_args(list(job_args)), processes)
+        lm_parser.check_pipeline(args, processes)
+    else:  # digits: --strategy, else MULTIGPU_STRATEGY
+        strategy = digits_parser.check_compression(args.strategy, args.compression)
+        digits_parser.check_pipeline(args, processes, strategy)
 
 
 def wants_one_process(job_args: Sequence[str]) -> bool:
@@ -213,12 +217,25 @@ def wants_one_process(job_args: Sequence[str]) -> bool:
 
 
 def training_help(model: str = DEFAULT_MODEL) -> str:
-    """``--model``'s choices, then the job's own ``--help`` (its training options)."""
+    """``--model``'s choices, then the job's own options (its ``--help`` without a usage block
+    of its own: ``multigpu train --help`` has one, the launcher's)."""
+    parser = JOB_PARSERS[model]()
+    formatter = parser._get_formatter()
+    formatter.start_section(f"training options (--model {model})")
+    formatter.add_text(parser.description)
+    formatter.end_section()
     pad = " " * 24  # argparse's column of option help
     choice = (
         f"  --model {{{','.join(TRAIN_MODULES)}}}   the built-in job; below: the options of "
         f"--model {model}\n"
         + "".join(f"{pad}{name}: {line}\n" for name, line in MODEL_SUMMARIES.items())
-        + "\n"
     )
-    return choice + JOB_PARSERS[model]().format_help()
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.dest != "help"]
+        if actions:
+            formatter.start_section(None)
+            formatter.add_arguments(actions)
+            formatter.end_section()
+    text = formatter.format_help()
+    head, _, rest = text.partition("\n\n")
+    return head + "\n\n" + choice + rest
