@@ -1,5 +1,11 @@
 """The hook behind ``ctx.log``: rank 0's trackers, one run, no step sent twice.
 
+A ``ctx.log`` call costs no I/O: the adapters keep the values, and the run is flushed (every
+tracker written, then the run file) when ``FLUSH_EVERY_S`` has passed since the last flush,
+before a checkpoint is saved, and when the Context ends. So the run file only ever names steps
+every tracker holds; a killed process loses the steps after its last flush, and a job resuming
+from its last checkpoint (saved after a flush) sends them again.
+
 Environment variables read: none (``multigpu.init`` hands over ``log_to``, ``log_dir`` and the
 restart count; each tracker module names what its own package reads).
 """
@@ -9,6 +15,7 @@ from __future__ import annotations
 import logging
 import numbers
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOG_DIR = "runs"
 """The log directory when neither ``log_dir=`` nor ``MULTIGPU_LOG_DIR`` gives one."""
+
+FLUSH_EVERY_S = 10.0
+"""The longest a logged value waits in memory (a ``ctx.log`` call flushes once it passed)."""
 
 
 def make_tracker(name: str, directory: Path) -> Tracker:
@@ -69,23 +79,51 @@ class Tracking(Hook):
         self._trackers: list[tuple[Tracker, Frontier]] = []
         self._record: RunRecord | None = None
         self._sent = Frontier()
+        self._flushed_at = time.monotonic()
         self._closed = False
 
     def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
         values = numbers_of(metrics, step)
         if self._closed:
             raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
-        record = self._record or self._open(ctx, step)
-        done = []
+        if self._record is None:
+            self._open(ctx, step)
+        now = time.time()
+        queued = []
         for tracker, frontier in self._trackers:
             fresh = {k: v for k, v in values.items() if not frontier.has(step, k)}
             if fresh:
-                tracker.log(fresh, step)
-            done.append((tracker, frontier.after(step, values)))
-        self._trackers = done
+                tracker.log(fresh, step, now)
+            queued.append((tracker, frontier.after(step, values)))
+        self._trackers = queued
         self._sent = self._sent.after(step, values)
-        record.note(self._sent)
-        write_run(self.directory, record)
+        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
+            self._flush()
+
+    def on_save(self, ctx: Any) -> None:
+        if self._record is not None and not self._closed:
+            self._flush()  # the checkpoint's steps are in the trackers before it exists
+
+    def _flush(self, *, closing: bool = False) -> None:
+        """Write every tracker, then the run file: it names only steps they all hold.
+
+        Closing, a tracker that fails is warned of and the others are still written (the run
+        file then keeps naming the last steps flushed); otherwise its error is raised.
+        """
+        assert self._record is not None
+        failed = False
+        for tracker, _ in self._trackers:
+            try:
+                tracker.flush()
+            except Exception as e:
+                if not closing:
+                    raise
+                failed = True
+                log.warning("tracking: writing the last steps to %s failed: %s", tracker.name, e)
+        if not failed:
+            self._record.note(self._sent)
+            write_run(self.directory, self._record, durable=closing)
+        self._flushed_at = time.monotonic()
 
     def _open(self, ctx: Any, step: int) -> RunRecord:
         previous = read_run(self.directory)
@@ -110,6 +148,7 @@ class Tracking(Hook):
             record.ids.update(tracker.ids())
         self._record, self._sent = record, record.frontier
         write_run(self.directory, record, durable=True)
+        self._flushed_at = time.monotonic()
         said = "continuing its run" if continuing else "a new run"
         if continuing and record.last_step is not None:
             said += f"; steps up to {record.last_step} are there and not sent again"
@@ -127,13 +166,13 @@ class Tracking(Hook):
         if self._closed:
             return
         self._closed = True
+        if self._record is not None:
+            self._flush(closing=True)
         for tracker, _ in self._trackers:
             try:  # one tracker failing to close must not keep the others open
                 tracker.close(failed)
             except Exception as e:
                 log.warning("tracking: closing %s failed: %s", tracker.name, e)
-        if self._record is not None:
-            write_run(self.directory, self._record, durable=True)
 
 
 def _later(a: Frontier, b: Frontier | None) -> Frontier:
