@@ -62,6 +62,7 @@ class Tracking(Hook):
     The run opens at the first ``ctx.log``: a new one, or the run of ``directory``'s run file
     when this job resumes it (its first step is past the run's first, or it is an elastic
     restart: ``restarts`` > 0); a job starting over at the run's first step starts a new run.
+    Logged values wait in the adapters until a flush (see the module doc).
     """
 
     def __init__(
@@ -184,8 +185,10 @@ def _later(a: Frontier, b: Frontier | None) -> Frontier:
     return b
 
 
-def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
-    """``metrics`` as floats (tensors read once); refuses what a tracker cannot plot.
+def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float | torch.Tensor]:
+    """``metrics`` as floats (a CPU tensor read once; a GPU one copied, to be read at the
+    flush: ``.item()`` here would wait for the GPU at every step); refuses what a tracker
+    cannot plot.
 
     Example:
         >>> numbers_of({"loss": torch.tensor(0.5), "n": 3}, step=1)
@@ -198,12 +201,14 @@ def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
             f"ctx.log({type(metrics).__name__}): expected a mapping of names to numbers, "
             "e.g. ctx.log({'loss': loss}, step=step)"
         )
-    values: dict[str, float] = {}
+    values: dict[str, float | torch.Tensor] = {}
     for key, value in metrics.items():
         if not isinstance(key, str) or not key:
             raise UsageError(f"ctx.log: metric name {key!r}: expected a non-empty string")
         if isinstance(value, torch.Tensor) and value.numel() == 1:
-            values[key] = float(value.detach().item())
+            value = value.detach()
+            # A copy: the caller may change its tensor in place before the flush reads it.
+            values[key] = float(value.item()) if value.device.type == "cpu" else value.clone()
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             values[key] = float(value)
         else:

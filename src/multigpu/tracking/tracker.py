@@ -52,7 +52,8 @@ class Tracker:
     name = ""
 
     def __init__(self) -> None:
-        self._pending: list[Logged] = []
+        # Logged records whose values may still be GPU tensors (read by ``flush``).
+        self._pending: list[tuple[int, float, dict[str, Any]]] = []
 
     def open(self, opening: Opening) -> Frontier | None:
         """Start or continue the run; return what the tracker's own store says it already has
@@ -63,19 +64,24 @@ class Tracker:
         """The ids that name this tracker's run, kept in the run file."""
         return {}
 
-    def log(self, values: Mapping[str, float], step: int, now: float) -> None:
-        """Keep ``values`` at ``step`` (logged at wall time ``now``) for the next ``flush``."""
+    def log(self, values: Mapping[str, Any], step: int, now: float) -> None:
+        """Keep ``values`` (floats, or one-element GPU tensors) at ``step``, logged at wall time
+        ``now``, for the next ``flush``."""
         pending = self._pending
-        if pending and pending[-1].step == step:  # a second call at the step: one record
-            pending[-1].values.update(values)
+        if pending and pending[-1][0] == step:  # a second call at the step: one record
+            pending[-1][2].update(values)
         else:
-            pending.append(Logged(step, now, dict(values)))
+            pending.append((step, now, dict(values)))
 
     def flush(self) -> None:
         """Write what was logged since the last flush, durably enough to survive this process
         being killed right after (kept, and written again by the next flush, if it fails)."""
         if self._pending:
-            self.write(self._pending)
+            logged = [
+                Logged(step, now, {k: float(v) for k, v in values.items()})  # waits for the GPU
+                for step, now, values in self._pending
+            ]
+            self.write(logged)
             self._pending = []
 
     def write(self, logged: Sequence[Logged]) -> None:
