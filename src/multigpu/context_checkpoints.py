@@ -28,6 +28,7 @@ from multigpu.checkpoint.layout import (
 from multigpu.checkpoint.loading import is_dcp_directory
 from multigpu.checkpoint.objects import epoch_of, kind_of
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
+from multigpu.hooks import Hook
 from multigpu.precision import Precision
 from multigpu.strategies import Strategy
 
@@ -48,6 +49,7 @@ class Checkpointing:
     timeout: timedelta
     precision: Precision
     _checkpointers: list[Checkpointer]
+    _hooks: tuple[Hook, ...]
     if TYPE_CHECKING:  # defined by Context
 
         @property
@@ -92,6 +94,7 @@ class Checkpointing:
             save_on_sigterm=save_on_sigterm,
             describe=self.strategy.describe,
             lock_timeout=lock_timeout,
+            before_save=self._before_save,
         )
         ckpt.track(**objects)
         if self.precision.scaler is not None and "grad_scaler" not in objects:
@@ -121,6 +124,7 @@ class Checkpointing:
                 )
 
         decided_by_rank0(self.rank, check)
+        self._before_save()
         step = state.get("step")
         job = SaveJob(
             final=final,
@@ -135,6 +139,11 @@ class Checkpointing:
             strategy=self.strategy.describe(),
         )
         return save(job)
+
+    def _before_save(self) -> None:
+        """A checkpoint is about to be saved: the hooks hear of it (the trackers flush)."""
+        for hook in self._hooks:
+            hook.on_save(self)
 
     def load(self, path: str | Path, state: MutableMapping[str, Any]) -> dict[str, Any]:
         """Fill ``state`` in place from a checkpoint; return the saved entries it did not ask for.

@@ -36,6 +36,10 @@ class Hook:
     def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
         """``ctx.log(metrics, step=step)`` was called (the trackers attach here, on rank 0)."""
 
+    def on_save(self, ctx: Any) -> None:
+        """A checkpoint is about to be saved (a ``Checkpointer``'s or ``ctx.save``'s; every rank:
+        do nothing collective). The trackers write what they keep, so it holds the saved steps."""
+
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
         """The ``with`` block ends, by ``error`` or normally (None); the group still exists."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import multigpu
 from multigpu import variables
 from multigpu.errors import UsageError
 from multigpu.tracker_names import parse_trackers
-from multigpu.tracking import Tracking
+from multigpu.tracking import Tracking, dispatch
 
 
 def _job(directory: Path, steps: range, **init: object) -> None:
@@ -41,6 +42,30 @@ def test_a_resumed_job_continues_the_run_without_sending_a_step_twice(tmp_path: 
     assert sorted(record["keys_at_last"]) == ["acc", "loss", "n"]
     params = json.loads((tmp_path / "params.json").read_text())
     assert params["environment"]["world_size"] == 1 and "torch_version" in params["environment"]
+
+
+def test_log_writes_nothing_until_a_flush_and_a_killed_job_sends_the_unflushed_steps_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    running, killed = tmp_path / "running", tmp_path / "killed"
+    with multigpu.init(environ={}, log_to="csv", log_dir=running) as ctx:
+        for step in range(1, 4):
+            ctx.log({"loss": 1.0 / step}, step=step)
+        assert _rows(running) == []  # kept in memory: a step costs no I/O
+        assert json.loads((running / "tracking.json").read_text())["last_step"] is None
+        ctx.save(tmp_path / "ckpt", {"step": 3})  # a checkpoint flushes the trackers first
+        assert _rows(running) == [(1, "loss"), (2, "loss"), (3, "loss")]
+        for step in range(4, 6):
+            ctx.log({"loss": 1.0 / step}, step=step)
+        # What a process killed here leaves: everything up to the checkpoint, nothing after.
+        shutil.copytree(running, killed)
+        monkeypatch.setattr(dispatch, "FLUSH_EVERY_S", 0.0)
+        ctx.log({"loss": 1.0 / 6}, step=6)  # the interval passed: this call flushes
+        assert [s for s, _ in _rows(running)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((killed / "tracking.json").read_text())["last_step"] == 3
+    _job(killed, range(4, 8))  # resumed from the checkpoint of step 3
+    rows = _rows(killed)
+    assert sorted(s for s, k in rows if k == "loss") == list(range(1, 8))  # each step once
 
 
 def test_a_job_starting_over_in_the_directory_starts_a_new_run(tmp_path: Path):

@@ -63,6 +63,7 @@ class Checkpointer:
         save_on_sigterm: bool = False,
         describe: Callable[[], Mapping[str, Any]] | None = None,
         lock_timeout: float = 0.0,
+        before_save: Callable[[], None] | None = None,
     ) -> None:
         for label, value in (("every_steps", every_steps), ("keep", keep)):
             if value is not None and (
@@ -84,6 +85,7 @@ class Checkpointer:
         self.async_save = async_save
         self._adapter = adapter
         self._describe = describe
+        self._before_save = before_save  # the Context's hooks: its trackers flush first
         self._comm_device = comm_device
         self._timeout = timeout
         self._shared: dict[str, Any] = {}
@@ -172,6 +174,8 @@ class Checkpointer:
         final = self.directory / step_dir_name(step)
         if self._saved_step == step:
             return final  # this step is already saved (e.g. a SIGTERM right after a due save)
+        if self._before_save is not None:
+            self._before_save()
         job = SaveJob(
             final=final,
             stale=f"{TMP_PREFIX}step-*",

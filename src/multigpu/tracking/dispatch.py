@@ -1,5 +1,11 @@
 """The hook behind ``ctx.log``: rank 0's trackers, one run, no step sent twice.
 
+A ``ctx.log`` call costs no I/O: the adapters keep the values, and the run is flushed (every
+tracker written, then the run file) when ``FLUSH_EVERY_S`` has passed since the last flush,
+before a checkpoint is saved, and when the Context ends. So the run file only ever names steps
+every tracker holds; a killed process loses the steps after its last flush, and a job resuming
+from its last checkpoint (saved after a flush) sends them again.
+
 Environment variables read: none (``multigpu.init`` hands over ``log_to``, ``log_dir`` and the
 restart count; each tracker module names what its own package reads).
 """
@@ -9,6 +15,7 @@ from __future__ import annotations
 import logging
 import numbers
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOG_DIR = "runs"
 """The log directory when neither ``log_dir=`` nor ``MULTIGPU_LOG_DIR`` gives one."""
+
+FLUSH_EVERY_S = 10.0
+"""The longest a logged value waits in memory (a ``ctx.log`` call flushes once it passed)."""
 
 
 def make_tracker(name: str, directory: Path) -> Tracker:
@@ -52,6 +62,7 @@ class Tracking(Hook):
     The run opens at the first ``ctx.log``: a new one, or the run of ``directory``'s run file
     when this job resumes it (its first step is past the run's first, or it is an elastic
     restart: ``restarts`` > 0); a job starting over at the run's first step starts a new run.
+    Logged values wait in the adapters until a flush (see the module doc).
     """
 
     def __init__(
@@ -69,23 +80,51 @@ class Tracking(Hook):
         self._trackers: list[tuple[Tracker, Frontier]] = []
         self._record: RunRecord | None = None
         self._sent = Frontier()
+        self._flushed_at = time.monotonic()
         self._closed = False
 
     def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
         values = numbers_of(metrics, step)
         if self._closed:
             raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
-        record = self._record or self._open(ctx, step)
-        done = []
+        if self._record is None:
+            self._open(ctx, step)
+        now = time.time()
+        queued = []
         for tracker, frontier in self._trackers:
             fresh = {k: v for k, v in values.items() if not frontier.has(step, k)}
             if fresh:
-                tracker.log(fresh, step)
-            done.append((tracker, frontier.after(step, values)))
-        self._trackers = done
+                tracker.log(fresh, step, now)
+            queued.append((tracker, frontier.after(step, values)))
+        self._trackers = queued
         self._sent = self._sent.after(step, values)
-        record.note(self._sent)
-        write_run(self.directory, record)
+        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
+            self._flush()
+
+    def on_save(self, ctx: Any) -> None:
+        if self._record is not None and not self._closed:
+            self._flush()  # the checkpoint's steps are in the trackers before it exists
+
+    def _flush(self, *, closing: bool = False) -> None:
+        """Write every tracker, then the run file: it names only steps they all hold.
+
+        Closing, a tracker that fails is warned of and the others are still written (the run
+        file then keeps naming the last steps flushed); otherwise its error is raised.
+        """
+        assert self._record is not None
+        failed = False
+        for tracker, _ in self._trackers:
+            try:
+                tracker.flush()
+            except Exception as e:
+                if not closing:
+                    raise
+                failed = True
+                log.warning("tracking: writing the last steps to %s failed: %s", tracker.name, e)
+        if not failed:
+            self._record.note(self._sent)
+            write_run(self.directory, self._record, durable=closing)
+        self._flushed_at = time.monotonic()
 
     def _open(self, ctx: Any, step: int) -> RunRecord:
         previous = read_run(self.directory)
@@ -110,6 +149,7 @@ class Tracking(Hook):
             record.ids.update(tracker.ids())
         self._record, self._sent = record, record.frontier
         write_run(self.directory, record, durable=True)
+        self._flushed_at = time.monotonic()
         said = "continuing its run" if continuing else "a new run"
         if continuing and record.last_step is not None:
             said += f"; steps up to {record.last_step} are there and not sent again"
@@ -127,13 +167,13 @@ class Tracking(Hook):
         if self._closed:
             return
         self._closed = True
+        if self._record is not None:
+            self._flush(closing=True)
         for tracker, _ in self._trackers:
             try:  # one tracker failing to close must not keep the others open
                 tracker.close(failed)
             except Exception as e:
                 log.warning("tracking: closing %s failed: %s", tracker.name, e)
-        if self._record is not None:
-            write_run(self.directory, self._record, durable=True)
 
 
 def _later(a: Frontier, b: Frontier | None) -> Frontier:
@@ -145,8 +185,10 @@ def _later(a: Frontier, b: Frontier | None) -> Frontier:
     return b
 
 
-def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
-    """``metrics`` as floats (tensors read once); refuses what a tracker cannot plot.
+def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float | torch.Tensor]:
+    """``metrics`` as floats (a CPU tensor read once; a GPU one copied, to be read at the
+    flush: ``.item()`` here would wait for the GPU at every step); refuses what a tracker
+    cannot plot.
 
     Example:
         >>> numbers_of({"loss": torch.tensor(0.5), "n": 3}, step=1)
@@ -159,12 +201,14 @@ def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
             f"ctx.log({type(metrics).__name__}): expected a mapping of names to numbers, "
             "e.g. ctx.log({'loss': loss}, step=step)"
         )
-    values: dict[str, float] = {}
+    values: dict[str, float | torch.Tensor] = {}
     for key, value in metrics.items():
         if not isinstance(key, str) or not key:
             raise UsageError(f"ctx.log: metric name {key!r}: expected a non-empty string")
         if isinstance(value, torch.Tensor) and value.numel() == 1:
-            values[key] = float(value.detach().item())
+            value = value.detach()
+            # A copy: the caller may change its tensor in place before the flush reads it.
+            values[key] = float(value.item()) if value.device.type == "cpu" else value.clone()
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             values[key] = float(value)
         else:

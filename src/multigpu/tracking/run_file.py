@@ -1,7 +1,8 @@
 """The run file of a tracker directory (``tracking.json``): which run it holds, what was sent.
 
-Rewritten after every ``ctx.log`` call (atomically: a killed process leaves the previous one),
-so that a job resuming in the directory knows the trackers' ids and the last step sent.
+Rewritten after each flush of the trackers (atomically: a killed process leaves the previous
+one), so that a job resuming in the directory knows the trackers' ids and the last step they
+all hold.
 """
 
 from __future__ import annotations

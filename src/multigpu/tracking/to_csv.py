@@ -1,7 +1,7 @@
 """The ``csv`` tracker: ``metrics.csv`` in long form (``step,key,value``) and ``params.json``.
 
-Long form needs no header that grows as keys appear: one row per value, appended and flushed
-at each ``ctx.log``; ``pandas.read_csv(path).pivot(index="step", columns="key",
+Long form needs no header that grows as keys appear: one row per value, appended (and handed
+to the OS) at each flush of the run; ``pandas.read_csv(path).pivot(index="step", columns="key",
 values="value")`` gives the wide table. Needs nothing beyond the standard library.
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from multigpu.atomic_file import atomic_write
 from multigpu.tracking.run_file import Frontier
-from multigpu.tracking.tracker import Opening, Tracker
+from multigpu.tracking.tracker import Logged, Opening, Tracker
 
 HEADER = ("step", "key", "value")
 
@@ -27,6 +27,7 @@ class CsvTracker(Tracker):
     name = "csv"
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.path = directory / "metrics.csv"
         self.params = directory / "params.json"
         self._fh: TextIO | None = None
@@ -44,13 +45,13 @@ class CsvTracker(Tracker):
         self._fh = self.path.open("a", encoding="utf-8", newline="")
         return None
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
+    def write(self, logged: Sequence[Logged]) -> None:
         if self._fh is None:
             return
         csv.writer(self._fh, lineterminator="\n").writerows(
-            (step, key, repr(value)) for key, value in values.items()
+            (step, key, repr(value)) for step, _, values in logged for key, value in values.items()
         )
-        self._fh.flush()  # in the OS's hands: a killed process loses nothing it logged
+        self._fh.flush()  # in the OS's hands: a process killed from here on loses none of it
 
     def close(self, failed: bool) -> None:
         if self._fh is not None:

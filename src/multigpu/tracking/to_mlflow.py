@@ -13,16 +13,17 @@ Environment variables read: ``MLFLOW_EXPERIMENT_NAME``.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from multigpu.tracking.run_file import Frontier
-from multigpu.tracking.tracker import Opening, Tracker
+from multigpu.tracking.tracker import Logged, Opening, Tracker
 
 PARAM_LIMIT = 6000
 """MLflow's longest param value (characters)."""
+BATCH_LIMIT = 1000
+"""The most metrics MLflow takes in one ``log_batch``."""
 
 
 def store_uri(directory: Path) -> str:
@@ -31,11 +32,12 @@ def store_uri(directory: Path) -> str:
 
 
 class MlflowTracker(Tracker):
-    """One MLflow run, written synchronously at each ``ctx.log`` (one ``log_batch``)."""
+    """One MLflow run; each flush of the run is one ``log_batch`` (per 1000 values)."""
 
     name = "mlflow"
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.directory = directory
         self._client: Any = None
         self._run_id = ""
@@ -71,12 +73,16 @@ class MlflowTracker(Tracker):
     def ids(self) -> dict[str, str]:
         return {"mlflow": self._run_id}
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
+    def write(self, logged: Sequence[Logged]) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        metrics = [Metric(key, value, now, step) for key, value in values.items()]
-        self._client.log_batch(self._run_id, metrics=metrics)
+        metrics = [
+            Metric(key, value, int(walltime * 1000), step)
+            for step, walltime, values in logged
+            for key, value in values.items()
+        ]
+        for start in range(0, len(metrics), BATCH_LIMIT):  # in step order: a prefix if killed
+            self._client.log_batch(self._run_id, metrics=metrics[start : start + BATCH_LIMIT])
 
     def close(self, failed: bool) -> None:
         if self._client is not None:

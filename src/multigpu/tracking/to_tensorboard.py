@@ -5,24 +5,26 @@ hyperparameters go into the same run (the HPARAMS tab; ``add_hparams`` would mak
 own), the environment into a text summary. A continued run reopens the directory with
 ``purge_step`` one past the last step sent, so an event written after the run file's last
 update (a process killed in between) is hidden by TensorBoard and sent again: no step twice.
+The scalars are added to the writer, and the writer flushed, at each flush of the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from multigpu.tracking.run_file import Frontier
-from multigpu.tracking.tracker import Opening, Tracker
+from multigpu.tracking.tracker import Logged, Opening, Tracker
 
 
 class TensorBoardTracker(Tracker):
-    """``SummaryWriter(DIR/tensorboard)``, flushed at each ``ctx.log``."""
+    """``SummaryWriter(DIR/tensorboard)``, flushed at each flush of the run."""
 
     name = "tensorboard"
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.path = directory / "tensorboard"
         self._writer: Any = None
 
@@ -45,9 +47,10 @@ class TensorBoardTracker(Tracker):
             self._writer.flush()
         return None
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
-        for key, value in values.items():
-            self._writer.add_scalar(key, value, step)
+    def write(self, logged: Sequence[Logged]) -> None:
+        for step, walltime, values in logged:
+            for key, value in values.items():
+                self._writer.add_scalar(key, value, step, walltime=walltime)
         self._writer.flush()
 
     def close(self, failed: bool) -> None:

@@ -12,12 +12,12 @@ Environment variables read: ``WANDB_PROJECT`` (and whatever ``wandb`` itself rea
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from multigpu.tracking.run_file import Frontier
-from multigpu.tracking.tracker import Opening, Tracker
+from multigpu.tracking.tracker import Logged, Opening, Tracker
 
 
 class WandbTracker(Tracker):
@@ -26,6 +26,7 @@ class WandbTracker(Tracker):
     name = "wandb"
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.directory = directory
         self._run: Any = None
 
@@ -52,8 +53,9 @@ class WandbTracker(Tracker):
     def ids(self) -> dict[str, str]:
         return {"wandb": str(self._run.id)}
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
-        self._run.log(dict(values), step=step)
+    def write(self, logged: Sequence[Logged]) -> None:
+        for step, walltime, values in logged:  # W&B's service process writes them
+            self._run.log({**values, "_timestamp": walltime}, step=step)
 
     def close(self, failed: bool) -> None:
         if self._run is not None:
