@@ -45,6 +45,7 @@ from multigpu.launch.options import LaunchOptions
 from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from multigpu.launch.slurm import with_slurm_topology
+from multigpu.launch.torchrun_numbers import check_torchrun_numbers
 from multigpu.run_target import check_script as check_script_path
 from multigpu.store_reach import StoreUnreachable
 
@@ -79,6 +80,7 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
 
     env = os.environ
     options = with_slurm_topology(options, env)  # `srun multigpu run`: one launcher per node
+    check_torchrun_numbers(options)  # torch asserts some of them only once the agent runs
     cores = usable_cores()
     if options.gpus is not None:
         parse_gpu_request(options.gpus)  # bad syntax ("0,0", "x") before looking at hardware
