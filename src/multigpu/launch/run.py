@@ -39,6 +39,7 @@ from multigpu.launch.failure_summary import (
     log_hint,
     quiet_torch_worker_reports,
     say,
+    stopped_line,
     summary_line,
 )
 from multigpu.launch.options import LaunchOptions
@@ -158,8 +159,8 @@ def _run_agent(args: Any, traces: str, timeout_s: float, hint: str) -> int:
         # One line, last: the cause among the failures, instead of torch's 20-line report
         # (whose traceback the worker already printed above it).
         message = summary_line(failures, log_hint=hint)
-    except SignalException as e:
-        logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
+    except SignalException as e:  # torch's agent passed the signal on to the workers and waited
+        say(stopped_line(int(e.sigval), int(args.nproc_per_node)))
         return 128 + int(e.sigval)
     except MultiGPUError as e:  # ours, from inside the agent (the nodes disagree): one line
         message, code = str(e), USAGE_EXIT_CODE if isinstance(e, UsageError) else 1
