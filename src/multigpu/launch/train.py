@@ -170,7 +170,7 @@ def check_checkpoint_options(job_args: Sequence[str]) -> None:
         )
     checkpointing = every is not None or given_dir is not None
     holder = holder_of(directory) if checkpointing and directory is not None else None
-    if holder:  # the job's rank 0 would refuse it only once every worker started
+    if holder and directory is not None:  # the job's rank 0 refused it once workers started
         raise UsageError(
             locked_message(directory, holder, fix="give another --checkpoint-dir or --out")
         )
