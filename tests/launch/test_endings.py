@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from multigpu.checkpoint.layout import COMMIT_FILE
-from tests.launch._util import SCRIPTS, child_env, run_multigpu
+from tests.launch._util import SCRIPTS, child_env, popen_multigpu, run_multigpu
 
 SCRIPT = SCRIPTS / "slow_checkpoints.py"
 
@@ -105,3 +105,29 @@ def test_run_script_on_a_held_directory_ends_in_one_line(endings: dict[str, Any]
     assert errors[0].startswith("multigpu: error: rank 0 on ")
     assert "CheckpointLockedError: checkpoint directory" in errors[0]
     assert "a collective failed" not in done.stderr
+
+
+def test_a_stopped_worker_ends_the_run_within_the_timeout_naming_it(tmp_path: Path) -> None:
+    timeout = 10  # the hang report at 5 s collects the ranks' reports for 5 s before it
+    proc = popen_multigpu(
+        ["run", "--cpu", "2", "--timeout", str(timeout), str(SCRIPTS / "all_reduce_forever.py"),
+         str(tmp_path)],
+        tmp_path,
+    )  # fmt: skip
+    pid_file = tmp_path / "pid-1"
+    try:
+        _wait_for(pid_file, proc, 120)
+        time.sleep(1)  # a few collectives done
+        os.kill(int(pid_file.read_text()), signal.SIGSTOP)  # as if stuck in native code
+        stopped_at = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    last = err.splitlines()[-1]
+    assert proc.returncode == 1, err
+    assert last.startswith("multigpu: error: rank 1 on "), err
+    assert ") was stopped (SIGSTOP or Ctrl-Z)" in last and f"--timeout {timeout} s" in last
+    assert took < timeout + 5, (took, err)  # torch waited 30 s more for the stopped worker
