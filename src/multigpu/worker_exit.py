@@ -3,8 +3,8 @@
 A terminal's Ctrl-C reaches the launcher, whose torch agent passes SIGINT on to every worker
 (they run in sessions of their own): each printed a 30-line ``KeyboardInterrupt`` traceback,
 110-140 lines in all for two ranks of ``multigpu train --model lm``. And a ``UsageError`` raised
-before ``multigpu.init()`` (``FSDPStrategy(mesh_shape="tp=2")`` as its argument) printed a
-traceback per rank above the launcher's one-line summary.
+before ``multigpu.init()`` (``FSDPStrategy(mesh_shape="tp=2")`` as its argument), or a full
+disk during a save, printed a traceback per rank above the launcher's one-line summary.
 
 ``install()`` (called by ``import multigpu`` in a worker that ``multigpu run`` started) sets a
 ``sys.excepthook`` that takes only two uncaught exceptions, and only once nothing in the user's
@@ -16,8 +16,9 @@ code caught them (a script's own ``except KeyboardInterrupt`` runs as before):
   process still ends by SIGINT, as Python does for an uncaught ``KeyboardInterrupt``; the
   launcher exits 130. SIGINT raises ``KeyboardInterrupt`` as Python's own handler does (ours
   notes it first), and only where the script set no handler of its own.
-- ``UsageError``: recorded in the error file the launcher reads (``multigpu.worker_error``), and
-  not printed: the launcher's one-line summary says it, and exits 2.
+- an error whose message is the whole story (``MultiGPUError.said_in_full``: a ``UsageError``,
+  a full disk): recorded in the error file the launcher reads (``multigpu.worker_error``), and
+  not printed: the launcher's one-line summary says it (exit 2 for a usage error).
 
 Everything else goes to the hook that was there before. Under plain ``torchrun`` nothing changes.
 
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from multigpu import worker_error
-from multigpu.errors import UsageError
+from multigpu.errors import MultiGPUError
 
 _notes: dict[str, Callable[[], str | None]] = {}
 _installed: list[bool] = []
@@ -71,6 +72,15 @@ def _say_interrupted() -> None:
         print(interrupted_line(), file=sys.stderr, flush=True)
 
 
+def _recorded(error: BaseException) -> bool:
+    """True once ``error`` is in the worker's error file (``with multigpu.init()`` wrote it as it
+    left the block: kept, with the time it happened)."""
+    path = os.environ.get(worker_error.ERROR_FILE_VARIABLE, "")
+    if path and os.path.isfile(path) and os.path.getsize(path) > 0:
+        return True
+    return worker_error.record(error)
+
+
 def _hook(
     previous: Callable[[type[BaseException], BaseException, TracebackType | None], object],
 ) -> Callable[[type[BaseException], BaseException, TracebackType | None], None]:
@@ -78,7 +88,7 @@ def _hook(
         if _interrupted or isinstance(error, KeyboardInterrupt):
             # Also what Ctrl-C caused: a collective whose peer was interrupted first.
             return  # rank 0 says what it means at exit (_say_interrupted)
-        if isinstance(error, UsageError) and worker_error.record(error):
+        if isinstance(error, MultiGPUError) and error.said_in_full and _recorded(error):
             return  # the launcher prints it, once, for every rank
         previous(kind, error, tb)
 

@@ -23,7 +23,7 @@ from typing import Any
 from multigpu.worker_error import WorkerError, read
 
 USAGE_EXIT_CODE = 2
-MESSAGE_LIMIT = 400
+MESSAGE_LIMIT = 600  # a full disk's message says where, how much, and what to do
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def summary_line(failures: list[Failure], *, log_hint: str = "its output is abov
         line += f" ({others} other rank{'s' if others > 1 else ''} stopped too)"
     if first.error is not None and first.error.consequence:
         line += "; it lost a peer: the rank that stopped first (on another node?) holds the cause"
-    elif first.error is None or not first.error.usage:
+    elif first.error is None or not (first.error.usage or first.error.said_in_full):
         line += f"; {log_hint}"
     return line
 

@@ -156,7 +156,8 @@ def _run_agent(
     except ChildFailedError as e:
         failures = failures_of(e)
         code = exit_code(failures)
-        if code != USAGE_EXIT_CODE:  # a hang or crash: which rank waited in which collective
+        told = failures[0].error is not None and failures[0].error.said_in_full  # a full disk
+        if code != USAGE_EXIT_CODE and not told:  # a hang or crash: who waited where
             for line in explain_traces(traces):
                 sys.stderr.write(line + "\n")
         # One line, last: the cause among the failures, instead of torch's 20-line report
