@@ -130,4 +130,7 @@ def test_a_stopped_worker_ends_the_run_within_the_timeout_naming_it(tmp_path: Pa
     assert proc.returncode == 1, err
     assert last.startswith("multigpu: error: rank 1 on "), err
     assert ") was stopped (SIGSTOP or Ctrl-Z)" in last and f"--timeout {timeout} s" in last
-    assert took < timeout + 5, (took, err)  # torch waited 30 s more for the stopped worker
+    # --timeout + 5 s on an idle machine (13 s measured with --timeout 10); torch's agent waited
+    # 30 s more for the stopped worker (43 s). The slack is for a loaded CI machine, where the
+    # failing rank's own exit (its hang report, traceback, teardown) takes seconds longer.
+    assert took < timeout + 15, (took, err)
