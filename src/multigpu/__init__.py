@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from typing import TYPE_CHECKING, Any
 
 # The imports below are for type checkers only; at run time __getattr__ imports each name from
@@ -102,3 +103,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_WHERE))
+
+
+if os.environ.get("MULTIGPU_AGENT_PID"):  # in a worker of `multigpu run`: Ctrl-C ends quietly
+    from multigpu import worker_exit
+
+    worker_exit.install()

@@ -6,13 +6,21 @@ command line can print it as is.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class MultiGPUError(Exception):
     """Base class of every error multigpu raises on purpose."""
 
+    said_in_full: ClassVar[bool] = False
+    """True when the message is all a user needs (no bug to trace): a worker of ``multigpu run``
+    then prints no traceback for it, and the launcher's one-line summary says it."""
+
 
 class UsageError(MultiGPUError, ValueError):
     """Bad input from the user (an option, an argument, a batch size); the CLI exits with 2."""
+
+    said_in_full = True
 
 
 class EnvError(MultiGPUError):

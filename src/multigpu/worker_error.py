@@ -42,6 +42,8 @@ class WorkerError:
     host: str
     time: float
     consequence: bool
+    said_in_full: bool = False
+    """The message is the whole story (``MultiGPUError.said_in_full``): no traceback to read."""
 
 
 def record(error: BaseException | None, environ: Any = None) -> bool:
@@ -69,6 +71,7 @@ def record(error: BaseException | None, environ: Any = None) -> bool:
             "host": socket.gethostname(),
             "time": now,
             "consequence": is_consequence(error),
+            "said_in_full": bool(getattr(error, "said_in_full", False)),
         },
     }
     try:
@@ -92,6 +95,7 @@ def read(data: Any) -> WorkerError | None:
             host=str(entry["host"]),
             time=float(entry["time"]),
             consequence=bool(entry.get("consequence", False)),
+            said_in_full=bool(entry.get("said_in_full", False)),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -9,6 +9,7 @@ leaves the temp dir, holding the space.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +96,20 @@ def test_a_file_system_that_reports_no_size_is_not_refused_before_writing(tmp_pa
     assert unknown.fits()
     assert "the file system does not report its free space" in unknown.full_line()
     assert not Space(tmp_path, needed=1 << 30, free=1 << 20).fits()
+
+
+def test_a_run_whose_disk_fills_ends_in_one_line(small_disk: Path) -> None:
+    """``multigpu run``: no traceback from any rank, one line naming the rank, host, space and
+    directory (torch's own ending was 166 lines)."""
+    from tests.launch._util import run_multigpu
+
+    script = Path(__file__).parent / "scripts" / "fill_disk_run.py"
+    directory = small_disk / "ckpt"
+    done = run_multigpu(["run", "--cpu", "2", str(script), str(directory)], small_disk)
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("multigpu: strat")]
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"multigpu: error: rank 0 on {socket.gethostname()} failed: ")
+    assert "DiskFullError: checkpoint of step 1 was not saved: No space left on device" in lines[0]
+    assert f"of {directory} (mounted at {small_disk})" in lines[0] and "were free" in lines[0]
+    assert sorted(p.name for p in directory.iterdir()) == []  # no partial save, no lock left

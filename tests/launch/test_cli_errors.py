@@ -50,6 +50,12 @@ CASES: dict[str, list[str]] = {
     "train-env-device": ["train", "--cpu", "2", "--epochs", "1"],
     "train-env-deterministic": ["train", "--cpu", "2", "--epochs", "1"],
     "run-env-log-level": ["run", "--cpu", "2", "s.py"],
+    "max-restarts-negative": ["run", "--cpu", "2", "--max-restarts", "-1", "s.py"],
+    "monitor-interval-negative": ["run", "--cpu", "2", "--monitor-interval", "-1", "s.py"],
+    "lm-pipeline-bf16": ["train", "--model", "lm", "--cpu", "2", "--strategy", "pipeline",
+                         "--precision", "bf16-mixed"],
+    "lm-pipeline-accumulation": ["train", "--model", "lm", "--cpu", "2", "--strategy",
+                                 "pipeline", "--accumulation-steps", "2"],
 }
 
 ENV = {
@@ -88,6 +94,10 @@ EXPECTED = {
     "train-env-device": "MULTIGPU_DEVICE='tpu' (from the environment) is not one of auto, cpu",
     "train-env-deterministic": "MULTIGPU_DETERMINISTIC='maybe' (from the environment) is not 1",
     "run-env-log-level": "MULTIGPU_LOG_LEVEL='loud' (from the environment) is not one of",
+    "max-restarts-negative": "--max-restarts -1 is out of range: expected a number of restarts",
+    "monitor-interval-negative": "--monitor-interval -1 is out of range",
+    "lm-pipeline-bf16": "--precision bf16-mixed with --strategy pipeline is not supported",
+    "lm-pipeline-accumulation": "--accumulation-steps 2 with --strategy pipeline",
 }
 
 

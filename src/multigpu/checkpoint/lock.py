@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multigpu.errors import CheckpointLockedError
+from multigpu.lock_probe import LOCK_NAME, locked_message, read_holder
 
-LOCK_NAME = ".multigpu.lock"
 POLL_S = 0.2
+PROBE_GRACE_S = 1.0
+"""How long a refusal waits at least: a launcher's probe (``lock_probe.holder_of``) holds a
+free lock for an instant, and a run starting then must not take it for another run's."""
 
 
 @dataclass
@@ -55,19 +58,19 @@ class DirectoryLock:
         if key in _HELD:
             _HELD[key].users += 1
             return cls(key)
-        deadline = time.monotonic() + max(wait_s, 0.0)
+        deadline = time.monotonic() + max(wait_s, PROBE_GRACE_S)
         while True:
             fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 busy = e.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN)
-                holder = _read_holder(fd) if busy and time.monotonic() >= deadline else ""
+                holder = read_holder(fd) if busy and time.monotonic() >= deadline else ""
                 os.close(fd)
                 if not busy:
                     raise
                 if holder:  # read only when giving up: the error names who holds it
-                    raise CheckpointLockedError(_locked_message(path, holder, wait_s)) from None
+                    raise CheckpointLockedError(locked_message(path, holder, wait_s)) from None
                 time.sleep(POLL_S)
                 continue
             if _still_the_file(fd, key / LOCK_NAME):
@@ -106,20 +109,3 @@ def _write_holder(fd: int) -> None:
     text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n"
     os.ftruncate(fd, 0)
     os.pwrite(fd, text.encode(), 0)
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
-    except OSError:
-        text = ""
-    return text or "another process (it has not written its name yet)"
-
-
-def _locked_message(path: Path, holder: str, wait_s: float) -> str:
-    waited = f" after waiting {wait_s:g} s" if wait_s > 0 else ""
-    return (
-        f"checkpoint directory {path} is in use by another run ({holder}){waited}; "
-        "stop that run or wait for it to end, give another directory, or wait for it with "
-        "ctx.checkpointer(..., lock_timeout=SECONDS)"
-    )

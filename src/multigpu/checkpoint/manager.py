@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -21,8 +22,8 @@ from typing import Any
 
 import torch
 
-from multigpu import dist
-from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, step_dir_name
+from multigpu import dist, worker_exit
+from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, scan, step_dir_name
 from multigpu.checkpoint.lock import DirectoryLock
 from multigpu.checkpoint.objects import check_trackable, epoch_of
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
@@ -43,6 +44,24 @@ def _first_missing(directory: Path) -> Path | None:
             return missing
         missing = path
     return missing
+
+
+def _last_saved_note(ref: weakref.ref[Checkpointer]) -> Callable[[], str | None]:
+    """``"last checkpoint: PATH (step N)"`` for the checkpointer ``ref`` names, when it saved or
+    resumed one that is on disk (a save interrupted before its rename is not)."""
+    directory = ref().directory  # type: ignore[union-attr]
+
+    def note() -> str | None:
+        checkpointer = ref()
+        step = checkpointer._saved_step if checkpointer is not None else None
+        if step is not None and (directory / step_dir_name(step)).is_dir():
+            return f"last checkpoint: {directory / step_dir_name(step)} (step {step})"
+        chosen = scan(directory)[0]  # an asynchronous save not yet committed: the one before
+        if chosen is None:
+            return f"no checkpoint in {directory} yet"
+        return f"last checkpoint: {chosen.path} (step {chosen.step})"
+
+    return note
 
 
 class Checkpointer:
@@ -101,9 +120,13 @@ class Checkpointer:
         # One run per directory: rank 0 holds it until close() or its death (see lock.py).
         self._lock: DirectoryLock | None = None
         self._created: Path | None = None  # by the lock: removed again if a resume is refused
-        self._hold()
+        # Every rank raises rank 0's refusal (a held directory): the others would otherwise go
+        # on to their next collective and fail there, blaming a lost peer.
+        decided_by_rank0(self.rank, self._hold)
         if save_on_sigterm:
             self._install_sigterm()
+        # Ctrl-C on a `multigpu run` worker names the checkpoint to resume from.
+        worker_exit.note_checkpoints(str(self.directory), _last_saved_note(weakref.ref(self)))
 
     # ---- what is saved --------------------------------------------------------------------------
     def track(self, **objects: Any) -> Checkpointer:

@@ -29,6 +29,8 @@ class DiskFullError(CheckpointError):
     """A save found no room on the checkpoint directory's file system (its message says where,
     how much the save needed and how much was free)."""
 
+    said_in_full = True
+
 
 @dataclass(frozen=True)
 class Space:

@@ -331,3 +331,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(e, UsageError) else 1
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
+    except KeyboardInterrupt:  # Ctrl-C before the agent took over its handling
+        sys.stderr.write(f"{PROG}: stopped by Ctrl-C (SIGINT)\n")
+        return 130

@@ -111,6 +111,19 @@ def check_pipeline(args: argparse.Namespace, processes: int) -> None:
     """Refuse, before anything starts, a pipeline the job cannot build on ``processes``."""
     if args.strategy != "pipeline":
         return
+    # The strategy refuses both too (PipelineStrategy.validate, no_sync), but only once the
+    # workers run; said here, the launcher refuses before any starts.
+    if args.precision != "32":
+        raise UsageError(
+            f"--precision {args.precision} with --strategy pipeline is not supported; use "
+            "--precision 32, or --strategy fsdp for mixed precision"
+        )
+    if args.accumulation_steps > 1:
+        raise UsageError(
+            f"--accumulation-steps {args.accumulation_steps} with --strategy pipeline: the "
+            "pipeline already accumulates over its micro-batches; use --accumulation-steps 1 "
+            f"and more --microbatches, e.g. --microbatches {args.microbatches * 2}"
+        )
     if args.batch_size % args.microbatches:
         low = max(args.microbatches, args.batch_size - args.batch_size % args.microbatches)
         raise UsageError(

@@ -33,6 +33,7 @@ from multigpu.launch.exit_agreement import ExitAgreement
 from multigpu.launch.options import parse_nnodes
 from multigpu.launch.ports import dialled_store
 from multigpu.launch.restart_reports import RestartReports
+from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
 from multigpu.store_listen import listening_store
 from multigpu.store_reach import wait_until_listening
@@ -44,15 +45,17 @@ from multigpu.torch_compat import (
 
 
 @contextlib.contextmanager
-def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
+def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[StoppedWorkers]:
     """Inside the block, ``torch.distributed.run.run(args)`` runs multigpu's agent.
 
     ``timeout_s`` (``--timeout``) bounds the exit barrier, the store connections and the nodes'
     agreement check; ``nnodes`` (this node's ``--nnodes``) is compared with the other nodes'.
+    Yields the record of the workers found stopped when the agent ended them.
     """
     from torch.distributed.elastic.agent.server.api import WorkerGroup
 
     facts = node_facts(nnodes)
+    stopped = StoppedWorkers()
 
     class MultigpuAgent(ExitAgreement, RestartReports, elastic_agent_class()):  # type: ignore[misc]
         """torchrun's agent; every rendezvous round ends with the nodes' agreement check,
@@ -69,6 +72,14 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
                 timeout_s,
             )
 
+        def _monitor_workers(self, worker_group: WorkerGroup) -> Any:
+            # Before torch's check, which on a failure stops the others and would wait 30 s
+            # for a stopped one: once a worker failed, the stopped ones are let go on.
+            stopped.release_if_failed(
+                {w.global_rank: w.id for w in worker_group.workers if isinstance(w.id, int)}
+            )
+            return super()._monitor_workers(worker_group)
+
     def handler_once_the_store_answers(make_handler: Any, params: Any) -> Any:
         store = dialled_store(params)
         if store is not None:  # raises StoreUnreachable (run.describe_agent_error words it)
@@ -82,4 +93,4 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[None]:
         StoreCallBound(timeout_s + STORE_GRACE_S),
         store_servers_made_by(functools.partial(listening_store, many_nodes=many_nodes)),
     ):
-        yield
+        yield stopped

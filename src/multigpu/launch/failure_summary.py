@@ -23,7 +23,7 @@ from typing import Any
 from multigpu.worker_error import WorkerError, read
 
 USAGE_EXIT_CODE = 2
-MESSAGE_LIMIT = 400
+MESSAGE_LIMIT = 600  # a full disk's message says where, how much, and what to do
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def summary_line(failures: list[Failure], *, log_hint: str = "its output is abov
         line += f" ({others} other rank{'s' if others > 1 else ''} stopped too)"
     if first.error is not None and first.error.consequence:
         line += "; it lost a peer: the rank that stopped first (on another node?) holds the cause"
-    elif first.error is None or not first.error.usage:
+    elif first.error is None or not (first.error.usage or first.error.said_in_full):
         line += f"; {log_hint}"
     return line
 
@@ -155,6 +155,31 @@ def quiet_torch_worker_reports() -> None:
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(
             logging.CRITICAL
         )
+        # "Received 2 death signal, shutting down workers": the launcher says it in its own
+        # words (``stopped_line``); the agent's other warnings stay.
+        agent_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+        if not any(isinstance(f, _DeathSignalFilter) for f in agent_log.filters):
+            agent_log.addFilter(_DeathSignalFilter())
+
+
+class _DeathSignalFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "death signal" not in str(record.msg)
+
+
+def stopped_line(signal_number: int, workers: int) -> str:
+    """What the launcher says when a signal stopped it (after the workers were stopped).
+
+    Example:
+        >>> stopped_line(2, 2)
+        'stopped by Ctrl-C (SIGINT): the 2 workers on this node were stopped'
+    """
+    name = _signal_name(signal_number)
+    what = "Ctrl-C (SIGINT)" if signal_number == signal.SIGINT else name
+    plural = "the worker" if workers == 1 else f"the {workers} workers"
+    return f"stopped by {what}: {plural} on this node were stopped".replace(
+        "worker on this node were", "worker on this node was"
+    )
 
 
 def say(line: str) -> None:

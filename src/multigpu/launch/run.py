@@ -39,12 +39,15 @@ from multigpu.launch.failure_summary import (
     log_hint,
     quiet_torch_worker_reports,
     say,
+    stopped_line,
     summary_line,
 )
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from multigpu.launch.slurm import with_slurm_topology
+from multigpu.launch.stopped_workers import StoppedWorkers
+from multigpu.launch.torchrun_numbers import check_torchrun_numbers
 from multigpu.run_target import check_script as check_script_path
 from multigpu.store_reach import StoreUnreachable
 
@@ -79,6 +82,7 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
 
     env = os.environ
     options = with_slurm_topology(options, env)  # `srun multigpu run`: one launcher per node
+    check_torchrun_numbers(options)  # torch asserts some of them only once the agent runs
     cores = usable_cores()
     if options.gpus is not None:
         parse_gpu_request(options.gpus)  # bad syntax ("0,0", "x") before looking at hardware
@@ -133,11 +137,13 @@ def launch(plan: LaunchPlan) -> int:
         # Each worker keeps its last collectives there; read back if the launch fails.
         os.environ["MULTIGPU_TRACE_DIR"] = traces
         # torchrun's agent with every wait bounded and the nodes checked for agreement
-        with multigpu_agent(plan.timeout_s, str(args.nnodes)):
-            return _run_agent(args, traces, plan.timeout_s, hint)
+        with multigpu_agent(plan.timeout_s, str(args.nnodes)) as stopped:
+            return _run_agent(args, traces, plan.timeout_s, hint, stopped)
 
 
-def _run_agent(args: Any, traces: str, timeout_s: float, hint: str) -> int:
+def _run_agent(
+    args: Any, traces: str, timeout_s: float, hint: str, stopped: StoppedWorkers
+) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
@@ -150,14 +156,17 @@ def _run_agent(args: Any, traces: str, timeout_s: float, hint: str) -> int:
     except ChildFailedError as e:
         failures = failures_of(e)
         code = exit_code(failures)
-        if code != USAGE_EXIT_CODE:  # a hang or crash: which rank waited in which collective
+        told = failures[0].error is not None and failures[0].error.said_in_full  # a full disk
+        if code != USAGE_EXIT_CODE and not told:  # a hang or crash: who waited where
             for line in explain_traces(traces):
                 sys.stderr.write(line + "\n")
         # One line, last: the cause among the failures, instead of torch's 20-line report
         # (whose traceback the worker already printed above it).
         message = summary_line(failures, log_hint=hint)
-    except SignalException as e:
-        logger.warning("stopped by signal %s; workers were terminated", e.sigval.name)
+        if stopped.found:  # the others' collectives waited for it: it is the cause
+            message, code = stopped.line(timeout_s, [f.rank for f in failures]), 1
+    except SignalException as e:  # torch's agent passed the signal on to the workers and waited
+        say(stopped_line(int(e.sigval), int(args.nproc_per_node)))
         return 128 + int(e.sigval)
     except MultiGPUError as e:  # ours, from inside the agent (the nodes disagree): one line
         message, code = str(e), USAGE_EXIT_CODE if isinstance(e, UsageError) else 1

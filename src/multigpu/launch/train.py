@@ -17,6 +17,7 @@ from types import MappingProxyType
 from multigpu.errors import UsageError
 from multigpu.examples import digits_parser, lm_parser
 from multigpu.examples.job_cli import check_outputs
+from multigpu.lock_probe import holder_of, locked_message
 
 TRAIN_MODULES = MappingProxyType(
     {"digits": "multigpu.examples.digits", "lm": "multigpu.examples.lm"}
@@ -154,7 +155,8 @@ def check_checkpoint_options(job_args: Sequence[str]) -> None:
 
     Raises:
         UsageError: ``--checkpoint-every`` without ``--out``/``--checkpoint-dir``; ``--resume
-            never`` on a directory that holds checkpoints; ``--resume PATH`` that does not exist.
+            never`` on a directory that holds checkpoints; ``--resume PATH`` that does not exist;
+            a checkpoint directory another live run holds (``multigpu.lock_probe``).
     """
     every = option_value(job_args, "--checkpoint-every")
     given_dir = option_value(job_args, "--checkpoint-dir")
@@ -167,6 +169,11 @@ def check_checkpoint_options(job_args: Sequence[str]) -> None:
             "--out DIR (checkpoints go to DIR/checkpoints) or --checkpoint-dir DIR"
         )
     checkpointing = every is not None or given_dir is not None
+    holder = holder_of(directory) if checkpointing and directory is not None else None
+    if holder and directory is not None:  # the job's rank 0 refused it once workers started
+        raise UsageError(
+            locked_message(directory, holder, fix="give another --checkpoint-dir or --out")
+        )
     if resume not in ("auto", "never"):
         if not checkpointing:
             raise UsageError(

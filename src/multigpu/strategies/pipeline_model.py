@@ -33,6 +33,7 @@ from torch.distributed.pipelining import (
 from multigpu.errors import UsageError
 from multigpu.strategies.pipeline_plan import INTERLEAVED, check_batch
 from multigpu.strategies.pipeline_shared import ModelNames, Sharing, unique
+from multigpu.strategies.pipeline_trace import trace_for_pipeline
 from multigpu.torch_compat import unscaled_schedule_kwargs
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -185,12 +186,13 @@ class PipelinedModel(nn.Module):
             # the user can act on, printed once per process and shape.
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             if not self._traced:  # marks the split points in the model's forwards, once
-                pipe = pipeline(
-                    full, example, split_spec={p: SplitPoint.BEGINNING for p in self.split_points}
+                split = {p: SplitPoint.BEGINNING for p in self.split_points}
+                pipe = trace_for_pipeline(
+                    full, lambda: pipeline(full, example, split_spec=split)
                 )
                 self._traced = True
             else:
-                pipe = Pipe.from_tracing(full, example)
+                pipe = trace_for_pipeline(full, lambda: Pipe.from_tracing(full, example))
         if pipe.num_stages != self.num_stages:
             raise UsageError(
                 f"the split points {self.split_points} cut {type(full).__name__} into "

@@ -193,6 +193,11 @@ def virtual_hosts(n: int = 2, *, names: Sequence[str] | None = None) -> Iterator
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         lines += [f"{h.address} {h.name}" for h in hosts]
+        # The c10d store listens on a dual-stack socket and names each client by reverse lookup
+        # of its IPv4-mapped address: without these lines the lookup fell through to DNS, which
+        # a test host has not, and every run printed "[c10d] The hostname of the client socket
+        # cannot be retrieved. err=-3" from C++ (EAI_AGAIN).
+        lines += [f"::ffff:{h.address} {h.name}" for h in hosts]
         hosts_file = workdir / "hosts"
         hosts_file.write_text("\n".join(lines) + "\n")
         cleanup.callback(_ip_quiet, "link", "del", bridge)
