@@ -170,8 +170,9 @@ class CollectiveLog:
         self._kinds: dict[tuple[Any, ...], tuple[bytes, bool, tuple[str, str]]] = {}
         self._flight: list[Any] | None = None
         self.count = 0
-        # Time spent outside collectives (computing, loading data): a straggler has more of it,
-        # while the others spend the difference waiting inside collectives.
+        # Time spent outside collectives (computing, loading data) since the first backward pass:
+        # a straggler has more of it, while the others spend the difference waiting inside
+        # collectives.
         self.busy_s = 0.0
         self.steps = 0
         self._last_end: float | None = None
@@ -242,7 +243,9 @@ class CollectiveLog:
             known = (_line_format(op, site, shapes, dtype), op.startswith("backward"), (op, site))
             if len(self._kinds) < _SITES_MAX:
                 self._kinds[kind] = known
-        if self._last_end is not None:
+        if self._last_end is not None and self.steps:
+            # From the first training step on: what comes before is setup, not a step (DDP's
+            # construction alone imports torch._dynamo, ~1 s, on every rank alike).
             self.busy_s += now - self._last_end
         self.steps += known[1]
         self.count = seq = self.count + 1
