@@ -18,7 +18,7 @@ HEAVY = ("torch.distributed.checkpoint", "torch.distributed.pipelining")
 PROBE = """
 import json, sys, torch, multigpu
 def heavy():
-    return sorted(m for m in sys.modules if m.startswith(%r))
+    return sorted(m for m in sys.modules if m.startswith(HEAVY))
 with multigpu.init(strategy="ddp", seed=0) as ctx:
     model = ctx.setup(torch.nn.Linear(2, 2))
     ctx.loader(torch.utils.data.TensorDataset(torch.zeros(4, 2)), batch_size=2)
@@ -26,7 +26,7 @@ with multigpu.init(strategy="ddp", seed=0) as ctx:
     multigpu.Checkpointer  # the lazy names still resolve, and import DCP then
     multigpu.checkpoint.load_weights
     print(json.dumps({"ran": ran, "asked": heavy(), "context": "multigpu.context" in sys.modules}))
-""" % (HEAVY,)
+""".replace("HEAVY", repr(HEAVY))
 
 
 def test_a_ddp_run_imports_dcp_only_when_a_checkpoint_name_is_used() -> None:
