@@ -26,7 +26,7 @@ from tests.launch._util import child_env
 EPOCHS = 3
 EVERY = 4  # 1437 training samples / 64 = 22 steps per epoch: checkpoints at 4, 8, ..., 64
 JOB = "multigpu.examples.digits"
-TRIALS = int(os.environ.get("MULTIGPU_KILL_TRIALS", "2"))  # more: MULTIGPU_KILL_TRIALS=20
+TRIALS = int(os.environ.get("MULTIGPU_KILL_TRIALS", "1"))  # more: MULTIGPU_KILL_TRIALS=20
 
 
 def _train_argv(out: Path, *extra: str) -> list[str]:
