@@ -237,15 +237,9 @@ class Context(RankTools, Checkpointing, Metering):
         self.backward(loss, num_items=num_items)
         return loss.detach() if num_items is None else loss.detach() / num_items
 
-    @contextlib.contextmanager
-    def _memory_said(self, where: str) -> Iterator[None]:
+    def _memory_said(self, where: str) -> contextlib.AbstractContextManager[None]:
         """A failed allocation becomes one line: the rank, the step, what would fit."""
-        try:
-            yield
-        except (RuntimeError, torch.OutOfMemoryError) as e:
-            if not rank_memory.is_out_of_memory(e):
-                raise
-            raise rank_memory.explain(e, where, self, *self._trained) from e
+        return rank_memory.said_in_one_line(where, self, *self._trained)
 
     def accumulate(
         self, model: nn.Module, sync: bool | None = None

@@ -16,10 +16,11 @@ this rank has (its GPU's free memory, or its share of RAM and any memory limit).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -125,3 +126,16 @@ def explain(
         f"rank {ctx.rank} ({socket.gethostname()}) ran out of memory in {where}{tried}{need}; "
         + advice
     )
+
+
+@contextlib.contextmanager
+def said_in_one_line(
+    where: str, ctx: Any, model: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]
+) -> Iterator[None]:
+    """Inside the block, a failed allocation is raised again as ``explain``'s one line."""
+    try:
+        yield
+    except (RuntimeError, torch.OutOfMemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        raise explain(e, where, ctx, model, optimizers) from e

@@ -32,7 +32,7 @@ from multigpu.examples.digits_parser import (
     check_pipeline,
     pipeline_split_points,
 )
-from multigpu.examples.job_tracking import TrackedSteps, hyperparameters
+from multigpu.examples.job_tracking import TrackedSteps, instruments
 from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.hang.recorder import active_log
@@ -94,16 +94,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train and evaluate; return the metrics (written to ``--out`` by rank 0)."""
     started = time.perf_counter()
     strategy = _strategy(args)
-    profile = f"{args.profile[0]}:{args.profile[1]}" if args.profile else None
     with multigpu.init(
         strategy=strategy,
         seed=args.seed,
         precision=args.precision,
-        profile=profile,  # --profile: steps traced into OUT/profile
-        profile_dir=job_cli.profile_dir(args),
-        log_to=args.log_to,  # None: MULTIGPU_LOG_TO
-        log_dir=args.out,  # None: MULTIGPU_LOG_DIR, else runs
-        config=hyperparameters(args),
+        **instruments(args),  # --profile, --log-to
     ) as ctx:
         train_set, test_set = load_digits_split()
         model = DigitsCNN()

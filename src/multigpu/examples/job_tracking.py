@@ -17,8 +17,23 @@ from typing import Any
 
 import torch
 
+from multigpu.examples import job_cli
+
 NOT_HYPERPARAMETERS = frozenset({"log_to", "progress", "resume", "out", "save", "checkpoint_dir"})
 """Job options that say where files go or how it shows, not what is trained."""
+
+
+def instruments(args: argparse.Namespace) -> dict[str, Any]:
+    """``multigpu.init``'s keyword arguments for ``--profile`` (steps traced into OUT/profile)
+    and ``--log-to`` (trackers writing in ``--out``; None: ``MULTIGPU_LOG_TO`` and
+    ``MULTIGPU_LOG_DIR``)."""
+    return {
+        "profile": f"{args.profile[0]}:{args.profile[1]}" if args.profile else None,
+        "profile_dir": job_cli.profile_dir(args),
+        "log_to": args.log_to,
+        "log_dir": args.out,
+        "config": hyperparameters(args),
+    }
 
 
 def hyperparameters(args: argparse.Namespace) -> dict[str, Any]:

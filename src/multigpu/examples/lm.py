@@ -20,7 +20,7 @@ from torch import nn
 
 import multigpu
 from multigpu.examples import job_cli, lm_data, lm_options, outputs
-from multigpu.examples.job_tracking import TrackedSteps, hyperparameters
+from multigpu.examples.job_tracking import TrackedSteps, instruments
 from multigpu.examples.lm_log import RunLog
 
 
@@ -154,16 +154,11 @@ def evaluate(
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.steps`` optimizer steps; return the metrics (written to ``--out``)."""
     strategy = lm_options.strategy(args, Block)  # FSDP: each Block is a unit of its own
-    profile = f"{args.profile[0]}:{args.profile[1]}" if args.profile else None
     with multigpu.init(
         strategy,
         seed=args.seed,
         precision=args.precision,
-        profile=profile,  # --profile: steps traced into OUT/profile
-        profile_dir=job_cli.profile_dir(args),
-        log_to=args.log_to,  # None: MULTIGPU_LOG_TO
-        log_dir=args.out,  # None: MULTIGPU_LOG_DIR, else runs
-        config=hyperparameters(args),
+        **instruments(args),  # --profile, --log-to
     ) as ctx:
         corpus = lm_data.load_corpus(int(args.corpus_mb * 1e6))
         lm_options.check_data(ctx, args, corpus)  # the same on every rank, and enough
