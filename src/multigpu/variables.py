@@ -11,7 +11,9 @@ inherit its environment.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from multigpu.choices import BACKENDS, COMPRESSIONS, DEVICES, STRATEGY_NAMES, did_you_mean
 from multigpu.errors import UsageError
@@ -169,6 +171,17 @@ def profile_dir(environ: Mapping[str, str]) -> str | None:
     """``MULTIGPU_PROFILE_DIR``: where the traces go (default ``./profile``); None: unset.
     Any path is taken (the profiler creates it), as ``MULTIGPU_CACHE_DIR`` is."""
     return _raw(environ, "MULTIGPU_PROFILE_DIR") or None
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where multigpu keeps what it measured or made once (``bench``'s CPU split, the digits
+    split): ``$MULTIGPU_CACHE_DIR``, else ``$XDG_CACHE_HOME/multigpu``, else
+    ``~/.cache/multigpu``."""
+    env = os.environ if environ is None else environ
+    if env.get("MULTIGPU_CACHE_DIR"):
+        return Path(env["MULTIGPU_CACHE_DIR"])
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "multigpu"
 
 
 def log_level(environ: Mapping[str, str], default: str = "INFO") -> str:

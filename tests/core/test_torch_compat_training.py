@@ -4,6 +4,8 @@ parts, what a loss averaged over, and pipeline stage names (see test_torch_compa
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -154,3 +156,21 @@ def test_a_module_run_again_in_another_pipeline_stage_is_named_with_a_call_suffi
     ]
     for schedule in (Schedule1F1B, ScheduleInterleaved1F1B):
         assert torch_compat.unscaled_schedule_kwargs(schedule) == {"scale_grads": False}
+
+
+def test_ddp_imports_what_the_fork_server_preloads() -> None:
+    # In a fresh interpreter: here DDP_IMPORTS are loaded already. If torch stops importing one
+    # of them at DDP's construction, the preload in run_distributed is dead weight: drop it.
+    code = (
+        "import sys, torch, torch.distributed as dist\n"
+        "from multigpu.torch_compat import DDP_IMPORTS\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "before = [m for m in DDP_IMPORTS if m in sys.modules]\n"
+        "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
+        "after = [m for m in DDP_IMPORTS if m in sys.modules]\n"
+        "dist.destroy_process_group()\n"
+        "print(before, after)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == f"[] {list(torch_compat.DDP_IMPORTS)}", done.stdout

@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.context import Context
 from multigpu.examples import job_cli, outputs
+from multigpu.examples.digits_data import load_digits_split
 from multigpu.examples.digits_parser import (
     NO_DDP,
     PIPELINE_MICROBATCHES,
@@ -54,25 +55,6 @@ class DigitsCNN(nn.Module):
         x = F.relu(self.conv1(x))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-def load_digits_split() -> tuple[TensorDataset, TensorDataset]:
-    """The digits as (train, test) tensor datasets, pixels scaled to [0, 1]."""
-    try:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError as e:
-        raise multigpu.UsageError(
-            "the digits job needs scikit-learn, which is not installed; "
-            "run: pip install 'multigpu[examples]'"
-        ) from e
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    idx_train, idx_test = train_test_split(
-        list(range(len(y))), test_size=0.2, random_state=0, stratify=digits.target
-    )
-    return TensorDataset(x[idx_train], y[idx_train]), TensorDataset(x[idx_test], y[idx_test])
 
 
 def evaluate(ctx: Context, model: nn.Module, dataset: TensorDataset, batch_size: int) -> float:

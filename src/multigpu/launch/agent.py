@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from multigpu.launch.agreement import check_nodes_agree, node_facts
-from multigpu.launch.exit_agreement import ExitAgreement
+from multigpu.launch.exit_agreement import ExitAgreement, closing_once
 from multigpu.launch.options import parse_nnodes
 from multigpu.launch.ports import dialled_store
 from multigpu.launch.restart_reports import RestartReports
@@ -84,7 +84,7 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[StoppedWorkers]:
         store = dialled_store(params)
         if store is not None:  # raises StoreUnreachable (run.describe_agent_error words it)
             wait_until_listening(*store, timeout_s)
-        return make_handler(params)
+        return closing_once(make_handler(params))
 
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
     many_nodes = parse_nnodes(nnodes)[1] > 1

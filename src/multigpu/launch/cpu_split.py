@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from multigpu import variables
 from multigpu.atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,7 @@ class SplitRecord:
 
 def cache_path(environ: Mapping[str, str] | None = None) -> Path:
     """Where the recommendations live (see the module doc)."""
-    env = os.environ if environ is None else environ
-    if env.get("MULTIGPU_CACHE_DIR"):
-        return Path(env["MULTIGPU_CACHE_DIR"]) / CACHE_FILE
-    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "multigpu" / CACHE_FILE
+    return variables.cache_dir(environ) / CACHE_FILE
 
 
 def script_key(script: str, *, is_module: bool) -> str:

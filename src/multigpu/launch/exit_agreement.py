@@ -13,8 +13,11 @@ Here, the agents agree through the rendezvous store instead (keys under ``multig
   under ``outcome`` (never over a failure: ``compare_set``);
 - a node that succeeded waits for ``outcome`` (at most ``--timeout``): ``ok`` ends it with 0,
   a failure, a timeout or a lost store with one line and exit code 1;
-- every node then counts itself in ``left`` and waits a moment (``LEAVE_S``) for the others, so
-  the node that hosts the store does not take it away before they have read the outcome.
+- every node then closes the rendezvous (torch's launcher would do it after the agent ends), counts
+  itself in ``left`` and waits a moment (``LEAVE_S``) for the others, so that the node that hosts
+  the store does not take it away before they have read the outcome and closed the rendezvous:
+  a node that closed it after the host had gone printed a ``TCPStore ... recvVector failed``
+  trace and a warning in a run that succeeded (seen under load on two network-namespace nodes).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class ExitAgreement:
                 f"({type(e).__name__}: {_first_line(e)}); the run did not finish on every node: "
                 "see the other nodes' output"
             ) from None
+        self._close_rendezvous()
         _leave(store, nodes)
         if outcome != OK:
             raise NodeFailedError(
@@ -89,12 +93,35 @@ class ExitAgreement:
         what = summary_line(failures_of(result), log_hint="its output is on that node")
         try:
             store.compare_set(PREFIX + "outcome", "", what)
+            self._close_rendezvous()
             _leave(store, nodes)
         except Exception as e:  # the others then end on their timeout, with exit code 1 too
             say(
                 f"could not tell the other nodes that this node failed ({e}); they stop when "
                 "--timeout ends their wait"
             )
+
+
+    def _close_rendezvous(self) -> None:
+        # Now, while every node's store connection is still good; torch's launcher calls
+        # shutdown() again once the agent has returned, which closing_once makes a no-op.
+        self._worker_group.spec.rdzv_handler.shutdown()
+
+
+def closing_once(handler: Any) -> Any:
+    """``handler`` (a rendezvous handler) whose ``shutdown()`` acts once: the exit agreement closes
+    the rendezvous before the nodes leave, and torch's launcher closes it again afterwards, when
+    the store's host may be gone."""
+    shutdown = handler.shutdown
+    done: list[bool] = []
+
+    def shutdown_once() -> bool:
+        if not done:
+            done.append(shutdown())
+        return done[0]
+
+    handler.shutdown = shutdown_once
+    return handler
 
 
 def _wait_for(store: Any, key: str, timeout_s: float) -> str:

@@ -82,9 +82,12 @@ def run_distributed(
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")
+    from multigpu.torch_compat import DDP_IMPORTS
+
     ctx = mp.get_context("forkserver")
-    # Imported once by the server (a no-op once it runs); CUDA stays uninitialised there.
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "multigpu"])
+    # Imported once by the server (a no-op once it runs); CUDA stays uninitialised there. With
+    # what DDP imports at its first construction (1.5-2 s of CPU a worker otherwise).
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "multigpu", *DDP_IMPORTS])
     results: mp.Queue = ctx.Queue()
     port = free_port()
     procs = []

@@ -53,6 +53,8 @@ when a torch release changes it, so upgrading torch is this package and those te
   the second call of a module ``name@1`` (``unflattened_name`` maps it back); schedules scale
   the gradients by the micro-batches themselves since 2.7 (``unscaled_schedule_kwargs`` turns
   that off where it exists: the pipeline scales once, a tensor shared by two stages included).
+- **What DDP imports** (``DDP_IMPORTS``): ``torch._dynamo``, on the first construction; a fork
+  server preloads it so that its forked DDP workers do not each pay for it.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ from multigpu.torch_compat.sharding import (
     quiet_sequential_redistribution,
 )
 from multigpu.torch_compat.training import (
+    DDP_IMPORTS,
     clip_with_norm,
     grad_norm,
     mean_over_ignored,
@@ -102,6 +105,7 @@ __all__ = [
     "AGENT_ATTRIBUTES",
     "AGENT_OVERRIDES",
     "DCP_METADATA_GLOBALS",
+    "DDP_IMPORTS",
     "FSDP_MIN_VERSION",
     "REDISTRIBUTE_LOGGER",
     "SHARDED_TENSOR_MODULE",

@@ -1,5 +1,6 @@
 """PowerSGD on CPU tensors where CUDA is present, gradient norms by parts, what a loss averaged
-over, pipeline stage names and gradient scaling (see ``multigpu.torch_compat``)."""
+over, pipeline stage names and gradient scaling, what DDP imports (see
+``multigpu.torch_compat``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from typing import Any
 import torch
 
 from multigpu.torch_compat.version import TORCH_VERSION
+
+DDP_IMPORTS = ("torch._dynamo",)
+"""The private modules ``DistributedDataParallel(...)`` imports on its first construction (it asks
+``torch._dynamo`` which reducer to use): 1.5-2 s of CPU per process, so a fork server that
+starts many DDP workers (``multigpu.testing.run_distributed``) imports them once, beforehand."""
 
 
 class _TorchWithoutCuda(types.ModuleType):
