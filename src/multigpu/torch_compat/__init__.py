@@ -53,6 +53,8 @@ when a torch release changes it, so upgrading torch is this package and those te
   the second call of a module ``name@1`` (``unflattened_name`` maps it back); schedules scale
   the gradients by the micro-batches themselves since 2.7 (``unscaled_schedule_kwargs`` turns
   that off where it exists: the pipeline scales once, a tensor shared by two stages included).
+- **torchft's manager server** (``torchft``, not torch: the optional extra ``ft``): torchft 0.2
+  binds it to every interface, hard-coded; ``manager_server_bound_to`` binds it to one address.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ from multigpu.torch_compat.training import (
     unscaled_schedule_kwargs,
     without_cuda,
 )
+from multigpu.torch_compat.torchft import manager_server_bound_to
 from multigpu.torch_compat.version import TORCH_VERSION
 
 __all__ = [
@@ -120,6 +123,7 @@ __all__ = [
     "fully_shard_takes_module_lists",
     "grad_norm",
     "import_before_process_groups",
+    "manager_server_bound_to",
     "is_dtensor",
     "launch_agent_made_by",
     "mean_over_ignored",
