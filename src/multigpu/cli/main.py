@@ -283,7 +283,8 @@ def _train(argv: Sequence[str]) -> int:
 
 
 def _wants_replicas(ns: argparse.Namespace) -> bool:
-    return any(getattr(ns, d, None) is not None for d in ("replicas", "lighthouse", "replica_group"))
+    ours = ("replicas", "lighthouse", "replica_group")
+    return any(getattr(ns, d, None) is not None for d in ours)
 
 
 def _replicas(

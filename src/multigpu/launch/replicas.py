@@ -215,7 +215,7 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan) -> int:
             "MULTIGPU_REPLICA_HOST": replica_host,
         }
         args = group_outputs(child_argv, group) if train else child_argv
-        children.append((group, subprocess.Popen(args, env=env, preexec_fn=die_with_parent)))  # noqa: PLW1509
+        children.append((group, subprocess.Popen(args, env=env, preexec_fn=die_with_parent)))
     return _wait(children, server)
 
 

@@ -259,7 +259,7 @@ def _names(groups: Sequence[int]) -> str:
 def _recording_gloo() -> type:
     from torchft.process_group import ProcessGroupGloo
 
-    class RecordingGloo(ProcessGroupGloo):  # type: ignore[misc]
+    class RecordingGloo(ProcessGroupGloo):
         """torchft's reconfigurable gloo group, remembering which groups each quorum holds."""
 
         members: tuple[int, ...] = ()
@@ -276,5 +276,5 @@ def _recording_gloo() -> type:
     return RecordingGloo
 
 
-def _RecordingGloo(timeout: timedelta) -> Any:  # noqa: N802 - a class made on first use
+def _RecordingGloo(timeout: timedelta) -> Any:
     return _recording_gloo()(timeout=timeout)

@@ -104,7 +104,8 @@ class ReplicaHook(Hook):
         loader.sampler = replica_sampler(
             loader.sampler, groups=c.settings.groups, group=c.settings.group
         )
-        loader.replica_steps = ReplicaSteps(loader, c, width=loader.sampler.world_size // c.settings.groups)
+        width = loader.sampler.world_size // c.settings.groups
+        loader.replica_steps = ReplicaSteps(loader, c, width=width)
         c.add_state(loader.state_dict, loader.load_state_dict)
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:

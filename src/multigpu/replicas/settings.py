@@ -72,7 +72,8 @@ def read_replicas(environ: Mapping[str, str]) -> ReplicaSettings | None:
     group = _number(environ, GROUP_ENV, 0)
     if group >= groups:
         raise UsageError(
-            f"{GROUP_ENV}={group} is out of range for {GROUPS_ENV}={groups}; expected 0..{groups - 1}"
+            f"{GROUP_ENV}={group} is out of range for {GROUPS_ENV}={groups}; "
+            f"expected 0..{groups - 1}"
         )
     lighthouse = environ.get(LIGHTHOUSE_ENV, "").strip()
     if ":" not in lighthouse:

@@ -89,6 +89,7 @@ from multigpu.torch_compat.sharding import (
     own_tensor_tables,
     quiet_sequential_redistribution,
 )
+from multigpu.torch_compat.torchft import manager_server_bound_to
 from multigpu.torch_compat.training import (
     clip_with_norm,
     grad_norm,
@@ -98,7 +99,6 @@ from multigpu.torch_compat.training import (
     unscaled_schedule_kwargs,
     without_cuda,
 )
-from multigpu.torch_compat.torchft import manager_server_bound_to
 from multigpu.torch_compat.version import TORCH_VERSION
 
 __all__ = [
@@ -123,9 +123,9 @@ __all__ = [
     "fully_shard_takes_module_lists",
     "grad_norm",
     "import_before_process_groups",
-    "manager_server_bound_to",
     "is_dtensor",
     "launch_agent_made_by",
+    "manager_server_bound_to",
     "mean_over_ignored",
     "mixed_precision_policy",
     "own_tensor_tables",
