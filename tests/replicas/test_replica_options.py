@@ -12,19 +12,18 @@ from multigpu.replicas.settings import read_replicas
 from multigpu.replicas.shares import shares_of
 
 
-@pytest.mark.parametrize(
-    ("argv", "says"),
-    [
-        (["run", "--replicas", "0", "--cpu", "1", "job.py"], "--replicas"),
-        (["run", "--replicas", "2", "--lighthouse", "nohost", "--cpu", "1", "job.py"], "HOST:PORT"),
-        (["run", "--replicas", "2", "--replica-group", "2", "--lighthouse", "10.0.0.1:29510",
-          "--cpu", "1", "job.py"], "0..1"),  # fmt: skip
-        (["run", "--replicas", "2", "--replica-group", "1", "--cpu", "1", "job.py"], "--lighthouse"),
-        (["run", "--replicas", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--cpu", "1",
-          "job.py"], "own free port"),  # fmt: skip
-        (["train", "--replicas", "2", "--cpu", "1", "--strategy", "pipeline"], "--strategy pipeline"),
-    ],
-)
+LH = ["--lighthouse", "10.0.0.1:29510"]
+REFUSED = [
+    (["run", "--replicas", "0", "--cpu", "1", "job.py"], "--replicas"),
+    (["run", "--replicas", "2", "--lighthouse", "nohost", "--cpu", "1", "job.py"], "HOST:PORT"),
+    (["run", "--replicas", "2", "--replica-group", "2", *LH, "--cpu", "1", "job.py"], "0..1"),
+    (["run", "--replicas", "2", "--replica-group", "1", "--cpu", "1", "job.py"], "--lighthouse"),
+    (["run", "--replicas", "2", "--rdzv-endpoint", "127.0.0.1:29400", "job.py"], "own free port"),
+    (["train", "--replicas", "2", "--cpu", "1", "--strategy", "tp"], "--strategy tp"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), REFUSED)
 def test_refused_in_one_line(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from multigpu.errors import UsageError
 
@@ -94,3 +95,17 @@ def read_replicas(environ: Mapping[str, str]) -> ReplicaSettings | None:
         host=environ.get(HOST_ENV, "").strip() or "127.0.0.1",
         heartbeat_s=heartbeat,
     )
+
+
+def group_directory(directory: str | Path, environ: Mapping[str, str]) -> str | Path:
+    """A checkpoint directory of one replica group: ``directory/group-G`` under replica groups
+    (each group saves its own: they write at the same steps), else ``directory`` itself.
+
+    Example:
+        >>> str(group_directory("ckpt", {"MULTIGPU_REPLICA_GROUPS": "2",
+        ...                              "MULTIGPU_REPLICA_GROUP": "1"}))
+        'ckpt/group-1'
+    """
+    if not environ.get(GROUPS_ENV, "").strip():
+        return directory
+    return Path(directory) / f"group-{_number(environ, GROUP_ENV, 0)}"
