@@ -11,7 +11,6 @@ from multigpu.launch.replicas import group_outputs, parse_lighthouse, plan_repli
 from multigpu.replicas.settings import read_replicas
 from multigpu.replicas.shares import shares_of
 
-
 LH = ["--lighthouse", "10.0.0.1:29510"]
 REFUSED = [
     (["run", "--replicas", "0", "--cpu", "1", "job.py"], "--replicas"),
@@ -19,7 +18,7 @@ REFUSED = [
     (["run", "--replicas", "2", "--replica-group", "2", *LH, "--cpu", "1", "job.py"], "0..1"),
     (["run", "--replicas", "2", "--replica-group", "1", "--cpu", "1", "job.py"], "--lighthouse"),
     (["run", "--replicas", "2", "--rdzv-endpoint", "127.0.0.1:29400", "job.py"], "own free port"),
-    (["train", "--replicas", "2", "--cpu", "1", "--strategy", "tp"], "--strategy tp"),
+    (["train", "--replicas", "2", "--cpu", "1", "--strategy", "dp"], "--strategy dp"),
 ]
 
 
