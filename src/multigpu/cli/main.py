@@ -292,11 +292,12 @@ def _replicas(
 ) -> int:
     """``--replicas``: checked here (exit 2, nothing started), then one launcher per group."""
     from multigpu.launch.env_checks import check_worker_environment
-    from multigpu.launch.replicas import check_no_rendezvous, plan_replicas, run_groups
+    from multigpu.launch.replicas import check_iface, check_no_rendezvous, plan_replicas, run_groups
     from multigpu.launch.run import prepare
 
     plan = plan_replicas(ns.replicas, ns.lighthouse, ns.replica_group)
     check_no_rendezvous(options.torchrun, plan)
+    check_iface(plan, options.iface)
     if command == "train":
         train.check_replica_options(rest)
     with prepare(options) as checked:  # the checks of a plain run: script, devices, variables

@@ -133,6 +133,29 @@ def group_outputs(argv: Sequence[str], group: int) -> list[str]:
     return out
 
 
+def check_iface(plan: ReplicaPlan, iface: str | None) -> None:
+    """Groups on several nodes meet over the cluster interface, which ``--iface`` names: without
+    it a one-node group's gloo would use loopback (``GLOO_SOCKET_IFNAME=lo``), out of reach."""
+    if plan.lighthouse is None or iface is not None:
+        return
+    host = plan.lighthouse[0]
+    loopback = host == "localhost" or _is_loopback(host)
+    if not loopback:
+        raise UsageError(
+            f"--lighthouse {host}:{plan.lighthouse[1]} without --iface: the replica groups of "
+            "several nodes reach each other over the cluster interface; give --iface NAME (the "
+            "interface with this node's address on that network, e.g. --iface eth0)"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: loopback when it resolves here to loopback only
+        found = local_addresses(host)
+        return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
 def check_no_rendezvous(torchrun: Any, plan: ReplicaPlan) -> None:
     """Several groups on one node each need their own rendezvous: refuse one given for all."""
     given = [f"--{d.replace('_', '-')}" for d in ("rdzv_endpoint", "master_port") if d in torchrun]
@@ -174,7 +197,8 @@ def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
                 f"--replicas needs torchft, which is not installed ({e}); install it with: "
                 "pip install 'multigpu[ft]'"
             ) from e
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        at = local_addresses(host)[0] if plan.lighthouse is not None else host  # an address
+        bind = f"[{at}]:{port}" if ":" in at else f"{at}:{port}"
         heartbeat_ms = int(1000 * float(os.environ.get(HEARTBEAT_ENV) or 2.0))
         try:
             server = LighthouseServer(
@@ -187,10 +211,6 @@ def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
                 "node's address for --lighthouse"
             ) from e
         port = int(str(server.address()).rsplit(":", 1)[1].strip("/"))
-    if ipaddress.ip_address(replica_host).is_loopback and not ipaddress.ip_address(
-        host if host != "localhost" else "127.0.0.1"
-    ).is_loopback:
-        replica_host = host
     return server, f"{host}:{port}", replica_host
 
 

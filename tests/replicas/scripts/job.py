@@ -1,8 +1,10 @@
 """A job for the replica-group tests, written for one process: nothing in it knows of replicas.
 
 Writes, under OUT (argv[1]): ``pid-<group>-<rank>-<restart>`` at start, one line per stepped
-optimizer step (the wall time) to ``steps-<group>-<rank>``, and the final parameters to
-``params-<group>-<rank>.pt`` (group ``plain`` without --replicas). ``JOB_SLEEP`` paces a step.
+optimizer step to ``steps-<group>-<rank>`` (the wall time and the global step it ended: the
+loader's position), and the final parameters to ``params-<group>-<rank>.pt`` (group ``plain``
+without --replicas). ``JOB_SLEEP`` paces a step; ``JOB_CKPT_EVERY=N`` checkpoints every N steps
+into OUT/ckpt and resumes from there (a restarted plain run).
 """
 
 import os
@@ -31,14 +33,24 @@ with multigpu.init(seed=0) as ctx:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = ctx.setup(model, optimizer)
     loader = ctx.loader(data, batch_size=16)
+    every = int(os.environ.get("JOB_CKPT_EVERY", "0"))
+    ckpt = None
+    if every:
+        ckpt = ctx.checkpointer(
+            out / "ckpt", every_steps=every, model=model, optimizer=optimizer, loader=loader
+        )
+        ckpt.resume()
     with open(out / f"steps-{tag}", "a") as steps:
         while loader.epoch < epochs:  # bounded by the loader's epoch: a healed group's too
             for x, y in loader:
                 optimizer.zero_grad()
                 ctx.backward(F.mse_loss(model(x), y))
                 if ctx.step(optimizer):
-                    steps.write(f"{time.time()}\n")
+                    position = loader.epoch * 50 + loader.state_dict()["cursor"] // 16
+                    steps.write(f"{time.time()} {position}\n")
                     steps.flush()
+                    if ckpt is not None:
+                        ckpt.step()
                 time.sleep(pause)
     params = {k: v.detach().clone() for k, v in ctx.unwrap(model).state_dict().items()}
     torch.save(params, out / f"params-{tag}.pt")
