@@ -73,6 +73,8 @@ class Coordinator:
         """The micro-batch handed out last is the running step's last."""
         self.step_waits = False
         """An optimizer's step() came before the running step's last micro-batch."""
+        self.serial = 0
+        """Counts the steps begun in this process (a step run again is a new one)."""
         self.decided: bool | None = None
         """The running step's outcome: committed (True), retried (False), not yet (None)."""
         self.on_decided: Callable[[bool], None] | None = None
@@ -178,6 +180,7 @@ class Coordinator:
         self.participant_rank = int(self.manager.participating_rank() or 0)
         self._note_members(self._pg.members, time.monotonic() - started)
         self.micro_index, self.decided, self.in_step, self.step_waits = 0, None, True, False
+        self.serial += 1
 
     def _note_members(self, members: tuple[int, ...], waited_s: float) -> None:
         before, self.members = self.members, members

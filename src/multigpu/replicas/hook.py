@@ -140,8 +140,13 @@ def gate_optimizer(
     """Make ``optimizer.step()`` / ``zero_grad()`` follow the replica groups' steps (in place:
     the user's object, so ``optimizer.step()`` in the loop is gated as ``ctx.step`` is)."""
     step, zero_grad = optimizer.step, optimizer.zero_grad
+    stepped = [-1]  # the step (Coordinator.serial) this optimizer last stepped in
 
     def gated_step(*args: Any, **kwargs: Any) -> Any:
+        if not c.in_step and not optimizer.state:
+            # Before any step, with no state yet: a checkpoint restore making the optimizer's
+            # state (torch.distributed.checkpoint steps it with zero gradients), not training.
+            return step(*args, **kwargs)
         if not c.in_step:
             raise UsageError(
                 "optimizer.step() under --replicas outside a step of ctx.loader(...): the "
@@ -157,6 +162,9 @@ def gate_optimizer(
         if not c.decided:
             zero_grad(set_to_none=True)
             return None
+        if stepped[0] == c.serial:
+            return None  # stepped already in this step (a second call must not step again)
+        stepped[0] = c.serial
         optimizer.multigpu_skipped_step = False  # type: ignore[attr-defined]
         return step(*args, **kwargs)
 
