@@ -44,8 +44,9 @@ def test_child_arguments() -> None:
     argv = ["--replicas", "2", "--lighthouse=h:1", "--cpu", "1", "--replica-group", "0", "job.py"]
     assert strip_our_flags(argv) == ["--cpu", "1", "job.py"]
     assert group_outputs(["--out", "runs/x", "--checkpoint-dir=c"], 1) == [
-        "--out", "runs/x/group-1", "--checkpoint-dir=c/group-1"
+        "--out", "runs/x/group-1", "--checkpoint-dir=c"
     ]  # fmt: skip
+    assert group_outputs(["--out=o"], 0) == ["--out=o/group-0"]
     assert parse_lighthouse("[::1]:29510") == ("::1", 29510)
     assert plan_replicas(3, None, None).here == (0, 1, 2)
     assert plan_replicas(3, "10.0.0.1:29510", "2,0").here == (0, 2)

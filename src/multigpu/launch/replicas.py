@@ -116,15 +116,16 @@ def strip_our_flags(argv: Sequence[str]) -> list[str]:
 
 
 def group_outputs(argv: Sequence[str], group: int) -> list[str]:
-    """A built-in job's ``--out`` and ``--checkpoint-dir`` made the group's own (``DIR/group-G``):
-    the groups write their logs and checkpoints apart."""
+    """A built-in job's ``--out`` made the group's own (``DIR/group-G``): the groups write their
+    logs and models apart (their checkpoints go to ``CHECKPOINT_DIR/group-G`` by themselves:
+    ``multigpu.replicas.settings.group_directory``)."""
     out: list[str] = []
     follows = False
     for token in argv:
         name, eq, value = token.partition("=")
         if follows:
             token, follows = f"{token}/group-{group}", False
-        elif name in ("--out", "--checkpoint-dir"):
+        elif name == "--out":
             if eq:
                 token = f"{name}={value}/group-{group}"
             else:
