@@ -25,7 +25,7 @@ pytest.importorskip("torchft", reason="torchft (pip install multigpu[ft]) is not
 
 JOB = Path(__file__).parent / "scripts" / "job.py"
 EPOCHS = 4
-KILL_AT = 30  # group 1's committed steps before its worker is killed
+KILL_AT = 10  # group 1's committed steps before its worker is killed
 
 
 def _lines(path: Path) -> list[float]:
@@ -40,7 +40,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("replicas")
     proc = popen_multigpu(
         ["run", "--replicas", "2", "--cpu", "1", str(JOB), str(out), str(EPOCHS)], out,
-        JOB_SLEEP="0.04",
+        JOB_SLEEP="0.05",
     )  # fmt: skip
     listeners: dict[int, list[str]] = {}
     deadline = time.monotonic() + 120

@@ -291,6 +291,7 @@ def _replicas(
     command: str, ns: argparse.Namespace, own: list[str], rest: list[str], options: LaunchOptions
 ) -> int:
     """``--replicas``: checked here (exit 2, nothing started), then one launcher per group."""
+    from multigpu.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.replicas import check_iface, check_no_rendezvous, plan_replicas, run_groups
     from multigpu.launch.run import prepare
@@ -302,10 +303,13 @@ def _replicas(
         train.check_replica_options(rest)
     with prepare(options) as checked:  # the checks of a plain run: script, devices, variables
         check_worker_environment(checked)
+        threads = max(1, usable_cores() // (checked.nproc_per_node * len(plan.here)))
         if options.dry_run:
             print(checked.describe(), flush=True)
+            print(f"replicas:  {plan.groups} group(s), {len(plan.here)} started here, each as "
+                  f"above with {threads} thread(s) per process", flush=True)  # fmt: skip
             return 0
-    return run_groups(command, own + rest, plan)
+    return run_groups(command, own + rest, plan, threads=threads)
 
 
 NO_GPU = "no GPU found; CPU processes are available with --cpu N"

@@ -15,8 +15,9 @@ environment; a child's torchrun agent restarts its group's workers (``--max-rest
 
 Environment variables set for the children: ``MULTIGPU_REPLICA_GROUPS``,
 ``MULTIGPU_REPLICA_GROUP``, ``MULTIGPU_LIGHTHOUSE``, ``MULTIGPU_REPLICA_HOST``,
-``PET_MAX_RESTARTS`` (unless set), ``RUST_LOG`` (``warn`` unless set: torchft's servers log
-every quorum at ``info``). Read: ``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
+``PET_MAX_RESTARTS`` (unless set), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (unless set: the
+cores shared by every worker of this node's groups), ``RUST_LOG`` (``warn`` unless set:
+torchft's servers log every quorum at ``info``). Read: ``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
 """
 
 from __future__ import annotations
@@ -215,8 +216,9 @@ def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
     return server, f"{host}:{port}", replica_host
 
 
-def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan) -> int:
-    """Start the lighthouse (where it is ours) and this node's groups; wait for every group."""
+def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads: int) -> int:
+    """Start the lighthouse (where it is ours) and this node's groups; wait for every group.
+    ``threads``: each worker's ``OMP_NUM_THREADS`` (unless set): the groups share the cores."""
     server, lighthouse, replica_host = start_lighthouse(plan)
     say(
         f"{len(plan.here)} replica group(s) ({', '.join(map(str, plan.here))} of {plan.groups}); "
@@ -228,6 +230,8 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan) -> int:
     base = dict(os.environ)
     base.setdefault("PET_MAX_RESTARTS", DEFAULT_RESTARTS)
     base.setdefault("RUST_LOG", "warn")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        base.setdefault(name, str(threads))
     for group in plan.here:
         env = base | {
             "MULTIGPU_REPLICA_GROUPS": str(plan.groups),
