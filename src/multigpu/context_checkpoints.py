@@ -8,6 +8,7 @@ writes (sharded through DCP, atomic, with a manifest and checksums), without RNG
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from multigpu.checkpoint.objects import epoch_of, kind_of
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 from multigpu.hooks import Hook
 from multigpu.precision import Precision
+from multigpu.replicas.settings import group_directory
 from multigpu.strategies import Strategy
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ class Checkpointing:
         from multigpu.checkpoint.manager import Checkpointer
 
         ckpt = Checkpointer(
-            directory,
+            group_directory(directory, os.environ),  # under --replicas: DIR/group-G
             rank=self.rank,
             world_size=self.world_size,
             adapter=self.strategy,

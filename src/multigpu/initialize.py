@@ -32,6 +32,8 @@ from multigpu.log import warn_once
 from multigpu.precision import Precision
 from multigpu.profile_record import ProfileHook
 from multigpu.profile_window import parse_window
+from multigpu.replicas import read_replicas
+from multigpu.replicas.hook import replica_hook
 from multigpu.seed import seed_everything
 from multigpu.settings import Settings
 from multigpu.strategies import Strategy, resolve_strategy
@@ -132,6 +134,7 @@ def init(
         if deterministic is None:
             deterministic = settings.deterministic
         tracking = choose_tracking(log_to, log_dir, config, settings, env)
+        replicas = read_replicas(env_vars)
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
@@ -149,6 +152,8 @@ def init(
     compression = resolved.describe().get("compression", "none") if env.world_size > 1 else "none"
     info = {"precision": mixed.name, "deterministic": deterministic, "compression": compression}
     hooks = choose_hooks(env_vars, env, timeout=wait, info=info)
+    if replicas is not None:  # `multigpu run --replicas R`: this worker is in one replica group
+        hooks.append(replica_hook(replicas, env, device, wait.total_seconds()))
     if window is not None:
         where = Path(profile_dir or settings.profile_dir or "profile")
         hooks.append(ProfileHook(window, where, env.rank, env.world_size))

@@ -263,7 +263,9 @@ class StepControl:
         if zero_grad:
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
-        return True
+        # Under replica groups an optimizer's step waits for the step's last micro-batch and
+        # for the groups' commit (multigpu.replicas.hook.gate_optimizer): it says if it skipped.
+        return not any(getattr(o, "multigpu_skipped_step", False) for o in optimizers)
 
     def clip_grad_norm(
         self,

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from multigpu import variables
-from multigpu.arguments import Parser, cpu_count_arg, options_from, seconds_arg
+from multigpu.arguments import Parser, cpu_count_arg, options_from, seconds_arg, whole_arg
 from multigpu.cli.args import split_own_args
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch import train, train_outputs
@@ -37,6 +37,7 @@ PROG = "multigpu"
 # Our own dests: everything else the run parser produces is torchrun's.
 _OWN_ARGS = frozenset(
     {"gpus", "cpu", "backend", "dry_run", "iface", "timeout", "help", "json", "command"}
+    | {"replicas", "lighthouse", "replica_group"}
     | {"training_script", "training_script_args"}
 )
 
@@ -106,6 +107,25 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
         help="bound on every wait: the workers' collectives (MULTIGPU_TIMEOUT) and the "
         "launcher's rendezvous join, store calls and exit barrier (default MULTIGPU_TIMEOUT "
         "or 300)",
+    )
+    group.add_argument(
+        "--replicas",
+        type=whole_arg(1),
+        metavar="R",
+        help="R replica groups, each its own torchrun agent and process group, averaged per "
+        "step by torchft: a failed group is left out of the steps until its agent restarts it "
+        "and it heals from a live one (docs/fault-tolerance.md; needs pip install multigpu[ft])",
+    )
+    group.add_argument(
+        "--lighthouse",
+        metavar="HOST:PORT",
+        help="with --replicas on several nodes: the torchft lighthouse every group meets at; "
+        "the node whose address HOST is starts it there (default: one on 127.0.0.1)",
+    )
+    group.add_argument(
+        "--replica-group",
+        metavar="G[,G]",
+        help="with --lighthouse: the replica groups (0..R-1) this node starts (default: all R)",
     )
     group.add_argument(
         "--dry-run",
@@ -242,6 +262,8 @@ def _train(argv: Sequence[str]) -> int:
         script_args=job_argv,
         one_process=train.wants_one_process(job_argv),
     )
+    if _wants_replicas(ns):
+        return _replicas("train", ns, launch_argv, ["--model", model, *job_argv], options)
     # Imported only now: a refused flag above costs no more than torchrun's parser.
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.run import multigpu_run
@@ -258,6 +280,36 @@ def _train(argv: Sequence[str]) -> int:
             train_outputs.announce(job_argv, chosen)
 
     return multigpu_run(options, check=check)
+
+
+def _wants_replicas(ns: argparse.Namespace) -> bool:
+    ours = ("replicas", "lighthouse", "replica_group")
+    return any(getattr(ns, d, None) is not None for d in ours)
+
+
+def _replicas(
+    command: str, ns: argparse.Namespace, own: list[str], rest: list[str], options: LaunchOptions
+) -> int:
+    """``--replicas``: checked here (exit 2, nothing started), then one launcher per group."""
+    from multigpu.host import usable_cores
+    from multigpu.launch.env_checks import check_worker_environment
+    from multigpu.launch.replicas import check_iface, check_no_rendezvous, plan_replicas, run_groups
+    from multigpu.launch.run import prepare
+
+    plan = plan_replicas(ns.replicas, ns.lighthouse, ns.replica_group)
+    check_no_rendezvous(options.torchrun, plan)
+    check_iface(plan, options.iface)
+    if command == "train":
+        train.check_replica_options(rest)
+    with prepare(options) as checked:  # the checks of a plain run: script, devices, variables
+        check_worker_environment(checked)
+        threads = max(1, usable_cores() // (checked.nproc_per_node * len(plan.here)))
+        if options.dry_run:
+            print(checked.describe(), flush=True)
+            print(f"replicas:  {plan.groups} group(s), {len(plan.here)} started here, each as "
+                  f"above with {threads} thread(s) per process", flush=True)  # fmt: skip
+            return 0
+    return run_groups(command, own + rest, plan, threads=threads)
 
 
 NO_GPU = "no GPU found; CPU processes are available with --cpu N"
@@ -325,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from_namespace(
             ns, script=ns.training_script, script_args=ns.training_script_args
         )
+        if _wants_replicas(ns):
+            cut = len(args) - len(ns.training_script_args) - 1  # the launcher's options end
+            return _replicas("run", ns, args[1:cut], args[cut:], options)
         return multigpu_run(options, check=check_worker_environment)
     except (UsageError, LaunchError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")

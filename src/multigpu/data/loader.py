@@ -28,7 +28,7 @@ first pass, and their streams continue across epochs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -147,6 +147,9 @@ class DistributedLoader:
         """Called with the loader as each batch is handed out (Context: the active loader)."""
         self.tokens_per_sample: int | None = None
         """Tokens in one sample (``ctx.loader(tokens_per_sample=)``), for ``ctx.throughput()``."""
+        self.replica_steps: Iterable[Any] | None = None
+        """Under replica groups (``multigpu run --replicas``): the iteration of this group's
+        shares of each global batch (``multigpu.replicas.shares``), used instead of the above."""
 
     @property
     def epoch(self) -> int:
@@ -180,6 +183,9 @@ class DistributedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         """Run the rest of the current epoch on this rank, then move to the next epoch."""
+        if self.replica_steps is not None:
+            yield from self.replica_steps
+            return
         sampler, device, non_blocking = self.sampler, self.device, self._non_blocking
         marks = sampler._progress_marks()  # same state the DataLoader's iter(sampler) reads
         self._generator.manual_seed(derive_seed(sampler.seed, sampler.epoch, sampler.rank))

@@ -8,7 +8,8 @@ for each event on the launcher's stderr:
 - a worker failed and the group restarts: who failed, how, and restart k of K;
 - nodes wait to join (a membership change, which torch does not count as a restart);
 - each rendezvous round after the first: how many nodes and workers the run has now, and that
-  the workers resume from the newest complete checkpoint.
+  the workers resume from the newest complete checkpoint (under ``--replicas``: heal from a live
+  replica group; environment variable read: ``MULTIGPU_REPLICA_GROUPS``).
 
 It overrides three methods of torch's ``SimpleElasticAgent`` (``_monitor_workers``,
 ``_restart_workers``, ``_rendezvous``), each calling torch's own: a canary test in
@@ -17,6 +18,7 @@ It overrides three methods of torch's ``SimpleElasticAgent`` (``_monitor_workers
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from multigpu.launch.failure_summary import failures_of, say, summary_line
@@ -46,9 +48,16 @@ class RestartReports:
         if self._rounds > 1:
             nodes = worker_group.group_world_size or 1
             was = f" (was {self._world_size})" if world != self._world_size else ""
+            # A replica group's workers heal from a live group (multigpu run --replicas).
+            resume = (
+                "heal from a live replica group (or, with none left, resume from the newest "
+                "complete checkpoint)"
+                if os.environ.get("MULTIGPU_REPLICA_GROUPS")
+                else "resume from the newest complete checkpoint"
+            )
             say(
                 f"rendezvous round {self._rounds}: {nodes} node(s), world size {world}{was}; "
-                "the workers start again and resume from the newest complete checkpoint"
+                f"the workers start again and {resume}"
             )
         self._world_size = world
 

@@ -208,6 +208,16 @@ def check_strategy_options(job_args: Sequence[str]) -> None:
     )
 
 
+def check_replica_options(job_args: Sequence[str]) -> None:
+    """Refuse, before anything starts, a ``--strategy`` replica groups cannot replicate."""
+    strategy = option_value(job_args, "--strategy")
+    if strategy in ("pipeline", "tp", "dp"):
+        raise UsageError(
+            f"--strategy {strategy} with --replicas: replica groups replicate a data-parallel "
+            "model; use --strategy ddp, fsdp or single inside each group, or leave --replicas out"
+        )
+
+
 def check_pipeline_options(job_args: Sequence[str], processes: int, model: str) -> None:
     """Refuse, before anything starts, ``--strategy pipeline`` options the job cannot build."""
     args = JOB_PARSERS[model]().parse_args(list(job_args))

@@ -55,6 +55,8 @@ when a torch release changes it, so upgrading torch is this package and those te
   that off where it exists: the pipeline scales once, a tensor shared by two stages included).
 - **What DDP imports** (``DDP_IMPORTS``): ``torch._dynamo``, on the first construction; a fork
   server preloads it so that its forked DDP workers do not each pay for it.
+- **torchft's manager server** (``torchft``, not torch: the optional extra ``ft``): torchft 0.2
+  binds it to every interface, hard-coded; ``manager_server_bound_to`` binds it to one address.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ from multigpu.torch_compat.sharding import (
     own_tensor_tables,
     quiet_sequential_redistribution,
 )
+from multigpu.torch_compat.torchft import manager_server_bound_to
 from multigpu.torch_compat.training import (
     DDP_IMPORTS,
     clip_with_norm,
@@ -126,6 +129,7 @@ __all__ = [
     "import_before_process_groups",
     "is_dtensor",
     "launch_agent_made_by",
+    "manager_server_bound_to",
     "mean_over_ignored",
     "mixed_precision_policy",
     "own_tensor_tables",

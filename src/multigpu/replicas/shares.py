@@ -1,0 +1,127 @@
+"""A training loader's steps under replica groups: each group's shares of each global batch.
+
+The global batch of step ``s`` (positions ``[s*B, (s+1)*B)`` of the epoch's order, the order
+of every world size) is cut into R shares, one per replica group of the job, each cut across the
+group's W ranks as ``ShardSampler`` cuts a batch over ``R*W`` ranks (share ``j``, rank ``l``:
+virtual rank ``j*W + l``) and into the loader's ``accumulation_steps`` micro-batches. When only
+P of the R groups are in a step's quorum, the participant of quorum rank ``r`` runs every share
+``j`` with ``j % P == r``, one after the other, as extra micro-batches: the union is still exactly
+the global batch, and the gradients, summed over the groups and divided by R
+(``Coordinator.finish_step``), are those of an uninterrupted run.
+
+The cursor moves when the step is committed (``Coordinator.on_decided``); a step that failed
+(a group died inside it) leaves it where it was, so the same global batch runs again. A step the
+loop ended without an optimizer step (no decision) moves on, as a plain loader would.
+
+Batches are read in this process (``num_workers`` is not used): which shares a group reads is
+known only once the step's quorum is, and a DataLoader's workers would have fetched ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from multigpu.data import DistributedLoader
+from multigpu.data.sampler import ShardSampler
+from multigpu.device import move_to_device
+from multigpu.log import warn_once
+from multigpu.replicas.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+def shares_of(participant_rank: int, participants: int, groups: int) -> list[int]:
+    """The shares (0..groups-1) a participant runs, in order.
+
+    Example:
+        >>> shares_of(0, 1, 2), shares_of(1, 2, 2), shares_of(0, 2, 3)
+        ([0, 1], [1], [0, 2])
+    """
+    return [j for j in range(groups) if j % participants == participant_rank]
+
+
+def replica_sampler(sampler: ShardSampler, *, groups: int, group: int) -> ShardSampler:
+    """``sampler`` (this rank's, over its group's W ranks) as one over the job's ``groups * W``
+    ranks, at the same position: its batches are a share's."""
+    wide = ShardSampler(
+        sampler.num_samples,
+        global_batch_size=sampler.global_batch_size,
+        rank=group * sampler.world_size + sampler.rank,
+        world_size=groups * sampler.world_size,
+        shuffle=sampler.shuffle,
+        seed=sampler.seed,
+        drop_last=sampler.drop_last,
+        accumulation_steps=sampler.accumulation_steps,
+    )
+    wide.load_state_dict(sampler.state_dict())
+    wide._external_progress = True
+    return wide
+
+
+class ReplicaSteps:
+    """The iteration of one training loader under replica groups (``loader.replica_steps``)."""
+
+    def __init__(self, loader: DistributedLoader, coordinator: Coordinator, width: int) -> None:
+        self.loader = loader
+        self.coordinator = coordinator
+        self.width = width
+        """W: the ranks of a group."""
+        self.local_rank = loader.sampler.rank % width
+        if getattr(loader.dataloader, "num_workers", 0):
+            warn_once(
+                log,
+                "multigpu: under --replicas a training loader reads its batches in the training "
+                "process (num_workers is not used): a group's shares are known only once each "
+                "step's quorum is",
+            )
+
+    def _advance(self) -> None:
+        sampler = self.loader.sampler
+        cursor = sampler.cursor + sampler.global_batch_size
+        if cursor + sampler.global_batch_size > sampler.num_samples:
+            sampler._epoch, sampler._cursor = sampler.epoch + 1, 0  # the epoch is done
+        else:
+            sampler._cursor = cursor
+
+    def _decided(self, committed: bool) -> None:
+        if committed:
+            self._advance()
+
+    def _batches(self) -> list[list[int]]:
+        sampler, c = self.loader.sampler, self.coordinator
+        order = sampler._order(sampler.epoch)
+        batches = []
+        for share in shares_of(c.participant_rank, c.participants, c.settings.groups):
+            spans = sampler._spans(share * self.width + self.local_rank, sampler.cursor)
+            batches += [order[a:b].tolist() for a, b, _ in spans[: sampler.accumulation_steps]]
+        return batches
+
+    def __iter__(self) -> Iterator[Any]:
+        loader, sampler, c = self.loader, self.loader.sampler, self.coordinator
+        collate = loader.dataloader.collate_fn
+        epoch = sampler.epoch
+        if sampler.cursor + sampler.global_batch_size > sampler.num_samples:
+            sampler._epoch, sampler._cursor = epoch + 1, 0  # resumed at the end of an epoch
+            return
+        while True:
+            c.begin_step()  # may heal: the position is the live groups' from here on
+            c.on_decided = self._decided
+            if sampler.epoch != epoch:  # healed into a later epoch: this pass runs that one
+                epoch = sampler.epoch
+            batches = self._batches()
+            for i, indices in enumerate(batches):
+                batch = collate([loader.dataset[k] for k in indices])
+                if loader.device is not None:
+                    batch = move_to_device(batch, loader.device)
+                c.micro_index = i
+                loader.ends_step = c.ends_step = i == len(batches) - 1
+                if loader.on_batch is not None:
+                    loader.on_batch(loader)
+                yield batch
+            if c.decided is None:  # the loop did not step: move on as a plain loader does
+                self._advance()
+            c.on_decided = None
+            if sampler.epoch != epoch:
+                return
