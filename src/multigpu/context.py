@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,7 +25,7 @@ from multigpu.errors import UsageError
 from multigpu.hooks import Hook
 from multigpu.metrics import count_repeated_data
 from multigpu.precision import Precision
-from multigpu.strategies import Strategy
+from multigpu.strategies import AutoStrategy, Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.throughput import StepMeter
 from multigpu.training import StepControl
@@ -75,9 +74,7 @@ class Context(RankTools, Checkpointing, Metering):
         self._closed = False
         self._checkpointers: list[Checkpointer] = []
         self._meta_rng = MetaRng()
-        self._chosen = False
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
-        self._loaders: weakref.WeakSet[DistributedLoader] = weakref.WeakSet()
         atexit.register(self.teardown)
 
     def __repr__(self) -> str:
@@ -103,12 +100,9 @@ class Context(RankTools, Checkpointing, Metering):
             raise UsageError(
                 f"setup() got {type(model).__name__} as the model; expected a torch.nn.Module"
             )
-        if self.strategy.auto and self.is_distributed and not self._chosen:
-            self._chosen = True  # once: the first model decides (a second one joins it)
-            self.strategy = rank_memory.choose_for_memory(self, model, optimizers)
-            self._steps.strategy = self.strategy
-            for made in self._loaders:  # loaders made before: FSDP's forwards are collectives
-                made.even_batches = self.strategy.forward_is_collective
+        if isinstance(self.strategy, AutoStrategy) and self.is_distributed:
+            # Once (the first model decides); the same object then delegates to its choice.
+            self.strategy.decide(lambda: rank_memory.choose_for_memory(self, model, optimizers))
         self._meter.note_model(model)  # the whole model, before a strategy shards or splits it
         with self._meta_rng.drawing(model), self._memory_said("ctx.setup"):
             self._trained = (model, optimizers)  # for the estimate an out-of-memory error gives
@@ -346,12 +340,13 @@ class Context(RankTools, Checkpointing, Metering):
             drop_last=drop_last,
             accumulation_steps=accumulation_steps,
             device=self.device if move_to_device else None,
-            even_batches=self.strategy.forward_is_collective,
+            # Read at each pass: loaders made before setup follow auto's choice (FSDP's
+            # forwards are collectives: every rank needs a batch, maybe an empty one).
+            even_batches=lambda: self.strategy.forward_is_collective,
             **dataloader_kwargs,
         )
         loader.tokens_per_sample = tokens_per_sample
         loader.on_batch = self._on_batch
-        self._loaders.add(loader)
         for hook in self._hooks:
             hook.on_loader(self, loader)
         return loader
