@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from multigpu import dist, rank_memory, worker_error
+from multigpu import dist, metrics, rank_memory, worker_error
 from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools, report_failure
 from multigpu.context_metering import Metering, check_tokens_per_sample
@@ -23,7 +23,6 @@ from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.hooks import Hook
-from multigpu.metrics import count_repeated_data
 from multigpu.precision import Precision
 from multigpu.strategies import AutoStrategy, Strategy
 from multigpu.strategies.materialize import MetaRng
@@ -75,6 +74,7 @@ class Context(RankTools, Checkpointing, Metering):
         self._checkpointers: list[Checkpointer] = []
         self._meta_rng = MetaRng()
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
+        metrics.enter(self)  # its metrics ask it whether this rank's data repeats another's
         atexit.register(self.teardown)
 
     def __repr__(self) -> str:
@@ -325,11 +325,6 @@ class Context(RankTools, Checkpointing, Metering):
         check_tokens_per_sample(tokens_per_sample)
         # The data-parallel ranks split the data; a tensor-parallel group shares one batch.
         data_rank, data_ranks = self.strategy.data_shard(self.rank, self.world_size)
-        # A rank reading a lower rank's data leaves its metrics out of their sums.
-        shard_of = self.strategy.data_shard
-        count_repeated_data(
-            any(shard_of(r, self.world_size)[0] == data_rank for r in range(self.rank))
-        )
         loader = make_loader(
             dataset,
             batch_size=batch_size,
@@ -372,10 +367,11 @@ class Context(RankTools, Checkpointing, Metering):
         atexit.unregister(self.teardown)
         for ckpt in self._checkpointers:  # a background save must end before the group does
             ckpt.close()
+        self._meter.close()  # its wrappers of torch.distributed first: made after the hooks'
         for hook in self._hooks:
             hook.on_teardown(self)
         self.strategy.teardown()
-        count_repeated_data(False)
+        metrics.leave(self)
         if self._owns_process_group:
             dist.destroy_process_group()
 

@@ -2,10 +2,12 @@
 
 ``install()`` wraps the collectives of ``torch.distributed`` (the user's calls, multigpu's and
 any library's go through them) so that each call is numbered and remembered with the Python line
-that made it; ``ctx.backward`` adds a record for the backward pass, whose DDP gradient
-all-reduce runs in C++ and cannot be wrapped. The watchdog reads these records when a rank stops
-making progress. The cost is a Python wrapper and a short stack walk per collective, kept to a
-few microseconds: ``ctx.backward`` pays it at every step (see benchmarks/RESULTS.md).
+that made it — while a run is watched (from ``multigpu.init`` to the Context's teardown, when
+``uninstall()`` puts torch's functions back); ``ctx.backward`` adds a record for the backward
+pass, whose DDP gradient all-reduce runs in C++ and cannot be wrapped. The watchdog reads these
+records when a rank stops making progress. The cost is a Python wrapper and a short stack walk
+per collective, kept to a few microseconds: ``ctx.backward`` pays it at every step (see
+benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -342,6 +344,11 @@ class _Recording:
 
 
 _LOG: CollectiveLog | None = None
+_USERS = 0
+"""The runs recording now (``install`` minus ``uninstall``): a Context inside another shares
+the outer one's log, and the wrappers go when the last one ends."""
+_WRAPPERS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+"""``{name: (torch's function, our wrapper)}`` while installed."""
 
 
 def active_log() -> CollectiveLog | None:
@@ -350,20 +357,41 @@ def active_log() -> CollectiveLog | None:
 
 
 def install(trace_path: str | None = None) -> CollectiveLog:
-    """Wrap ``torch.distributed``'s collectives to record into one process-wide log (idempotent).
+    """Wrap ``torch.distributed``'s collectives to record into one process-wide log, until the
+    matching ``uninstall`` (the watchdog's ``stop``, at the Context's teardown). A second call
+    before then shares the first one's log.
 
     With ``trace_path`` the last calls are also kept in that file (see ``read_trace``).
     """
-    global _LOG
+    global _LOG, _USERS
+    _USERS += 1
     if _LOG is not None:
         return _LOG
     log = CollectiveLog(trace_path=trace_path)
     for name in WRAPPED:
         original = getattr(tdist, name, None)
         if original is not None:
-            setattr(tdist, name, _wrap(log, name, original))
+            wrapper = _wrap(log, name, original)
+            _WRAPPERS[name] = (original, wrapper)
+            setattr(tdist, name, wrapper)
     _LOG = log
     return log
+
+
+def uninstall() -> None:
+    """End one ``install``; the last one gives ``torch.distributed`` its functions back (a
+    function someone else replaced ours with since is left as it is)."""
+    global _LOG, _USERS
+    if _USERS == 0:
+        return
+    _USERS -= 1
+    if _USERS:
+        return
+    for name, (original, wrapper) in _WRAPPERS.items():
+        if getattr(tdist, name, None) is wrapper:
+            setattr(tdist, name, original)
+    _WRAPPERS.clear()
+    _LOG = None
 
 
 def _wrap(log: CollectiveLog, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
