@@ -48,9 +48,10 @@ def test_a_checkpointer_made_before_setup_names_fsdp_and_resumes(
 def test_auto_above_one_process_is_one_object_that_delegates() -> None:
     auto = resolve_strategy("auto", 2, {"MULTIGPU_COMPRESSION": "fp16"})
     assert isinstance(auto, AutoStrategy) and isinstance(auto.chosen, DDPStrategy)
-    assert (auto.name, auto.describe()["compression"]) == ("ddp", "fp16")
+    assert (auto.name, auto.describe()["compression"], auto.compression) == ("ddp", "fp16", "fp16")
     auto.decide(lambda: "fsdp")
     assert isinstance(auto.chosen, FSDPStrategy) and auto.describe()["strategy"] == "fsdp"
+    assert auto.blocks is None and auto.forward_is_collective  # the chosen one's attributes
     auto.decide(lambda: "ddp")  # once: the first model decided
     assert auto.name == "fsdp"
 

@@ -91,6 +91,13 @@ class AutoStrategy(Strategy):
         self.chosen = sharded  # nothing wrapped yet: the first model is the one deciding
 
     # ---- every other call: the chosen strategy's ----------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """The chosen strategy's own attributes (``compression``, ``hook_states``, ``blocks``):
+        only names this object lacks get here."""
+        if name.startswith("_") or name == "chosen":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.chosen, name)
+
     def forward_backward(
         self, model: nn.Module, inputs: tuple[Any, ...], target: Any, loss_fn: Any
     ) -> torch.Tensor | None:
