@@ -91,7 +91,8 @@ class Context(RankTools, Checkpointing, Metering):
         attached (FSDP's sharded parameters replace the originals and the optimizers are
         re-pointed at them by name). A model built in ``init_module()`` is allocated and
         initialised here, only the part this rank holds. Under ``strategy="auto"`` with several
-        processes the memory estimate chooses between DDP and FSDP (one line says which, why).
+        processes the memory estimate chooses between DDP and FSDP (one line says which, why);
+        ``ctx.strategy`` stays the same object, delegating to the choice.
 
         Returns:
             The wrapped model alone, or ``(model, optimizer, ...)`` when optimizers are given.
