@@ -12,8 +12,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from multigpu.hang.install import uninstall
 from multigpu.hang.peers import report_lost_peers
-from multigpu.hang.recorder import uninstall
 from multigpu.hang.stragglers import straggler_lines
 from multigpu.hang.watchdog import PREFIX, Watchdog
 from multigpu.hooks import Hook
@@ -33,7 +33,7 @@ _REPORTS = itertools.count()
 class HangHook(Hook):
     """The hang tools of one Context: the watchdog (None: ``MULTIGPU_WATCHDOG=0``), the straggler
     report and, after a collective failed, which ranks still answer (``multigpu.hang.peers``).
-    The collectives are recorded (``recorder.install``, by ``start_watchdog``) until the
+    The collectives are recorded (``multigpu.hang.install``, by ``start_watchdog``) until the
     Context's teardown, which ends the recording.
 
     The straggler report is a store exchange, not a collective: at the end of the ``with`` block
