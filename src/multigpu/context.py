@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from multigpu import dist, rank_memory, worker_error
+from multigpu import dist, metrics, rank_memory, worker_error
 from multigpu.context_checkpoints import Checkpointing
 from multigpu.context_comm import RankTools, report_failure
 from multigpu.context_metering import Metering, check_tokens_per_sample
@@ -24,9 +23,8 @@ from multigpu.device import move_to_device
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.hooks import Hook
-from multigpu.metrics import count_repeated_data
 from multigpu.precision import Precision
-from multigpu.strategies import Strategy
+from multigpu.strategies import AutoStrategy, Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.throughput import StepMeter
 from multigpu.training import StepControl
@@ -75,9 +73,8 @@ class Context(RankTools, Checkpointing, Metering):
         self._closed = False
         self._checkpointers: list[Checkpointer] = []
         self._meta_rng = MetaRng()
-        self._chosen = False
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
-        self._loaders: weakref.WeakSet[DistributedLoader] = weakref.WeakSet()
+        metrics.enter(self)  # its metrics ask it whether this rank's data repeats another's
         atexit.register(self.teardown)
 
     def __repr__(self) -> str:
@@ -94,7 +91,8 @@ class Context(RankTools, Checkpointing, Metering):
         attached (FSDP's sharded parameters replace the originals and the optimizers are
         re-pointed at them by name). A model built in ``init_module()`` is allocated and
         initialised here, only the part this rank holds. Under ``strategy="auto"`` with several
-        processes the memory estimate chooses between DDP and FSDP (one line says which, why).
+        processes the memory estimate chooses between DDP and FSDP (one line says which, why);
+        ``ctx.strategy`` stays the same object, delegating to the choice.
 
         Returns:
             The wrapped model alone, or ``(model, optimizer, ...)`` when optimizers are given.
@@ -103,12 +101,9 @@ class Context(RankTools, Checkpointing, Metering):
             raise UsageError(
                 f"setup() got {type(model).__name__} as the model; expected a torch.nn.Module"
             )
-        if self.strategy.auto and self.is_distributed and not self._chosen:
-            self._chosen = True  # once: the first model decides (a second one joins it)
-            self.strategy = rank_memory.choose_for_memory(self, model, optimizers)
-            self._steps.strategy = self.strategy
-            for made in self._loaders:  # loaders made before: FSDP's forwards are collectives
-                made.even_batches = self.strategy.forward_is_collective
+        if isinstance(self.strategy, AutoStrategy) and self.is_distributed:
+            # Once (the first model decides); the same object then delegates to its choice.
+            self.strategy.decide(lambda: rank_memory.choose_for_memory(self, model, optimizers))
         self._meter.note_model(model)  # the whole model, before a strategy shards or splits it
         with self._meta_rng.drawing(model), self._memory_said("ctx.setup"):
             self._trained = (model, optimizers)  # for the estimate an out-of-memory error gives
@@ -331,11 +326,6 @@ class Context(RankTools, Checkpointing, Metering):
         check_tokens_per_sample(tokens_per_sample)
         # The data-parallel ranks split the data; a tensor-parallel group shares one batch.
         data_rank, data_ranks = self.strategy.data_shard(self.rank, self.world_size)
-        # A rank reading a lower rank's data leaves its metrics out of their sums.
-        shard_of = self.strategy.data_shard
-        count_repeated_data(
-            any(shard_of(r, self.world_size)[0] == data_rank for r in range(self.rank))
-        )
         loader = make_loader(
             dataset,
             batch_size=batch_size,
@@ -346,12 +336,13 @@ class Context(RankTools, Checkpointing, Metering):
             drop_last=drop_last,
             accumulation_steps=accumulation_steps,
             device=self.device if move_to_device else None,
-            even_batches=self.strategy.forward_is_collective,
+            # Read at each pass: loaders made before setup follow auto's choice (FSDP's
+            # forwards are collectives: every rank needs a batch, maybe an empty one).
+            even_batches=lambda: self.strategy.forward_is_collective,
             **dataloader_kwargs,
         )
         loader.tokens_per_sample = tokens_per_sample
         loader.on_batch = self._on_batch
-        self._loaders.add(loader)
         for hook in self._hooks:
             hook.on_loader(self, loader)
         return loader
@@ -377,10 +368,11 @@ class Context(RankTools, Checkpointing, Metering):
         atexit.unregister(self.teardown)
         for ckpt in self._checkpointers:  # a background save must end before the group does
             ckpt.close()
+        self._meter.close()  # its wrappers of torch.distributed first: made after the hooks'
         for hook in self._hooks:
             hook.on_teardown(self)
         self.strategy.teardown()
-        count_repeated_data(False)
+        metrics.leave(self)
         if self._owns_process_group:
             dist.destroy_process_group()
 

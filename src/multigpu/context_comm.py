@@ -11,13 +11,16 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 
 from multigpu import dist, worker_error
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
+
+if TYPE_CHECKING:
+    from multigpu.strategies import Strategy
 
 T = TypeVar("T")
 
@@ -28,6 +31,7 @@ class RankTools:
     env: ClusterEnv
     backend: str | None
     device: torch.device
+    strategy: Strategy
 
     @property
     def rank(self) -> int:
@@ -58,6 +62,15 @@ class RankTools:
     def num_nodes(self) -> int:
         """Number of nodes in the job."""
         return self.env.num_nodes
+
+    @property
+    def repeats_data(self) -> bool:
+        """Whether this rank reads the same data as a lower rank (a tensor-parallel group, a
+        pipeline's processes: ``Strategy.data_shard``); its metrics' states then stay out of
+        ``compute()``'s sums, so that each sample counts once."""
+        shard_of = self.strategy.data_shard
+        mine = shard_of(self.rank, self.world_size)[0]
+        return any(shard_of(r, self.world_size)[0] == mine for r in range(self.rank))
 
     @property
     def is_main(self) -> bool:

@@ -4,13 +4,16 @@
 ``shuffle=False`` loader splits the last batch unevenly, never pads) cannot hang in the loop.
 ``compute()`` is the one collective (every rank must call it): it sums each rank's float64
 ``[total, count]`` (integers exact up to 2**53), so each sample counts once, at any world size.
+A rank whose data repeats a lower rank's (a tensor-parallel group or a pipeline reads one batch
+on each of its ranks) adds nothing: the live Context says whether this rank does (``enter``).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -25,16 +28,34 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-_REPEATS = False
-"""True while this rank's data repeats a lower rank's (a tensor-parallel group or a pipeline
-reads one batch on each of its ranks, ``Strategy.data_shard``): then its state is left out of
-``compute()``'s sum, so each sample still counts once. Set by ``ctx.loader``."""
+class DataShare(Protocol):
+    """What a metric asks the Context it is computed in (``Context.repeats_data``)."""
+
+    @property
+    def repeats_data(self) -> bool:
+        """Whether this rank's data repeats a lower rank's (``Strategy.data_shard``)."""
+        ...
 
 
-def count_repeated_data(repeats: bool) -> None:
-    """Say whether this rank's evaluation data repeats a lower rank's (``ctx.loader`` does)."""
-    global _REPEATS
-    _REPEATS = repeats
+_LIVE: list[weakref.ref[DataShare]] = []
+"""The Contexts alive in this process (``enter`` to ``leave``: ``multigpu.init`` to teardown),
+the innermost last; ``compute()`` asks the innermost, so what a rank's data is belongs to its
+Context (its strategy), not to whichever loader was made last."""
+
+
+def enter(context: DataShare) -> None:
+    """A Context begins: metrics computed from now on ask it (until ``leave``)."""
+    _LIVE.append(weakref.ref(context))
+
+
+def leave(context: DataShare) -> None:
+    """A Context ends (its teardown): metrics no longer ask it."""
+    _LIVE[:] = [ref for ref in _LIVE if ref() not in (None, context)]
+
+
+def _repeats_data() -> bool:
+    live = [ctx for ctx in (ref() for ref in _LIVE) if ctx is not None]
+    return bool(live) and live[-1].repeats_data
 
 
 class Metric:
@@ -65,7 +86,7 @@ class Metric:
 
     def compute(self) -> float | torch.Tensor:
         """Reduce over every rank (collective: call it on all ranks) and return the value."""
-        local = torch.zeros_like(self._local) if _REPEATS else self._local
+        local = torch.zeros_like(self._local) if _repeats_data() else self._local
         reduced = dist.all_reduce(local.to(_comm_device()), op="sum")
         self._global = reduced.cpu()
         return self._value(self._global)

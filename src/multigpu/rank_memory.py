@@ -5,9 +5,9 @@ Both hold the memory estimate of the model's training state (``multigpu.estimate
 this rank has (its GPU's free memory, or its share of RAM and any memory limit).
 
 - ``choose_for_memory``: ``strategy="auto"`` with several processes is DDP when the model fits
-  a rank, else FSDP; decided at ``ctx.setup``, when the model is known. The ranks agree — one
-  rank short of memory makes every rank use FSDP — and rank 0 says in one line what was chosen
-  and why.
+  a rank, else FSDP; decided at ``ctx.setup``, when the model is known (the ``AutoStrategy``
+  switches to the strategy named). The ranks agree — one rank short of memory makes every rank
+  use FSDP — and rank 0 says in one line what was chosen and why.
 - ``explain``: torch says ``DefaultCPUAllocator: can't allocate memory: you tried to allocate N
   bytes`` (or CUDA's ``OutOfMemoryError``) from wherever the allocation happened. The Context
   turns it into a ``DeviceError`` naming the rank, the step it was in, the estimate under the
@@ -31,7 +31,8 @@ from multigpu.errors import DeviceError
 from multigpu.estimate import MemoryEstimate, device_capacity, estimate_memory
 from multigpu.estimate.capacity import GIB
 from multigpu.estimate.memory import PRECISIONS
-from multigpu.strategies import FSDPStrategy, Strategy
+from multigpu.strategies import FSDPStrategy
+from multigpu.strategies.auto import in_use
 
 _SIZE = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)")
 
@@ -39,7 +40,7 @@ _SIZE = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)")
 def _estimate(
     ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], precision: str
 ) -> MemoryEstimate:
-    strategy = ctx.strategy
+    strategy = in_use(ctx.strategy)
     units: dict[str, Any] = {}
     if isinstance(strategy, FSDPStrategy):  # the units it shards into, not the default ones
         units = {"blocks": strategy.blocks, "min_block_params": strategy.min_block_params}
@@ -56,13 +57,14 @@ def _estimate(
 
 def choose_for_memory(
     ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]
-) -> Strategy:
-    """The strategy ``auto`` settles on for ``model`` (collective: every rank calls it)."""
-    current: Strategy = ctx.strategy
+) -> str:
+    """The name of the strategy ``auto`` settles on for ``model``: ``"fsdp"`` or the one it
+    runs now (collective: every rank calls it)."""
+    current: str = ctx.strategy.name
     precision = ctx.precision.name
     if precision not in PRECISIONS:  # 16-mixed: FSDP has no scaler for it here; DDP it is
         ctx.print(
-            f"multigpu: strategy auto chose {current.name}: precision {precision} rules out fsdp",
+            f"multigpu: strategy auto chose {current}: precision {precision} rules out fsdp",
             file=sys.stderr,
         )
         return current
@@ -71,17 +73,7 @@ def choose_for_memory(
     if anyone and name != "fsdp":
         name, why = "fsdp", f"another rank has too little memory for ddp (here: {why})"
     ctx.print(f"multigpu: strategy auto chose {name}: {why}", file=sys.stderr)
-    if name != "fsdp":
-        return current
-    sharded = FSDPStrategy()
-    sharded.bind(
-        current.device,
-        current.world_size,
-        sync_batchnorm=current.sync_batchnorm,
-        precision=current.precision,
-    )
-    sharded.auto = True
-    return sharded
+    return "fsdp" if name == "fsdp" else current
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -95,6 +95,10 @@ def train(
                     break
         state = ctx.full_state_dict(model)
         local = sorted(ctx.unwrap(model).state_dict())
+        # The pipelined model is a SplitModel: unwrapped by its type, not as torch.compile's
+        # wrapper, and its own state dict has the whole model's names.
+        plain = ctx.unwrap(model) is getattr(model, "plain", model)
+        plain = plain and not hasattr(model, "_orig_mod") and sorted(model.state_dict()) == local
         evaluated = multigpu.Mean()  # every process reads every batch: each counts once
         with torch.no_grad():  # evaluation: the output on every rank
             out = model(data().tensors[0][:8])
@@ -104,7 +108,7 @@ def train(
         bubble = ctx.strategy.bubble(model) if schedule != "single" else None
         out = out.cpu()  # the parent may have no GPU context
         return {"losses": losses, "norms": norms, "state": state, "local": local, "out": out,
-                "bubble": bubble, "evaluated": evaluated.count}  # fmt: skip
+                "bubble": bubble, "evaluated": evaluated.count, "plain": plain}  # fmt: skip
 
 
 def several(runs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

@@ -68,6 +68,7 @@ def test_two_stages_train_like_the_unsplit_model(
     assert max_relative(run0["state"], pipeline_workers_initial()) > 1e-2  # it trained
     assert run1["state"] == {}  # gathered on rank 0
     assert not set(run0["local"]) & set(run1["local"])  # each process holds its stages only
+    assert run0["plain"] is run1["plain"] is True  # unwrapped as a SplitModel, keys unprefixed
     for run in (run0, run1):  # evaluation: the last stage's output on every rank
         assert torch.allclose(run["out"], alone["out"], atol=1e-5)
         assert run["evaluated"] == alone["evaluated"] == pipeline_workers.SAMPLES  # each once

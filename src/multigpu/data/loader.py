@@ -96,7 +96,9 @@ class DistributedLoader:
     Args:
         sampler: this rank's ``ShardSampler``; the loader owns its progress from now on.
         device: when set, every batch is moved there (``non_blocking`` when ``pin_memory``).
-        even_batches: give ranks that run out a batch early an empty batch instead (FSDP).
+        even_batches: give ranks that run out a batch early an empty batch instead (FSDP); a
+            function is asked at each pass (``ctx.loader``'s: whether the strategy's forward
+            is a collective, known once ``ctx.setup`` chose it).
         **dataloader_kwargs: passed to ``DataLoader`` (``num_workers``, ``collate_fn``,
             ``pin_memory``, ``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``...).
 
@@ -114,7 +116,7 @@ class DistributedLoader:
         sampler: ShardSampler,
         *,
         device: torch.device | str | None = None,
-        even_batches: bool = False,
+        even_batches: bool | Callable[[], bool] = False,
         **dataloader_kwargs: Any,
     ) -> None:
         _check_options(dataloader_kwargs)
@@ -126,8 +128,7 @@ class DistributedLoader:
             )
         self.dataset = dataset
         self.sampler = sampler
-        self.even_batches = even_batches
-        """Ranks with a batch fewer get an empty one (see the module doc)."""
+        self._even_batches = even_batches
         self.device = torch.device(device) if device is not None else None
         self._non_blocking = bool(dataloader_kwargs.get("pin_memory", False))
         self._generator = torch.Generator()
@@ -150,6 +151,12 @@ class DistributedLoader:
         self.replica_steps: Iterable[Any] | None = None
         """Under replica groups (``multigpu run --replicas``): the iteration of this group's
         shares of each global batch (``multigpu.replicas.shares``), used instead of the above."""
+
+    @property
+    def even_batches(self) -> bool:
+        """Ranks with a batch fewer get an empty one (see the module doc)."""
+        even = self._even_batches
+        return bool(even() if callable(even) else even)
 
     @property
     def epoch(self) -> int:
@@ -235,7 +242,7 @@ def make_loader(
     drop_last: bool | None = None,
     accumulation_steps: int = 1,
     device: torch.device | str | None = None,
-    even_batches: bool = False,
+    even_batches: bool | Callable[[], bool] = False,
     **dataloader_kwargs: Any,
 ) -> DistributedLoader:
     """Build the loader of this rank; ``batch_size`` is the GLOBAL batch per optimizer step.

@@ -36,7 +36,7 @@ from multigpu.examples.digits_parser import (
 from multigpu.examples.job_tracking import TrackedSteps, instruments
 from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.examples.run_state import RunState, parameter_sha256
-from multigpu.hang.recorder import active_log
+from multigpu.hang.install import active_log
 from multigpu.hang.stragglers import SLOW, slowest
 from multigpu.strategies import DDPStrategy
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from multigpu.hang.install import uninstall
 from multigpu.hang.peers import report_lost_peers
 from multigpu.hang.stragglers import straggler_lines
 from multigpu.hang.watchdog import PREFIX, Watchdog
@@ -32,6 +33,8 @@ _REPORTS = itertools.count()
 class HangHook(Hook):
     """The hang tools of one Context: the watchdog (None: ``MULTIGPU_WATCHDOG=0``), the straggler
     report and, after a collective failed, which ranks still answer (``multigpu.hang.peers``).
+    The collectives are recorded (``multigpu.hang.install``, by ``start_watchdog``) until the
+    Context's teardown, which ends the recording.
 
     The straggler report is a store exchange, not a collective: at the end of the ``with`` block
     every other rank leaves its (busy seconds, steps) in the process group's store — null when
@@ -64,6 +67,7 @@ class HangHook(Hook):
     def on_teardown(self, ctx: Any) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
+            uninstall()  # torch.distributed's own functions again: nothing is watched now
 
     def _report_stragglers(self, watchdog: Watchdog, error: BaseException | None) -> None:
         store, rank, calls = watchdog.store, watchdog.rank, watchdog.collectives

@@ -1,17 +1,17 @@
 """Recording every collective of this process: sequence number, op, shapes, dtype, call site.
 
-``install()`` wraps the collectives of ``torch.distributed`` (the user's calls, multigpu's and
-any library's go through them) so that each call is numbered and remembered with the Python line
-that made it; ``ctx.backward`` adds a record for the backward pass, whose DDP gradient
-all-reduce runs in C++ and cannot be wrapped. The watchdog reads these records when a rank stops
-making progress. The cost is a Python wrapper and a short stack walk per collective, kept to a
-few microseconds: ``ctx.backward`` pays it at every step (see benchmarks/RESULTS.md).
+``multigpu.hang.install`` wraps the collectives of ``torch.distributed`` (the user's calls,
+multigpu's and any library's go through them) so that each call is numbered and remembered here
+with the Python line that made it, while a run is watched; ``ctx.backward`` adds a record for the
+backward pass, whose DDP gradient all-reduce runs in C++ and cannot be wrapped. The watchdog
+reads these records when a rank stops making progress. The cost is a Python wrapper and a short
+stack walk per collective, kept to a few microseconds: ``ctx.backward`` pays it at every step
+(see benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import logging
 import mmap
@@ -26,34 +26,10 @@ from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 
 from multigpu.hang.trace import TRACE_SLOT
 
 log = logging.getLogger(__name__)
-
-WRAPPED = (
-    "all_reduce",
-    "broadcast",
-    "reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "gather",
-    "scatter",
-    "barrier",
-    "all_gather_object",
-    "broadcast_object_list",
-    "gather_object",
-    "scatter_object_list",
-    "send",
-    "recv",
-    "monitored_barrier",
-)
-"""The ``torch.distributed`` functions recorded."""
 
 _LIBRARY_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
@@ -136,7 +112,8 @@ def _line_format(
     return head + (tail[1:][:room].ljust(room) + b"\n").replace(b"%", b"%%")
 
 
-def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+def tensors_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The first tensors among a call's arguments (also inside lists): what its record shows."""
     found: list[torch.Tensor] = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -339,37 +316,3 @@ class _Recording:
     ) -> None:
         if self._call is not None:
             self._log._end(self._call, error)
-
-
-_LOG: CollectiveLog | None = None
-
-
-def active_log() -> CollectiveLog | None:
-    """The log ``install`` created, or None when recording is off."""
-    return _LOG
-
-
-def install(trace_path: str | None = None) -> CollectiveLog:
-    """Wrap ``torch.distributed``'s collectives to record into one process-wide log (idempotent).
-
-    With ``trace_path`` the last calls are also kept in that file (see ``read_trace``).
-    """
-    global _LOG
-    if _LOG is not None:
-        return _LOG
-    log = CollectiveLog(trace_path=trace_path)
-    for name in WRAPPED:
-        original = getattr(tdist, name, None)
-        if original is not None:
-            setattr(tdist, name, _wrap(log, name, original))
-    _LOG = log
-    return log
-
-
-def _wrap(log: CollectiveLog, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        with log.record(name, _tensors(args, kwargs)):
-            return original(*args, **kwargs)
-
-    return recorded

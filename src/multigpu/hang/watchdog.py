@@ -173,7 +173,7 @@ def start_watchdog(
     except Exception as e:  # no store to meet in (an unusual init method): no explanations
         log.info("hang watchdog off: the process group has no store (%s)", e)
         return None
-    from multigpu.hang.recorder import install
+    from multigpu.hang.install import install
 
     # A crash in native code (gloo aborting on mismatched collectives) then still prints the
     # Python stack of every thread.

@@ -1,18 +1,21 @@
 """Strategies: how a model is placed and wrapped (single, dp, ddp, fsdp, tp) and how ``auto`` picks.
 
 ``resolve_strategy`` reads ``MULTIGPU_COMPRESSION`` and ``MULTIGPU_MESH`` for the strategies whose
-code did not set them.
+code did not set them; a strategy object the script made is never changed by them (a copy is).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from multigpu import variables
 from multigpu.choices import STRATEGY_NAMES
 from multigpu.errors import UsageError
+from multigpu.strategies.auto import AutoStrategy
 from multigpu.strategies.base import Strategy, unwrap_module
 from multigpu.strategies.compression import COMPRESSION_ENV
 from multigpu.strategies.ddp import DDPStrategy
@@ -25,18 +28,22 @@ from multigpu.strategies.tensor_parallel import TensorParallelStrategy
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S", bound=Strategy)
+
 
 def resolve_strategy(
     strategy: str | Strategy, world_size: int, environ: Mapping[str, str] | None = None
 ) -> Strategy:
     """Turn a name (or an instance) into a Strategy; ``auto`` is ``ddp`` above one process.
 
-    ``auto`` never picks ``dp``: DataParallel is legacy and must be asked for by name. The
-    strategy it returns has ``auto = True``: ``ctx.setup`` switches it to ``fsdp`` when the
-    model's training state does not fit a rank's memory under DDP (``multigpu.estimate``).
+    ``auto`` never picks ``dp``: DataParallel is legacy and must be asked for by name. Above one
+    process it is an ``AutoStrategy``: ``ctx.setup`` has it switch to ``fsdp`` when the model's
+    training state does not fit a rank's memory under DDP (``multigpu.estimate``), the same
+    object throughout.
     ``MULTIGPU_COMPRESSION`` (in ``environ``, default ``os.environ``) sets the gradient
     compression of a ``ddp`` strategy whose code did not choose one; it is checked whatever the
-    strategy, and has nothing to compress without DDP (one process, or ``dp``).
+    strategy, and has nothing to compress without DDP (one process, or ``dp``). A strategy
+    object given is returned as it is, or, when a variable changes it, as a changed copy.
 
     Example:
         >>> resolve_strategy("auto", 2, {"MULTIGPU_COMPRESSION": "fp16"}).describe()["compression"]
@@ -45,7 +52,8 @@ def resolve_strategy(
     env = os.environ if environ is None else environ
     compression = variables.compression(env)
     if isinstance(strategy, Strategy):
-        if isinstance(strategy, DDPStrategy) and strategy.compression is None:
+        if isinstance(strategy, DDPStrategy) and strategy.compression is None and compression:
+            strategy = _copy(strategy)
             strategy.compression = compression
         return _with_env_mesh(strategy, world_size, env)
     name = str(strategy).lower()
@@ -69,8 +77,19 @@ def resolve_strategy(
             "or a Strategy instance"
         )
     chosen = factories[name]()
-    chosen.auto = auto
-    return _with_env_mesh(chosen, world_size, env)
+    # One process has nothing to choose between: auto is single there.
+    decides = auto and world_size > 1
+    return _with_env_mesh(AutoStrategy(chosen) if decides else chosen, world_size, env)
+
+
+def _copy(strategy: S) -> S:
+    """A copy of a strategy not used yet, to change without touching the script's object (its
+    lists and dicts copied too: what one wraps must not show in the other)."""
+    clone = copy.copy(strategy)
+    for key, value in vars(clone).items():
+        if isinstance(value, list | dict | set):
+            setattr(clone, key, copy.copy(value))
+    return clone
 
 
 def _with_env_mesh(strategy: Strategy, world_size: int, env: Mapping[str, str]) -> Strategy:
@@ -87,8 +106,9 @@ def _with_env_mesh(strategy: Strategy, world_size: int, env: Mapping[str, str]) 
             "(MULTIGPU_STRATEGY=fsdp) or TensorParallelStrategy"
         )
     if not strategy.shape_given:
-        strategy.set_mesh_shape(spec, given_as="MULTIGPU_MESH")
-        return strategy
+        sized = _copy(strategy)
+        sized.set_mesh_shape(spec, given_as="MULTIGPU_MESH")
+        return sized
     from_env = MeshShape.parse(spec).resolve(world_size)
     from_code = strategy.shape.resolve(world_size)
     if from_env != from_code:
@@ -102,6 +122,7 @@ def _with_env_mesh(strategy: Strategy, world_size: int, env: Mapping[str, str]) 
 
 
 __all__ = [
+    "AutoStrategy",
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",

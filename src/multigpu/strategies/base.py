@@ -99,9 +99,6 @@ class Strategy(ABC):
     forward_is_collective: bool = False
     """True when the model's forward communicates (FSDP all-gathers): every rank must run the
     same number of forwards, so evaluation loaders give a rank short of data an empty batch."""
-    auto: bool = False
-    """True when ``strategy="auto"`` chose it: ``ctx.setup`` may still switch to FSDP when the
-    model does not fit a rank's memory under it."""
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")

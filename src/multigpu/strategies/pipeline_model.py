@@ -35,6 +35,7 @@ from multigpu.strategies.pipeline_plan import INTERLEAVED, check_batch
 from multigpu.strategies.pipeline_shared import ModelNames, Sharing, unique
 from multigpu.strategies.pipeline_trace import trace_for_pipeline
 from multigpu.torch_compat import unscaled_schedule_kwargs
+from multigpu.wrappers import SplitModel
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -54,13 +55,13 @@ class _Runner:
     loss_fn: LossFn | None = None  # the one of the step being run
 
 
-class PipelinedModel(nn.Module):
+class PipelinedModel(SplitModel):
     """This process's stages of a model split into a pipeline (what ``ctx.setup`` returns).
 
-    ``_orig_mod`` is the plain view of the stages' parameters under the whole model's names
-    (``blocks.2.attn.c_attn.weight``), so ``unwrap_module`` reaches it as it reaches a compiled
-    model's, and checkpoints and optimizers see the unsplit model's names. A tensor several
-    stages run is one tensor there, under the unsplit model's names (``pipeline_shared``).
+    ``plain`` is the plain view of the stages' parameters under the whole model's names
+    (``blocks.2.attn.c_attn.weight``): ``unwrap_module`` knows a ``SplitModel`` and returns it,
+    and checkpoints and optimizers see the unsplit model's names. A tensor several stages run
+    is one tensor there, under the unsplit model's names (``pipeline_shared``).
     """
 
     def __init__(
@@ -90,7 +91,7 @@ class PipelinedModel(nn.Module):
         self.names = ModelNames.of(full)
         self._sharing: Sharing | None = None
         self._runner(_contiguous(example), training=True)
-        self._orig_mod = self.sharing.plain_view()
+        self.plain = self.sharing.plain_view()
 
     @property
     def sharing(self) -> Sharing:

@@ -25,7 +25,7 @@ from torch import nn
 
 from multigpu.log import warn_once
 from multigpu.throughput import peak as peaks
-from multigpu.throughput.wait import DDPTail, WaitClock, install
+from multigpu.throughput.wait import DDPTail, WaitClock, install, uninstall
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class StepMeter:
         self._params = 0
         self._shape: tuple[int | None, int | None] = (None, None)
         self._clock: WaitClock | None = install() if world_size > 1 else None
+        self._timing = self._clock is not None  # until close()
         self._ddp: DDPTail | None = None
         self._seq_len: int | None = None  # the tokens of a sample of the loader that fed a step
         self._reset()
@@ -103,6 +104,15 @@ class StepMeter:
             self._wait = 0.0  # the window's steps' Python-level waits
         self._wait_mark = self._thread_wait()  # at the start of the step in progress
         self._ddp_at = self._ddp_wait()  # at the read (on CUDA: waits for the events)
+
+    def close(self) -> None:
+        """The Context ends: the collectives are no longer timed (``wait.uninstall``), DDP's
+        gradients no longer hooked. What was measured stays readable."""
+        if self._timing:
+            self._timing = False
+            uninstall()
+        if self._ddp is not None:
+            self._ddp.remove()
 
     def batch(self) -> None:
         """A Context-made loader handed out a batch."""

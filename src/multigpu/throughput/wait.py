@@ -3,8 +3,9 @@
 Two sources, neither a profiler:
 
 - **Python-level collectives** (``install()``): the ``torch.distributed`` functions in ``TIMED``
-  and ``Work.wait`` are wrapped once per process; the time the *main thread* spends inside them
-  is added up (a nested call — ``all_gather_object`` calls ``all_gather`` — counts once). This
+  and ``Work.wait`` are wrapped while a Context of several processes lives (its teardown calls
+  ``uninstall()``, which puts torch's functions back); the time the *main thread* spends inside
+  them is added up (a nested call — ``all_gather_object`` calls ``all_gather`` — counts once). This
   is what FSDP2 waits on (its all-gathers and reduce-scatters go through
   ``dist.all_gather_single`` / ``dist.reduce_scatter_single`` and ``Work.wait``), the pipeline's
   sends and receives (``batch_isend_irecv`` and ``Work.wait``), a loss's ``num_items``
@@ -86,23 +87,45 @@ class WaitClock:
 CLOCK = WaitClock()
 """This process's clock (the wrappers are process-wide, as ``torch.distributed`` is)."""
 
-_installed = False
+_USERS = 0
+"""The Contexts timing now (``install`` minus ``uninstall``); the wrappers go with the last."""
+_WRAPPED: list[tuple[Any, str, Callable[..., Any], Callable[..., Any]]] = []
+"""``(owner, name, torch's function, our wrapper)`` while installed."""
 
 
 def install() -> WaitClock:
-    """Wrap ``TIMED`` and ``Work.wait`` once per process; the clock they feed."""
-    global _installed
-    if not _installed:
-        _installed = True
-        for name in TIMED:
-            fn = getattr(tdist, name, None)
-            if fn is not None and not getattr(fn, "__multigpu_wait__", False):
-                setattr(tdist, name, CLOCK.timed(fn))
-        work = tdist.distributed_c10d.Work
-        # A pybind class: its attributes can be replaced (FSDP checks isinstance(work, Work),
-        # so the objects themselves cannot be wrapped).
-        work.wait = CLOCK.timed(work.wait)  # type: ignore[method-assign]
+    """Wrap ``TIMED`` and ``Work.wait`` (once, however many Contexts ask) until the matching
+    ``uninstall``; the clock they feed."""
+    global _USERS
+    _USERS += 1
+    if _USERS > 1:
+        return CLOCK
+    # ``Work`` is a pybind class: its attributes can be replaced (FSDP checks
+    # isinstance(work, Work), so the objects themselves cannot be wrapped).
+    work = tdist.distributed_c10d.Work
+    targets = [(tdist, name) for name in TIMED] + [(work, "wait")]
+    for owner, name in targets:
+        fn = getattr(owner, name, None)
+        if fn is not None and not getattr(fn, "__multigpu_wait__", False):
+            wrapper = CLOCK.timed(fn)
+            setattr(owner, name, wrapper)
+            _WRAPPED.append((owner, name, fn, wrapper))
     return CLOCK
+
+
+def uninstall() -> None:
+    """End one ``install``; the last one gives torch its functions back (one replaced again
+    since, by someone else, is left as it is)."""
+    global _USERS
+    if _USERS == 0:
+        return
+    _USERS -= 1
+    if _USERS:
+        return
+    for owner, name, fn, wrapper in reversed(_WRAPPED):
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, fn)
+    _WRAPPED.clear()
 
 
 class DDPTail:
