@@ -15,7 +15,7 @@ import torch
 from multigpu.testing import run_distributed
 from tests.strategies import fsdp_workers
 
-STEPS = 100
+STEPS = 50
 SHORT = 20
 
 
