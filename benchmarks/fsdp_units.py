@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 from multigpu.testing import run_distributed
 
 VOCAB, SEQ, LAYERS, BATCH = 1024, 64, 10, 32  # the example's sizes; BATCH is global

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import multigpu
 from multigpu.data import make_loader
-from multigpu.hang.recorder import CollectiveLog
+from multigpu.instruments.hang.recorder import CollectiveLog
 
 ROUNDS = 15
 

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
         load_weights,
         verify_checkpoint,
     )
-    from multigpu.context import Context
-    from multigpu.device import move_to_device
     from multigpu.env import ClusterEnv, detect
     from multigpu.errors import (
         CheckpointError,
@@ -37,8 +35,11 @@ if TYPE_CHECKING:
         UsageError,
     )
     from multigpu.estimate import MemoryEstimate, estimate_memory
-    from multigpu.initialize import init
-    from multigpu.metrics import (
+    from multigpu.runtime.device import move_to_device
+    from multigpu.runtime.seed import seed_everything
+    from multigpu.session.context import Context
+    from multigpu.session.initialize import init
+    from multigpu.session.metrics import (
         Accuracy,
         Mean,
         Metric,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
         gather_all,
         gather_in_dataset_order,
     )
-    from multigpu.seed import seed_everything
     from multigpu.strategies import (
         DataParallelStrategy,
         DDPStrategy,
@@ -66,17 +66,17 @@ _EXPORTS = {
     "multigpu.checkpoint": (
         "Checkpointer CheckpointStatus LoadReport find_latest load_weights verify_checkpoint"
     ),
-    "multigpu.context": "Context",
-    "multigpu.device": "move_to_device",
+    "multigpu.session.context": "Context",
+    "multigpu.runtime.device": "move_to_device",
     "multigpu.env": "ClusterEnv detect",
     "multigpu.errors": (
         "CheckpointError CheckpointLockedError CheckpointMismatchError DeviceError EnvError "
         "LaunchError MultiGPUError UsageError"
     ),
     "multigpu.estimate": "MemoryEstimate estimate_memory",
-    "multigpu.initialize": "init",
-    "multigpu.metrics": "Accuracy Mean Metric Sum gather_all gather_in_dataset_order",
-    "multigpu.seed": "seed_everything",
+    "multigpu.session.initialize": "init",
+    "multigpu.session.metrics": "Accuracy Mean Metric Sum gather_all gather_in_dataset_order",
+    "multigpu.runtime.seed": "seed_everything",
     "multigpu.strategies": (
         "DataParallelStrategy DDPStrategy FSDPStrategy MeshShape PipelineStrategy "
         "SingleDeviceStrategy Strategy TensorParallelStrategy unwrap_module"
@@ -106,6 +106,6 @@ def __dir__() -> list[str]:
 
 
 if os.environ.get("MULTIGPU_AGENT_PID"):  # in a worker of `multigpu run`: Ctrl-C ends quietly
-    from multigpu import worker_exit
+    from multigpu.common import worker_exit
 
     worker_exit.install()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.common.host import usable_cores
 from multigpu.diagnostics.bench.bandwidth import bus_factor
 from multigpu.diagnostics.bench.splits import core_splits
-from multigpu.host import usable_cores
 
 TINY = Path(__file__).resolve().parent / "scripts" / "tiny.py"
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from multigpu.arguments import cpu_count_arg
-from multigpu.bench_record import BenchRecorder
 from multigpu.cli.main import build_run_parser, options_from_namespace
+from multigpu.common.arguments import cpu_count_arg
 from multigpu.errors import UsageError
-from multigpu.initialize import verify_or_bench
+from multigpu.instruments.bench_record import BenchRecorder
+from multigpu.instruments.verify_record import VerifyRecorder, VerifyStop
 from multigpu.launch.cpu_split import (
     SplitRecord,
     cache_path,
@@ -26,7 +26,7 @@ from multigpu.launch.cpu_split import (
 )
 from multigpu.launch.options import LaunchOptions
 from multigpu.launch.plan import build_plan, request_devices
-from multigpu.verify_record import VerifyRecorder, VerifyStop
+from multigpu.session.initialize import verify_or_bench
 
 
 def _record(script: str, best: tuple[int, int], cores: int = 2) -> None:
@@ -178,7 +178,7 @@ def test_train_cpu_auto_dry_run_uses_a_recorded_split_or_the_default(
     cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from multigpu.cli.main import main
-    from multigpu.host import usable_cores
+    from multigpu.common.host import usable_cores
 
     cores = usable_cores()
     assert main(["train", "--cpu", "auto", "--dry-run"]) == 0

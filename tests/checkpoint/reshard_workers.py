@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 from tests.strategies import fsdp_workers
 
 STOP = 9  # the step checkpointed and resumed from: mid-epoch (13 steps per epoch)

@@ -46,7 +46,7 @@ def train_runs(runs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     in a process of its own. Resumes are left to fresh processes by the tests.
     """
     import multigpu
-    from multigpu.seed import seed_everything
+    from multigpu.runtime.seed import seed_everything
 
     with multigpu.init(seed=0) as ctx:
         results = []

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 
 VOCAB = 11
 LENGTH = 12

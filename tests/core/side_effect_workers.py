@@ -8,7 +8,7 @@ import torch
 import torch.distributed as tdist
 
 import multigpu
-from multigpu.hang.install import WRAPPED, active_log
+from multigpu.instruments.hang.install import WRAPPED, active_log
 from multigpu.throughput.wait import TIMED
 
 NAMES = sorted({*WRAPPED, *TIMED} & set(dir(tdist)))

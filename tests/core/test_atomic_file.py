@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.atomic_file import atomic_write, current_umask
+from multigpu.common.atomic_file import atomic_write, current_umask
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 import multigpu
-from multigpu.device import backend_for, move_to_device
+from multigpu.runtime.device import backend_for, move_to_device
 from multigpu.strategies import unwrap_module
 
 PLAIN = {"MULTIGPU_DEVICE": "cpu"}  # a plain single process, on the CPU on any machine

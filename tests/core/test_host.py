@@ -1,11 +1,11 @@
-"""multigpu.host: the one reading of cores and network interfaces, shared by the launcher's
+"""multigpu.common.host: the one reading of cores and network interfaces, shared by the launcher's
 ``--iface`` and ``multigpu doctor`` (they used to read them with two copies of the ioctl code)."""
 
 from __future__ import annotations
 
 import os
 
-from multigpu.host import (
+from multigpu.common.host import (
     interface_address,
     interface_names,
     loopback_interface,

@@ -4,7 +4,8 @@
 ``torch.distributed.pipelining`` (with ``torch._dynamo``) cost about 1.5 s of CPU together in
 every process that imports them: 3.5 s instead of 2.0 s for ``multigpu.init``'s modules,
 measured with ``/usr/bin/time python -c "import multigpu.context, multigpu.initialize"`` on the
-CI machine. A run that never checkpoints and is not pipelined must not pay it.
+CI machine (both in ``multigpu.session`` since). A run that never checkpoints and is not
+pipelined must not pay it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ with multigpu.init(strategy="ddp", seed=0) as ctx:
     ran = heavy()
     multigpu.Checkpointer  # the lazy names still resolve, and import DCP then
     multigpu.checkpoint.load_weights
-    print(json.dumps({"ran": ran, "asked": heavy(), "context": "multigpu.context" in sys.modules}))
+    context = "multigpu.session.context" in sys.modules
+    print(json.dumps({"ran": ran, "asked": heavy(), "context": context}))
 """.replace("HEAVY", repr(HEAVY))
 
 

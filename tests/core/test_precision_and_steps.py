@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.precision import parse_precision
+from multigpu.runtime.precision import parse_precision
 
 PLAIN = {"MULTIGPU_DEVICE": "cpu"}  # a plain single process, on the CPU on any machine
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from multigpu.wrappers import SplitModel, unwrap_module
+from multigpu.runtime.wrappers import SplitModel, unwrap_module
 
 
 class _Half(SplitModel):

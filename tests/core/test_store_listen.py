@@ -1,4 +1,4 @@
-"""Store servers listen on the address their clients dial (``multigpu.store_listen``).
+"""Store servers listen on the address their clients dial (``multigpu.common.store_listen``).
 
 Each torch path that makes a ``TCPStore`` server is driven through its public entry point, once
 as torch leaves it (every interface: the reason for ``store_listen``; if torch one day binds one
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from multigpu.store_listen import listen_address, listening_store
+from multigpu.common.store_listen import listen_address, listening_store
 from multigpu.testing import free_port
 from multigpu.testing.listeners import listening
 from multigpu.torch_compat import store_servers_made_by

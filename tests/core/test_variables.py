@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 import multigpu
-from multigpu import variables
-from multigpu.device import rank_device
+from multigpu.common import variables
+from multigpu.common.settings import Settings
 from multigpu.env import detect
 from multigpu.errors import UsageError
-from multigpu.hang.watchdog import report_after
-from multigpu.settings import Settings
+from multigpu.instruments.hang.watchdog import report_after
+from multigpu.runtime.device import rank_device
 
 BAD = {
     "MULTIGPU_STRATEGY": ("bogus", "one of auto, single, dp, ddp, fsdp"),
@@ -75,7 +75,7 @@ def test_the_readers_in_the_library_refuse_what_they_silently_took_before() -> N
     with pytest.raises(UsageError, match="MULTIGPU_LOG_LEVEL='loud'"):
         variables.log_level({"MULTIGPU_LOG_LEVEL": "loud"})
     # the probes' step counts (set by verify and bench for their children): int()'s ValueError
-    from multigpu.initialize import verify_or_bench
+    from multigpu.session.initialize import verify_or_bench
 
     for name, directory in (("MULTIGPU_VERIFY_STEPS", "MULTIGPU_VERIFY_DIR"),
                             ("MULTIGPU_BENCH_STEPS", "MULTIGPU_BENCH_DIR")):  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.common.host import Interface, read_interfaces
 from multigpu.diagnostics.doctor.cuda import driver_check, gpu_checks, topology_check
 from multigpu.diagnostics.doctor.network import (
     ifname_check,
@@ -22,7 +23,6 @@ from multigpu.diagnostics.doctor.network import (
 from multigpu.gpus import GPUFacts, read_facts
 from multigpu.gpus.smi import QUERY_GPU
 from multigpu.gpus.topology import TOPO, parse_topo_matrix
-from multigpu.host import Interface, read_interfaces
 from tests.gpus.fake_nvml import SWITCH, LinkedNVML, NoNVML
 from tests.gpus.recorded import DATA as GPU_DATA
 from tests.gpus.recorded import Recorded

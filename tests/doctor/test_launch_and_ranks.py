@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from multigpu.cli.doctor import doctor_main
+from multigpu.common.host import read_interfaces
 from multigpu.diagnostics.doctor.checks import ok, warn
 from multigpu.diagnostics.doctor.collective import (
     compare_ranks,
@@ -25,7 +26,6 @@ from multigpu.diagnostics.doctor.network import (
     port_check,
 )
 from multigpu.errors import UsageError
-from multigpu.host import read_interfaces
 
 TORCHRUN = {
     "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.hang.explain import explain
-from multigpu.hang.recorder import CollectiveLog
-from multigpu.hang.trace import explain_traces, read_trace
+from multigpu.instruments.hang.explain import explain
+from multigpu.instruments.hang.recorder import CollectiveLog
+from multigpu.instruments.hang.trace import explain_traces, read_trace
 
 
 def _flight(op: str, seq: int, site: str) -> dict[str, object]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from multigpu.hang import peers
+from multigpu.instruments.hang import peers
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import sys
 import threading
 from pathlib import Path
 
-from multigpu.hang.recorder import CollectiveLog, user_site
-from multigpu.hang.trace import TRACE_SLOT, read_trace
+from multigpu.instruments.hang.recorder import CollectiveLog, user_site
+from multigpu.instruments.hang.trace import TRACE_SLOT, read_trace
 
 
 def test_a_call_is_numbered_placed_at_the_callers_line_and_counted(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 
 GLOBAL_BATCH = 32
 NUM_SAMPLES = 480  # 15 steps per epoch: a run of 100+ steps crosses several reshuffled epochs

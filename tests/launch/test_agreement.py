@@ -13,6 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from multigpu.common.versions import local_versions
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.agreement import (
@@ -21,7 +22,6 @@ from multigpu.launch.agreement import (
     node_facts,
     normalize_nnodes,
 )
-from multigpu.versions import local_versions
 
 VERSIONS = {"torch": "2.13.0", "python": "3.11.7", "multigpu": "0.1.0"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from multigpu.cli.main import main
-from multigpu.host import usable_cores
+from multigpu.common.host import usable_cores
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "allreduce.py")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from multigpu import worker_error
+from multigpu.common import worker_error
 from multigpu.errors import UsageError
 from multigpu.launch.failure_summary import exit_code, failures_of, summary_line
 from tests.launch._util import SCRIPTS, run_multigpu

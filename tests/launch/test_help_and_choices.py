@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from multigpu import variables
-from multigpu.arguments import Parser
-from multigpu.choices import STRATEGY_NAMES, did_you_mean
 from multigpu.cli.main import main
+from multigpu.common import variables
+from multigpu.common.arguments import Parser
+from multigpu.common.choices import STRATEGY_NAMES, did_you_mean
 from multigpu.errors import UsageError
 
 

@@ -23,8 +23,8 @@ from torch.distributed.run import parse_args as torchrun_parse_args
 
 from multigpu.cli.args import split_own_args as split_launch_args
 from multigpu.cli.main import build_train_parser
+from multigpu.common.host import interface_names
 from multigpu.errors import UsageError
-from multigpu.host import interface_names
 from multigpu.launch.ports import check_interface
 from multigpu.launch.run import describe_agent_error, root_cause
 from multigpu.launch.timeouts import (

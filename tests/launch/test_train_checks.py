@@ -181,17 +181,19 @@ def test_the_job_parsers_import_no_torch():
     # The launcher imports them (parse_job_args): argparse and multigpu's light modules only.
     allowed = {"__future__", "argparse", "math", "os", "sys", "tempfile", "collections"}
     allowed |= {"pathlib", "typing", "multigpu"}
-    light = {"multigpu.errors", "multigpu.choices", "multigpu.variables", "multigpu.arguments"}
-    light |= {"multigpu.examples.job_cli", "multigpu.tracker_names", "multigpu.profile_window"}
+    light = {"multigpu.errors", "multigpu.examples.job_cli"}
+    light |= {f"multigpu.common.{name}" for name in ("choices", "variables", "arguments")}
+    light |= {"multigpu.common.tracker_names", "multigpu.common.profile_window"}
+    packages = {"multigpu.common"}  # from multigpu.common import variables
     for module in (digits_parser, lm_parser, job_cli):
         names = set()
         for node in ast.walk(ast.parse(inspect.getsource(module))):
             if isinstance(node, ast.Import):
                 names |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module == "multigpu":
+            elif isinstance(node, ast.ImportFrom) and node.module in {"multigpu", *packages}:
                 names |= {
-                    f"multigpu.{alias.name}" for alias in node.names
-                }  # from multigpu import x
+                    f"{node.module}.{alias.name}" for alias in node.names
+                }  # from multigpu.common import x
             elif isinstance(node, ast.ImportFrom):
                 names.add(node.module or "")
         assert {n.split(".")[0] for n in names} <= allowed, (module.__name__, names)

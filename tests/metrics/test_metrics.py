@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from multigpu.errors import UsageError
-from multigpu.metrics import Accuracy, Mean, Sum, gather_all, gather_in_dataset_order
+from multigpu.session.metrics import Accuracy, Mean, Sum, gather_all, gather_in_dataset_order
 
 
 def test_mean_of_per_sample_values_and_weighted_batch_means() -> None:

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.metrics import Accuracy, Mean, Sum, gather_all, gather_in_dataset_order
+from multigpu.session.metrics import Accuracy, Mean, Sum, gather_all, gather_in_dataset_order
 
 NUM_SAMPLES = 1009  # prime: no global batch divides it, so the last batch is always partial
 NUM_FEATURES, NUM_CLASSES = 16, 5

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from multigpu.store_listen import listening_store
+from multigpu.common.store_listen import listening_store
 from multigpu.testing.listeners import listeners_of
 from multigpu.torch_compat import manager_server_bound_to
 

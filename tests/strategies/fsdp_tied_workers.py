@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 
 
 class TiedLM(nn.Module):

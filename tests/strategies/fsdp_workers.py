@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.examples import lm
 from multigpu.examples.digits import DigitsCNN
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 
 SAMPLES = 416
 BATCH = 32  # global

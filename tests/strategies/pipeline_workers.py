@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 
 BATCH = 16
 SAMPLES = 160  # 10 steps an epoch: runs cross epochs

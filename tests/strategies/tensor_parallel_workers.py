@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 import multigpu
 from multigpu.data import make_loader
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 
 SAMPLES = 96
 BATCH = 16  # global: 6 steps an epoch, so the runs cross epochs

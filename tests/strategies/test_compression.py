@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from multigpu.choices import COMPRESSIONS
+from multigpu.common.choices import COMPRESSIONS
 from multigpu.diagnostics.diagnose import find_reasons
 from multigpu.diagnostics.records import RunRecord, load_run
 from multigpu.errors import UsageError

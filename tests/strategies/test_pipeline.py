@@ -76,7 +76,7 @@ def test_two_stages_train_like_the_unsplit_model(
 
 def pipeline_workers_initial() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    from multigpu.seed import seed_everything
+    from multigpu.runtime.seed import seed_everything
 
     seed_everything(0)
     return pipeline_workers.Net().state_dict()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu.arguments import profile_arg
+from multigpu.common.arguments import profile_arg
+from multigpu.common.profile_window import parse_window
+from multigpu.common.variables import check_environment
 from multigpu.errors import UsageError
-from multigpu.initialize import init
-from multigpu.profile_window import parse_window
+from multigpu.session.initialize import init
 from multigpu.throughput import find_peak, flops_per_token, mfu, peak_flops
-from multigpu.variables import check_environment
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import multigpu
-from multigpu import variables
+from multigpu.common import variables
+from multigpu.common.tracker_names import parse_trackers
 from multigpu.errors import UsageError
-from multigpu.tracker_names import parse_trackers
-from multigpu.tracking import Tracking, dispatch
+from multigpu.instruments.tracking import Tracking, dispatch
 
 
 def _job(directory: Path, steps: range, **init: object) -> None:

@@ -27,7 +27,7 @@ def _last_step(directory: Path) -> int:
 def test_mlflow_holds_one_run_with_each_step_once_after_a_resume(tmp_path: Path):
     from mlflow import MlflowClient
 
-    from multigpu.tracking.to_mlflow import store_uri
+    from multigpu.instruments.tracking.to_mlflow import store_uri
 
     two_jobs("mlflow", tmp_path)
     assert _last_step(tmp_path) == 9

@@ -11,7 +11,7 @@ from packaging.version import Version
 from torch import nn
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 from tests.zoo.models import BATCH, ZOO, dataset
 
 STEPS = 4

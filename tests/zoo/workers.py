@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 import multigpu
-from multigpu.seed import seed_everything
+from multigpu.runtime.seed import seed_everything
 from tests.zoo.models import BATCH, ZOO, Arch, dataset
 
 STEPS = 6

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 # ruff: noqa: F401
 if TYPE_CHECKING:
-    from multigpu.atomic_file import atomic_write
     from multigpu.checkpoint.layout import (
         CheckpointStatus,
         find_latest,
@@ -23,9 +22,10 @@ if TYPE_CHECKING:
     from multigpu.checkpoint.manager import Checkpointer
     from multigpu.checkpoint.portable import LoadReport, load_weights
     from multigpu.checkpoint.space import DiskFullError
+    from multigpu.common.atomic_file import atomic_write
 
 _EXPORTS = {
-    "multigpu.atomic_file": "atomic_write",
+    "multigpu.common.atomic_file": "atomic_write",
     "multigpu.checkpoint.layout": "CheckpointStatus find_latest list_checkpoints verify_checkpoint",
     "multigpu.checkpoint.manager": "Checkpointer",
     "multigpu.checkpoint.portable": "LoadReport load_weights",

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.atomic_file import atomic_write
 from multigpu.checkpoint.hub import SUFFIX, safetensors_module, unshared
 from multigpu.checkpoint.layout import MANIFEST_FILE, TMP_PREFIX
 from multigpu.checkpoint.portable import read_weights
 from multigpu.checkpoint.saving import SaveJob, save
+from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 
 

@@ -47,7 +47,7 @@ from multigpu.checkpoint.model_source import ModelSource, open_model
 from multigpu.checkpoint.sharded import first_line
 from multigpu.checkpoint.writer import fsync_dir, write_small
 from multigpu.errors import CheckpointError, UsageError
-from multigpu.wrappers import tied_names
+from multigpu.runtime.wrappers import tied_names
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from multigpu.checkpoint.hub_names import FileNames, model_names
 from multigpu.checkpoint.sharded import load_with_reader
 from multigpu.checkpoint.snapshot import StateAdapter
 from multigpu.errors import CheckpointMismatchError, UsageError
-from multigpu.wrappers import tied_names
+from multigpu.runtime.wrappers import tied_names
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any, cast
 from torch import nn
 
 from multigpu.errors import CheckpointMismatchError, UsageError
+from multigpu.runtime.wrappers import unwrap_module
 from multigpu.torch_compat import fsdp_module_class
-from multigpu.wrappers import unwrap_module
 
 _HIDDEN = ("_orig_mod", "_checkpoint_wrapped_module")
 """Module-path parts that wrappers add and ``get_model_state_dict``'s names leave out

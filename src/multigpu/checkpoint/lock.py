@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from multigpu.common.lock_probe import LOCK_NAME, locked_message, read_holder
 from multigpu.errors import CheckpointLockedError
-from multigpu.lock_probe import LOCK_NAME, locked_message, read_holder
 
 POLL_S = 0.2
 PROBE_GRACE_S = 1.0

@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 
-from multigpu import dist, worker_exit
 from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, scan, step_dir_name
 from multigpu.checkpoint.lock import DirectoryLock
 from multigpu.checkpoint.objects import check_trackable, epoch_of
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
 from multigpu.checkpoint.saving import PendingSave, SaveJob, decided_by_rank0, save
 from multigpu.checkpoint.snapshot import StateAdapter
+from multigpu.common import worker_exit
 from multigpu.errors import CheckpointError, UsageError
+from multigpu.runtime import dist
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from multigpu.errors import CheckpointError, UsageError
-from multigpu.wrappers import unwrap_module
+from multigpu.runtime.wrappers import unwrap_module
 
 
 def kind_of(obj: Any) -> str:

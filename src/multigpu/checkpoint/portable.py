@@ -32,7 +32,7 @@ from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.sharded import read_metadata, read_whole
 from multigpu.errors import CheckpointError, UsageError
-from multigpu.wrappers import tied_names, unwrap_module, with_tied
+from multigpu.runtime.wrappers import tied_names, unwrap_module, with_tied
 
 log = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ from multigpu.checkpoint.snapshot import (
 )
 from multigpu.checkpoint.writer import remove_stale
 from multigpu.errors import CheckpointError, CheckpointMismatchError
-from multigpu.seed import seed_everything
-from multigpu.wrappers import unwrap_module
+from multigpu.runtime.seed import seed_everything
+from multigpu.runtime.wrappers import unwrap_module
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multigpu import dist
 from multigpu.checkpoint.layout import FORMAT, FORMAT_VERSION, STATE_FILE, rank_file_name
 from multigpu.checkpoint.objects import kind_of, state_of
 from multigpu.checkpoint.rng import capture_rng
@@ -58,8 +57,9 @@ from multigpu.checkpoint.writer import (
     wait_for_ranks,
     write_torch_file,
 )
+from multigpu.common.versions import local_versions
 from multigpu.errors import CheckpointError, UsageError
-from multigpu.versions import local_versions
+from multigpu.runtime import dist
 
 log = logging.getLogger(__name__)
 

@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.planner import ReadItem, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
-from multigpu import dist
 from multigpu.checkpoint.layout import METADATA_FILE
 from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
 from multigpu.errors import CheckpointError, CheckpointMismatchError
+from multigpu.runtime import dist
 from multigpu.torch_compat import dcp_metadata_global_allowed
 
 

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from multigpu import dist
 from multigpu.checkpoint.objects import kind_of
 from multigpu.checkpoint.sharded import check_fits, first_line, load_sharded, read_metadata
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
+from multigpu.runtime import dist
 
 SHARDED_KINDS = frozenset({"module", "optimizer"})
 """Kinds whose state goes to the DCP part."""

@@ -23,7 +23,6 @@ from typing import Any, BinaryIO
 
 import torch
 
-from multigpu.atomic_file import atomic_write
 from multigpu.checkpoint.layout import (
     COMMIT_FILE,
     MANIFEST_FILE,
@@ -32,6 +31,7 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
 )
 from multigpu.checkpoint.space import DiskFullError
+from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import CheckpointError
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The splitter of a command's own options from the arguments it passes on (a script's).
 
-The parser class and the typed converters every command shares are ``multigpu.arguments`` (the
-built-in jobs' parsers, below the command line, use them too).
+The parser class and the typed converters every command shares are ``multigpu.common.arguments``
+(the built-in jobs' parsers, below the command line, use them too).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from multigpu.common.run_target import check_module, check_script
 from multigpu.diagnostics.options import BUILTIN_JOB
 from multigpu.errors import UsageError
-from multigpu.run_target import check_module, check_script
 
 
 def split_own_args(

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from multigpu.arguments import Parser, options_from, process_counts, whole_arg
-from multigpu.choices import did_you_mean
 from multigpu.cli.args import parse_with_target
+from multigpu.common.arguments import Parser, options_from, process_counts, whole_arg
+from multigpu.common.choices import did_you_mean
 from multigpu.diagnostics.bench import comm
 from multigpu.diagnostics.bench.scaling import ScalingOptions, bench_scaling
 from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS, parse_ops, parse_sizes

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from multigpu.arguments import Parser
 from multigpu.checkpoint.convert import to_dcp, to_file
 from multigpu.checkpoint.hub_export import DEFAULT_MAX_SHARD_SIZE, export_hub
 from multigpu.checkpoint.summary import summarize
+from multigpu.common.arguments import Parser
 from multigpu.errors import CheckpointError, UsageError
 
 PROG = "multigpu ckpt"

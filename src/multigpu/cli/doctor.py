@@ -21,9 +21,9 @@ from argparse import Namespace
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from multigpu.arguments import Parser, number_arg
+from multigpu.common.arguments import Parser, number_arg
+from multigpu.common.host import read_interfaces
 from multigpu.errors import UsageError
-from multigpu.host import read_interfaces
 
 if TYPE_CHECKING:
     from multigpu.diagnostics.doctor.checks import Check

@@ -31,7 +31,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from multigpu.arguments import Parser, processes_arg
+from multigpu.common.arguments import Parser, processes_arg
 from multigpu.errors import UsageError
 from multigpu.estimate import Capacity, cpu_capacity, estimate_memory, gpus_capacity
 from multigpu.estimate.memory import DEFAULT_MIN_BLOCK_PARAMS, PRECISIONS, MemoryEstimate

@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from multigpu import variables
-from multigpu.arguments import Parser, cpu_count_arg, options_from, seconds_arg, whole_arg
 from multigpu.cli.args import split_own_args
+from multigpu.common import variables
+from multigpu.common.arguments import Parser, cpu_count_arg, options_from, seconds_arg, whole_arg
+from multigpu.common.quick_exit import skip_final_collection
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch import train, train_outputs
 from multigpu.launch.options import BACKENDS, LaunchOptions, parse_nnodes
 from multigpu.launch.plan import CPU_DEFAULT_WHY, LaunchPlan
-from multigpu.quick_exit import skip_final_collection
 
 PROG = "multigpu"
 # Our own dests: everything else the run parser produces is torchrun's.
@@ -292,7 +292,7 @@ def _replicas(
     command: str, ns: argparse.Namespace, own: list[str], rest: list[str], options: LaunchOptions
 ) -> int:
     """``--replicas``: checked here (exit 2, nothing started), then one launcher per group."""
-    from multigpu.host import usable_cores
+    from multigpu.common.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.replicas import check_iface, check_no_rendezvous, plan_replicas, run_groups
     from multigpu.launch.run import prepare

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, whole_arg
-from multigpu.atomic_file import atomic_write
+from multigpu.common.arguments import Parser, whole_arg
+from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 
 

@@ -13,8 +13,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.arguments import Parser, number_arg, options_from, process_counts
 from multigpu.cli.args import parse_with_target
+from multigpu.common.arguments import Parser, number_arg, options_from, process_counts
 from multigpu.diagnostics.options import VERIFY_STRATEGIES, VerifyOptions
 
 PROG = "multigpu verify"

@@ -35,8 +35,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.data.sampler import ShardSampler, derive_seed
-from multigpu.device import map_tensors, move_to_device
 from multigpu.errors import UsageError
+from multigpu.runtime.device import map_tensors, move_to_device
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """What one ``multigpu verify`` run left behind: every rank's record and rank 0's parameters.
 
-The worker side (``multigpu.verify_record``) writes, in the run's ``MULTIGPU_VERIFY_DIR``,
-``rank{r}.json`` per rank and ``params.pt`` (rank 0). The file names are repeated here rather
-than imported: diagnostics must not import the training side (it starts workers as
-subprocesses), and the format is the contract between the two.
+The worker side (``multigpu.instruments.verify_record``) writes, in the run's
+``MULTIGPU_VERIFY_DIR``, ``rank{r}.json`` per rank and ``params.pt`` (rank 0). The file names are
+repeated here rather than imported: diagnostics must not import the training side (it starts workers
+as subprocesses), and the format is the contract between the two.
 """
 
 from __future__ import annotations

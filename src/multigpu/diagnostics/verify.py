@@ -3,12 +3,13 @@
 For each world size N of ``--nproc`` it runs ``python -m multigpu run --cpu N script ...`` (on a
 machine with CUDA GPUs ``--gpus N``) in a child process, with ``MULTIGPU_VERIFY_DIR`` and
 ``MULTIGPU_VERIFY_STEPS`` set so that ``multigpu.init()`` records every optimizer step, the losses
-given to ``ctx.backward``, the loaders and the final parameters (``multigpu.verify_record``) and
-stops the script after ``--steps`` steps. With ``--accumulation K,L`` every world size runs at
-each accumulation too, the script getting ``--accumulation-steps K`` after its arguments. Every
-run after the first is compared with the first (``compare``); a failed run is reported by its
-one-line error, a FAIL is explained from the records (``diagnose``) and, to tell rounding and
-world-size effects from plain nondeterminism, the first run is repeated.
+given to ``ctx.backward``, the loaders and the final parameters
+(``multigpu.instruments.verify_record``) and stops the script after ``--steps`` steps. With
+``--accumulation K,L`` every world size runs at each accumulation too, the script getting
+``--accumulation-steps K`` after its arguments. Every run after the first is compared with the first
+(``compare``); a failed run is reported by its one-line error, a FAIL is explained from the records
+(``diagnose``) and, to tell rounding and world-size effects from plain nondeterminism, the first run
+is repeated.
 
 Every child gets one thread per process (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``): float
 results depend on how a sum is split between threads, so the thread count must not change with

@@ -22,7 +22,6 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import multigpu
-from multigpu.context import Context
 from multigpu.examples import job_cli, outputs
 from multigpu.examples.digits_data import load_digits_split
 from multigpu.examples.digits_parser import (
@@ -36,8 +35,9 @@ from multigpu.examples.digits_parser import (
 from multigpu.examples.job_tracking import TrackedSteps, instruments
 from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.examples.run_state import RunState, parameter_sha256
-from multigpu.hang.install import active_log
-from multigpu.hang.stragglers import SLOW, slowest
+from multigpu.instruments.hang.install import active_log
+from multigpu.instruments.hang.stragglers import SLOW, slowest
+from multigpu.session.context import Context
 from multigpu.strategies import DDPStrategy
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from multigpu import variables
-from multigpu.atomic_file import atomic_write
+from multigpu.common import variables
+from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from multigpu import variables
-from multigpu.arguments import Parser, positive
-from multigpu.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
+from multigpu.common import variables
+from multigpu.common.arguments import Parser, positive
+from multigpu.common.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.examples.job_cli import (
     add_checkpoint_options,

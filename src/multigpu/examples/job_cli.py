@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from multigpu.arguments import positive, profile_arg
+from multigpu.common.arguments import positive, profile_arg
+from multigpu.common.tracker_names import TRACKERS, parse_trackers
 from multigpu.errors import UsageError
-from multigpu.tracker_names import TRACKERS, parse_trackers
 
 
 def directory_problem(path: Path) -> str | None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from multigpu.context import Context
 from multigpu.examples.lm_data import Corpus
 from multigpu.examples.progress import throughput_record, throughput_text
+from multigpu.session.context import Context
 
 
 class RunLog:

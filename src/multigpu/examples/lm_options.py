@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 import multigpu
-from multigpu.context import Context
 from multigpu.examples import lm_parser
 from multigpu.examples.lm_data import Corpus
 from multigpu.examples.lm_parser import build_parser as build_parser  # the job parses with it
+from multigpu.session.context import Context
 
 CHECKPOINT_EVERY = 100
 """Steps between checkpoints when only ``--checkpoint-dir`` is given (``multigpu train`` without

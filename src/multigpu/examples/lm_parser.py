@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from multigpu.arguments import Parser, positive
-from multigpu.choices import PIPELINE_SCHEDULES
+from multigpu.common.arguments import Parser, positive
+from multigpu.common.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
 from multigpu.examples.job_cli import (
     add_checkpoint_options,

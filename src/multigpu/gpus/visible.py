@@ -21,8 +21,8 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
+from multigpu.common.log import warn_once
 from multigpu.gpus.types import GPUInfo, Inventory
-from multigpu.log import warn_once
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@
 - Its TCP connections to the rendezvous store fail after ``--timeout`` + 5 s when the store's
   host vanishes, instead of ~15 minutes deaf to SIGTERM (``timeouts.StoreCallBound``).
 - Before it dials another node's rendezvous store, it waits for the store to answer within
-  ``--timeout`` (``multigpu.store_reach``): torch's client retried with back-off past it (37-68 s
-  for 30 s) and then said nothing of what it waited for.
+  ``--timeout`` (``multigpu.common.store_reach``): torch's client retried with back-off past it
+  (37-68 s for 30 s) and then said nothing of what it waited for.
 - After each rendezvous round, before its workers start, it checks with the other nodes that
   they were started alike (``agreement.check_nodes_agree``).
 - It says when it restarts the workers and why, and each new round's size
@@ -28,6 +28,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from multigpu.common.store_listen import listening_store
+from multigpu.common.store_reach import wait_until_listening
 from multigpu.launch.agreement import check_nodes_agree, node_facts
 from multigpu.launch.exit_agreement import ExitAgreement, closing_once
 from multigpu.launch.options import parse_nnodes
@@ -35,8 +37,6 @@ from multigpu.launch.ports import dialled_store
 from multigpu.launch.restart_reports import RestartReports
 from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
-from multigpu.store_listen import listening_store
-from multigpu.store_reach import wait_until_listening
 from multigpu.torch_compat import (
     elastic_agent_class,
     launch_agent_made_by,

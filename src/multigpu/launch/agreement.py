@@ -21,8 +21,8 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+from multigpu.common.versions import local_versions, mismatch_message
 from multigpu.errors import LaunchError, MultiGPUError, UsageError
-from multigpu.versions import local_versions, mismatch_message
 
 logger = logging.getLogger(__name__)
 

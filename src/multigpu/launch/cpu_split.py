@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from multigpu import variables
-from multigpu.atomic_file import atomic_write
+from multigpu.common import variables
+from multigpu.common.atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The workers inherit the launcher's environment, and each would refuse a bad valu
 (``multigpu.init``: one line, exit code 2) — after torch and the job's data were loaded on every
 rank. Checking here says it once, before anything starts.
 
-Environment variables read: those of ``multigpu.variables.check_environment``.
+Environment variables read: those of ``multigpu.common.variables.check_environment``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from multigpu import variables
+from multigpu.common import variables
+from multigpu.common.mesh_spec import resolve_sizes
 from multigpu.errors import UsageError
 from multigpu.launch.options import parse_nnodes
 from multigpu.launch.plan import LaunchPlan
-from multigpu.mesh_spec import resolve_sizes
 
 
 def check_worker_environment(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> None:

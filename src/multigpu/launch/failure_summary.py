@@ -3,8 +3,8 @@
 torch's agent ends a failed run with a 20-line block (``ChildFailedError``) that repeats the
 worker's traceback, after which a user had to work out which rank's error was the cause and
 which were consequences (a rank whose collective lost its peer fails too, seconds later). Here
-each failure is read from the worker's error file (``multigpu.worker_error``) and the cause is
-chosen: recorded errors before bare exit codes, errors of their own before consequences of
+each failure is read from the worker's error file (``multigpu.common.worker_error``) and the cause
+is chosen: recorded errors before bare exit codes, errors of their own before consequences of
 another rank's (a collective whose peer went away, a SIGTERM from the agent stopping the
 others), then the earliest. The run's exit code is 2 when the failing workers refused their
 input (usage errors, the ranks stopped for them aside), else 1.
@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from multigpu.worker_error import WorkerError, read
+from multigpu.common.worker_error import WorkerError, read
 
 USAGE_EXIT_CODE = 2
 MESSAGE_LIMIT = 600  # a full disk's message says where, how much, and what to do

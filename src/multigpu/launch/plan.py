@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from multigpu.common.host import loopback_interface
 from multigpu.errors import UsageError
-from multigpu.host import loopback_interface
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
 from multigpu.launch.ports import store_port
 from multigpu.launch.timeouts import DEFAULT_TIMEOUT_S, job_timeout_s, rendezvous_conf

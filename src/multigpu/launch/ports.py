@@ -20,8 +20,8 @@ import signal
 import socket
 from typing import Any
 
+from multigpu.common.host import interface_address, interface_names, local_addresses
 from multigpu.errors import UsageError
-from multigpu.host import interface_address, interface_names, local_addresses
 from multigpu.launch.options import LaunchOptions
 
 

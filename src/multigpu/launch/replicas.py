@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from multigpu.common.host import local_addresses
 from multigpu.errors import UsageError
-from multigpu.host import local_addresses
 from multigpu.launch.failure_summary import say
 from multigpu.launch.worker_guard import die_with_parent
 

@@ -28,8 +28,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from multigpu.common.host import usable_cores
+from multigpu.common.run_target import check_script as check_script_path
+from multigpu.common.store_reach import StoreUnreachable
 from multigpu.errors import MultiGPUError, UsageError
-from multigpu.host import usable_cores
 from multigpu.launch import ports
 from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.failure_summary import (
@@ -48,8 +50,6 @@ from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from multigpu.launch.slurm import with_slurm_topology
 from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.torchrun_numbers import check_torchrun_numbers
-from multigpu.run_target import check_script as check_script_path
-from multigpu.store_reach import StoreUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def _run_agent(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
-    from multigpu.hang.trace import explain_traces
+    from multigpu.instruments.hang.trace import explain_traces
 
     try:
         run(args)

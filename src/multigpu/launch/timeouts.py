@@ -52,12 +52,12 @@ import socket
 import threading
 from collections.abc import Mapping
 
-from multigpu import variables
-from multigpu.settings import DEFAULT_TIMEOUT_S
+from multigpu.common import variables
+from multigpu.common.settings import DEFAULT_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
-# The default bound (300 s) is the workers' default collective timeout (multigpu.settings),
+# The default bound (300 s) is the workers' default collective timeout (multigpu.common.settings),
 # 10x below torch's 30 minutes yet above any collective of a healthy job (a checkpoint gather).
 
 SHORT_WAIT_S = 30

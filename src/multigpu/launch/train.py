@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
+from multigpu.common.lock_probe import holder_of, locked_message
 from multigpu.errors import UsageError
 from multigpu.examples import digits_parser, lm_parser
 from multigpu.examples.job_cli import check_outputs
-from multigpu.lock_probe import holder_of, locked_message
 
 TRAIN_MODULES = MappingProxyType(
     {"digits": "multigpu.examples.digits", "lm": "multigpu.examples.lm"}
@@ -156,7 +156,7 @@ def check_checkpoint_options(job_args: Sequence[str]) -> None:
     Raises:
         UsageError: ``--checkpoint-every`` without ``--out``/``--checkpoint-dir``; ``--resume
             never`` on a directory that holds checkpoints; ``--resume PATH`` that does not exist;
-            a checkpoint directory another live run holds (``multigpu.lock_probe``).
+            a checkpoint directory another live run holds (``multigpu.common.lock_probe``).
     """
     every = option_value(job_args, "--checkpoint-every")
     given_dir = option_value(job_args, "--checkpoint-dir")

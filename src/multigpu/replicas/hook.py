@@ -26,14 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu import dist
+from multigpu.common.store_listen import listening_store
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
-from multigpu.hooks import Hook
+from multigpu.instruments.hooks import Hook
 from multigpu.replicas.coordinator import Coordinator
 from multigpu.replicas.settings import ReplicaSettings
 from multigpu.replicas.shares import ReplicaSteps, replica_sampler
-from multigpu.store_listen import listening_store
+from multigpu.runtime import dist
 
 STRATEGIES = ("single", "ddp", "fsdp")
 

@@ -23,11 +23,11 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from multigpu.common.log import warn_once
 from multigpu.data import DistributedLoader
 from multigpu.data.sampler import ShardSampler
-from multigpu.device import move_to_device
-from multigpu.log import warn_once
 from multigpu.replicas.coordinator import Coordinator
+from multigpu.runtime.device import move_to_device
 
 log = logging.getLogger(__name__)
 

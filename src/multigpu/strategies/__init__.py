@@ -12,8 +12,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from multigpu import variables
-from multigpu.choices import STRATEGY_NAMES
+from multigpu.common import variables
+from multigpu.common.choices import STRATEGY_NAMES
+from multigpu.common.mesh import MeshShape
 from multigpu.errors import UsageError
 from multigpu.strategies.auto import AutoStrategy
 from multigpu.strategies.base import Strategy, unwrap_module
@@ -21,7 +22,6 @@ from multigpu.strategies.compression import COMPRESSION_ENV
 from multigpu.strategies.ddp import DDPStrategy
 from multigpu.strategies.dp import DataParallelStrategy
 from multigpu.strategies.fsdp import FSDPStrategy
-from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.pipeline import PipelineStrategy
 from multigpu.strategies.single import SingleDeviceStrategy
 from multigpu.strategies.tensor_parallel import TensorParallelStrategy

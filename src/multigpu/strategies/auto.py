@@ -2,8 +2,8 @@
 
 Above one process (alone, auto is simply single) it starts as DDP; ``ctx.setup`` asks once, when
 the first model is known, whether the model's training state fits a rank under DDP
-(``multigpu.rank_memory``), and switches to FSDP when it does not. Everything the Context, its
-loaders, ``StepControl`` and the checkpointers made before ``setup`` call goes through this
+(``multigpu.session.rank_memory``), and switches to FSDP when it does not. Everything the Context,
+its loaders, ``StepControl`` and the checkpointers made before ``setup`` call goes through this
 object, so they all follow the choice: ``ctx.strategy`` is the same object from
 ``multigpu.init`` to the end, and a manifest names the strategy that wrote it (``describe``).
 """
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.precision import Precision
+from multigpu.runtime.precision import Precision
 from multigpu.strategies.base import Strategy
 from multigpu.strategies.fsdp import FSDPStrategy
 

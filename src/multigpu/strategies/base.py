@@ -17,11 +17,11 @@ from typing import Any, TypeGuard
 import torch
 from torch import nn
 
-from multigpu.device import move_to_device
 from multigpu.errors import UsageError
-from multigpu.precision import Precision
+from multigpu.runtime.device import move_to_device
+from multigpu.runtime.precision import Precision
+from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies import state
-from multigpu.wrappers import unwrap_module
 
 __all__ = ["Strategy", "unwrap_module"]
 

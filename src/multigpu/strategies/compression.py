@@ -24,7 +24,7 @@ import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from multigpu.choices import COMPRESSIONS
+from multigpu.common.choices import COMPRESSIONS
 from multigpu.errors import UsageError
 from multigpu.torch_compat import powersgd_hook_for
 

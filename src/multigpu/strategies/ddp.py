@@ -12,7 +12,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
-from multigpu.precision import AutocastModule
+from multigpu.runtime.precision import AutocastModule
 from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.compression import parse_compression, register_compression
 from multigpu.strategies.materialize import place

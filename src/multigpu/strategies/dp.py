@@ -13,8 +13,8 @@ import logging
 import torch
 from torch import nn
 
+from multigpu.common.log import warn_once
 from multigpu.errors import UsageError
-from multigpu.log import warn_once
 from multigpu.strategies.base import Strategy
 from multigpu.strategies.materialize import place
 

@@ -24,12 +24,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from multigpu.common.log import warn_once
+from multigpu.common.mesh import MeshShape
 from multigpu.errors import UsageError
-from multigpu.log import warn_once
+from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, plan_units
 from multigpu.strategies.materialize import check_initializable, has_meta_tensors, materialize
-from multigpu.strategies.mesh import MeshShape
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
 from multigpu.torch_compat import (
     cpu_offload_policy,
@@ -40,7 +41,6 @@ from multigpu.torch_compat import (
     is_dtensor,
     mixed_precision_policy,
 )
-from multigpu.wrappers import unwrap_module
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.device import move_to_device
 from multigpu.errors import UsageError
+from multigpu.runtime.device import move_to_device
 
 
 def stage_of(model: nn.Module, split_points: Sequence[str]) -> dict[str, int]:

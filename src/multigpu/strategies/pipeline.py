@@ -29,6 +29,7 @@ from torch import nn
 
 from multigpu import torch_compat
 from multigpu.errors import UsageError
+from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies import pipeline_state, state
 from multigpu.strategies.base import Strategy, is_count, parameter_names, repoint_optimizers
 from multigpu.strategies.materialize import place
@@ -40,7 +41,6 @@ from multigpu.strategies.pipeline_plan import (
     schedule_bubble,
     stages_per_process,
 )
-from multigpu.wrappers import unwrap_module
 
 if TYPE_CHECKING:  # imported in setup: torch.distributed.pipelining pulls in torch._dynamo
     from multigpu.strategies.pipeline_model import PipelinedModel

@@ -31,11 +31,11 @@ from torch.distributed.pipelining import (
 )
 
 from multigpu.errors import UsageError
+from multigpu.runtime.wrappers import SplitModel
 from multigpu.strategies.pipeline_plan import INTERLEAVED, check_batch
 from multigpu.strategies.pipeline_shared import ModelNames, Sharing, unique
 from multigpu.strategies.pipeline_trace import trace_for_pipeline
 from multigpu.torch_compat import unscaled_schedule_kwargs
-from multigpu.wrappers import SplitModel
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from multigpu.choices import PIPELINE_SCHEDULES
+from multigpu.common.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
 from multigpu.strategies.base import is_count
 

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from multigpu.errors import CheckpointMismatchError
+from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies import state
-from multigpu.wrappers import unwrap_module
 
 _PARAMS = "params"
 

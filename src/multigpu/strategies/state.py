@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu.runtime.wrappers import tied_names, unwrap_module, with_tied
 from multigpu.torch_compat import quiet_sequential_redistribution
-from multigpu.wrappers import tied_names, unwrap_module, with_tied
 
 _PARAMS = "params"
 

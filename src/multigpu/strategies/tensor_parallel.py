@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu.common.mesh import MeshShape
+from multigpu.common.mesh_spec import check_size
 from multigpu.errors import UsageError
-from multigpu.mesh_spec import check_size
 from multigpu.strategies.fsdp import FSDPStrategy
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS
 from multigpu.strategies.materialize import has_meta_tensors
-from multigpu.strategies.mesh import MeshShape
 from multigpu.torch_compat import is_dtensor, quiet_sequential_redistribution
 
 Plan = Mapping[str, Any] | Callable[[nn.Module, Any], Any]

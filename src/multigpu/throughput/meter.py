@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.log import warn_once
+from multigpu.common.log import warn_once
 from multigpu.throughput import peak as peaks
 from multigpu.throughput.wait import DDPTail, WaitClock, install, uninstall
 

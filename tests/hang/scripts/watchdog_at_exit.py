@@ -17,8 +17,8 @@ from datetime import timedelta
 
 import torch.distributed as tdist
 
-from multigpu.hang.recorder import CollectiveLog
-from multigpu.hang.watchdog import Watchdog
+from multigpu.instruments.hang.recorder import CollectiveLog
+from multigpu.instruments.hang.watchdog import Watchdog
 
 
 class SlowFinalization:

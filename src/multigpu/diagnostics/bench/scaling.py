@@ -2,7 +2,7 @@
 
 Each configuration is one ``python -m multigpu run --cpu P script ...`` (``--gpus P`` on GPUs)
 with ``MULTIGPU_BENCH_DIR`` / ``MULTIGPU_BENCH_STEPS`` set, so that ``multigpu.init()`` records
-when each optimizer step ends (``multigpu.bench_record``) and stops the script after
+when each optimizer step ends (``multigpu.instruments.bench_record``) and stops the script after
 ``--warmup`` + ``--steps`` steps. Throughput = samples per step (the global batch of the
 script's ``ctx.loader``) / the median time between two optimizer steps after the warm-up — the
 median, so that an evaluation at an epoch's end or a noisy neighbour does not count as training
@@ -33,16 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multigpu.common.host import usable_cores
 from multigpu.diagnostics.bench.splits import core_splits, fastest, load_before, split_label
 from multigpu.diagnostics.child_run import run_child
 from multigpu.diagnostics.options import device_for_runs
-from multigpu.host import usable_cores
 from multigpu.launch.cpu_split import SplitRecord, save_record, script_key, torch_version
 
 log = logging.getLogger(__name__)
 
 BENCH_FILE = "bench-rank{rank}.json"
-"""Written by ``multigpu.bench_record`` (repeated here: diagnostics never imports that side)."""
+"""Written by ``multigpu.instruments.bench_record`` (repeated here: diagnostics never imports that
+side)."""
 
 
 @dataclass(frozen=True, kw_only=True)

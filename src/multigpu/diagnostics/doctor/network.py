@@ -2,8 +2,8 @@
 gloo and NCCL are told to use (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``); what launcher
 this process detects, the hostname, ``MASTER_ADDR`` and the rendezvous port.
 
-The interfaces themselves are read by ``multigpu.host`` (the launcher's ``--iface`` reads them
-the same way).
+The interfaces themselves are read by ``multigpu.common.host`` (the launcher's ``--iface`` reads
+them the same way).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
 
+from multigpu.common.host import Interface
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip, warn
 from multigpu.env import ClusterEnv, detect
 from multigpu.errors import EnvError
-from multigpu.host import Interface
 
 VIRTUAL_PREFIXES = ("veth", "docker", "br-", "virbr", "cni", "flannel", "cali", "vxlan", "kube")
 """Interfaces of container and VM plumbing: their MTU is not the nodes' network's."""

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from multigpu.common.host import usable_cores
+from multigpu.common.versions import local_versions
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
-from multigpu.host import usable_cores
-from multigpu.versions import local_versions
 
 GiB = 1024**3
 MiB = 1024**2

@@ -1,0 +1,240 @@
+"""The hook behind ``ctx.log``: rank 0's trackers, one run, no step sent twice.
+
+A ``ctx.log`` call costs no I/O: the adapters keep the values, and the run is flushed (every
+tracker written, then the run file) when ``FLUSH_EVERY_S`` has passed since the last flush,
+before a checkpoint is saved, and when the Context ends. So the run file only ever names steps
+every tracker holds; a killed process loses the steps after its last flush, and a job resuming
+from its last checkpoint (saved after a flush) sends them again.
+
+Environment variables read: none (``multigpu.init`` hands over ``log_to``, ``log_dir`` and the
+restart count; each tracker module names what its own package reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.common.versions import local_versions
+from multigpu.errors import UsageError
+from multigpu.instruments.hooks import Hook
+from multigpu.instruments.tracking.run_file import Frontier, RunRecord, plain, read_run, write_run
+from multigpu.instruments.tracking.tracker import Opening, Tracker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG_DIR = "runs"
+"""The log directory when neither ``log_dir=`` nor ``MULTIGPU_LOG_DIR`` gives one."""
+
+FLUSH_EVERY_S = 10.0
+"""The longest a logged value waits in memory (a ``ctx.log`` call flushes once it passed)."""
+
+
+def make_tracker(name: str, directory: Path) -> Tracker:
+    """The adapter of tracker ``name`` (its package is imported when the run opens)."""
+    if name == "tensorboard":
+        from multigpu.instruments.tracking.to_tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker(directory)
+    if name == "csv":
+        from multigpu.instruments.tracking.to_csv import CsvTracker
+
+        return CsvTracker(directory)
+    if name == "mlflow":
+        from multigpu.instruments.tracking.to_mlflow import MlflowTracker
+
+        return MlflowTracker(directory)
+    from multigpu.instruments.tracking.to_wandb import WandbTracker
+
+    return WandbTracker(directory)
+
+
+class Tracking(Hook):
+    """Rank 0's trackers of a job, attached to its Context by ``multigpu.init``.
+
+    The run opens at the first ``ctx.log``: a new one, or the run of ``directory``'s run file
+    when this job resumes it (its first step is past the run's first, or it is an elastic
+    restart: ``restarts`` > 0); a job starting over at the run's first step starts a new run.
+    Logged values wait in the adapters until a flush (see the module doc).
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        directory: Path,
+        *,
+        config: Mapping[str, Any] | None = None,
+        restarts: int = 0,
+    ) -> None:
+        self.names = tuple(names)
+        self.directory = directory
+        self.config = {str(k): plain(v) for k, v in (config or {}).items()}
+        self.restarts = restarts
+        self._trackers: list[tuple[Tracker, Frontier]] = []
+        self._record: RunRecord | None = None
+        self._sent = Frontier()
+        self._flushed_at = time.monotonic()
+        self._closed = False
+
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+        values = numbers_of(metrics, step)
+        if self._closed:
+            raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
+        if self._record is None:
+            self._open(ctx, step)
+        now = time.time()
+        queued = []
+        for tracker, frontier in self._trackers:
+            fresh = {k: v for k, v in values.items() if not frontier.has(step, k)}
+            if fresh:
+                tracker.log(fresh, step, now)
+            queued.append((tracker, frontier.after(step, values)))
+        self._trackers = queued
+        self._sent = self._sent.after(step, values)
+        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
+            self._flush()
+
+    def on_save(self, ctx: Any) -> None:
+        if self._record is not None and not self._closed:
+            self._flush()  # the checkpoint's steps are in the trackers before it exists
+
+    def _flush(self, *, closing: bool = False) -> None:
+        """Write every tracker, then the run file: it names only steps they all hold.
+
+        Closing, a tracker that fails is warned of and the others are still written (the run
+        file then keeps naming the last steps flushed); otherwise its error is raised.
+        """
+        assert self._record is not None
+        failed = False
+        for tracker, _ in self._trackers:
+            try:
+                tracker.flush()
+            except Exception as e:
+                if not closing:
+                    raise
+                failed = True
+                log.warning("tracking: writing the last steps to %s failed: %s", tracker.name, e)
+        if not failed:
+            self._record.note(self._sent)
+            write_run(self.directory, self._record, durable=closing)
+        self._flushed_at = time.monotonic()
+
+    def _open(self, ctx: Any, step: int) -> RunRecord:
+        previous = read_run(self.directory)
+        continuing = previous is not None and (self.restarts > 0 or step > previous.first_step)
+        record = previous if continuing and previous is not None else RunRecord(first_step=step)
+        if continuing:
+            record.jobs += 1
+        opening = Opening(
+            directory=self.directory,
+            name=self.directory.absolute().name,
+            continuing=continuing,
+            first_step=step,
+            frontier=record.frontier,
+            ids=dict(record.ids),
+            config=self.config,
+            environment=environment(ctx, self.restarts),
+        )
+        for name in self.names:
+            tracker = make_tracker(name, self.directory)
+            own = tracker.open(opening)
+            self._trackers.append((tracker, _later(record.frontier, own)))
+            record.ids.update(tracker.ids())
+        self._record, self._sent = record, record.frontier
+        write_run(self.directory, record, durable=True)
+        self._flushed_at = time.monotonic()
+        said = "continuing its run" if continuing else "a new run"
+        if continuing and record.last_step is not None:
+            said += f"; steps up to {record.last_step} are there and not sent again"
+        ctx.print(f"tracking: {', '.join(self.names)} in {self.directory} ({said})")
+        return record
+
+    def on_exit(self, ctx: Any, error: BaseException | None) -> None:
+        stopped_cleanly = error is None or (isinstance(error, SystemExit) and not error.code)
+        self._close(failed=not stopped_cleanly)
+
+    def on_teardown(self, ctx: Any) -> None:
+        self._close(failed=False)
+
+    def _close(self, *, failed: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._record is not None:
+            self._flush(closing=True)
+        for tracker, _ in self._trackers:
+            try:  # one tracker failing to close must not keep the others open
+                tracker.close(failed)
+            except Exception as e:
+                log.warning("tracking: closing %s failed: %s", tracker.name, e)
+
+
+def _later(a: Frontier, b: Frontier | None) -> Frontier:
+    """The further of two frontiers (a tracker's own store may be ahead of the run file)."""
+    if b is None or b.step is None or (a.step is not None and a.step > b.step):
+        return a
+    if a.step == b.step:
+        return Frontier(a.step, a.keys | b.keys)
+    return b
+
+
+def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float | torch.Tensor]:
+    """``metrics`` as floats (a CPU tensor read once; a GPU one copied, to be read at the
+    flush: ``.item()`` here would wait for the GPU at every step); refuses what a tracker
+    cannot plot.
+
+    Example:
+        >>> numbers_of({"loss": torch.tensor(0.5), "n": 3}, step=1)
+        {'loss': 0.5, 'n': 3.0}
+    """
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise UsageError(f"ctx.log(step={step!r}): expected the step as a whole number >= 0")
+    if not isinstance(metrics, Mapping):
+        raise UsageError(
+            f"ctx.log({type(metrics).__name__}): expected a mapping of names to numbers, "
+            "e.g. ctx.log({'loss': loss}, step=step)"
+        )
+    values: dict[str, float | torch.Tensor] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key:
+            raise UsageError(f"ctx.log: metric name {key!r}: expected a non-empty string")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.detach()
+            # A copy: the caller may change its tensor in place before the flush reads it.
+            values[key] = float(value.item()) if value.device.type == "cpu" else value.clone()
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            values[key] = float(value)
+        else:
+            shown = f"a tensor of shape {tuple(value.shape)}" if hasattr(value, "shape") else value
+            raise UsageError(
+                f"ctx.log: {key}={shown!r}: expected a number or a one-element tensor"
+            )
+    return values
+
+
+def environment(ctx: Any, restarts: int) -> dict[str, Any]:
+    """Where the job runs, as the trackers record it beside the hyperparameters."""
+    env = ctx.env
+    found: dict[str, Any] = {
+        "world_size": ctx.world_size,
+        "nodes": env.num_nodes,
+        "processes_per_node": env.local_world_size,
+        "launcher": env.source,
+        "strategy": ctx.strategy.name,
+        "precision": ctx.precision.name,
+        "device": ctx.device.type,
+        "backend": ctx.backend or "none",
+        "host": socket.gethostname(),
+        "restarts": restarts,
+    }
+    if ctx.device.type == "cuda":
+        found["gpu"] = torch.cuda.get_device_name(ctx.device)
+    found.update({f"{k}_version": v for k, v in local_versions().items()})
+    return found

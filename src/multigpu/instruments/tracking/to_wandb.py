@@ -1,0 +1,63 @@
+"""The ``wandb`` tracker: one Weights & Biases run, resumed by its id.
+
+The user's environment decides where it goes (``WANDB_MODE=offline`` keeps it on disk for a
+later ``wandb sync``; ``WANDB_PROJECT``, else project ``multigpu``); files go to ``DIR/wandb``.
+A continued run is ``wandb.init(id=<the run's id>, resume="allow")``; W&B rejects a step lower
+than its current one, so the steps the run already has are not sent again. Offline, each job
+of the run is a directory of its own (``offline-run-*-<id>``) that ``wandb sync`` merges.
+
+Environment variables read: ``WANDB_PROJECT`` (and whatever ``wandb`` itself reads).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from multigpu.instruments.tracking.run_file import Frontier
+from multigpu.instruments.tracking.tracker import Logged, Opening, Tracker
+
+
+class WandbTracker(Tracker):
+    """``wandb.init(dir=DIR, id=..., resume="allow")`` on rank 0."""
+
+    name = "wandb"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+        self._run: Any = None
+
+    def open(self, opening: Opening) -> Frontier | None:
+        import wandb
+
+        run_id = opening.ids.get("wandb") if opening.continuing else None
+        config = {**opening.config, "multigpu": dict(opening.environment)}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or "multigpu",
+            dir=str(self.directory),
+            id=run_id,  # None: wandb makes one (kept in the run file)
+            name=opening.name,
+            resume="allow",
+            config=config,
+            # The launcher owns this process's output: no console capture.
+            settings=wandb.Settings(console="off"),
+        )
+        if run_id:
+            self._run.config.update(config, allow_val_change=True)
+        return None
+
+    def ids(self) -> dict[str, str]:
+        return {"wandb": str(self._run.id)}
+
+    def write(self, logged: Sequence[Logged]) -> None:
+        for step, walltime, values in logged:  # W&B's service process writes them
+            self._run.log({**values, "_timestamp": walltime}, step=step)
+
+    def close(self, failed: bool) -> None:
+        if self._run is not None:
+            self._run.finish(exit_code=1 if failed else 0)
+            self._run = None
