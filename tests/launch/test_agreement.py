@@ -117,7 +117,7 @@ def test_the_agent_is_ours_inside_the_block_only() -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     original = launcher_api.LocalElasticAgent
-    with multigpu_agent(12, "2"):
+    with multigpu_agent(12, "2", 1):
         made: Callable[..., Any] = launcher_api.LocalElasticAgent
         assert made.keywords == {"exit_barrier_timeout": 12}  # type: ignore[attr-defined]
         assert issubclass(made.func, LocalElasticAgent)  # type: ignore[attr-defined]

@@ -31,10 +31,10 @@ from typing import Any
 from multigpu.common.store_listen import listening_store
 from multigpu.common.store_reach import wait_until_listening
 from multigpu.launch.agreement import check_nodes_agree, node_facts
-from multigpu.launch.exit_agreement import ExitAgreement, closing_once
+from multigpu.launch.exit_agreement import ExitAgreement
 from multigpu.launch.options import parse_nnodes
 from multigpu.launch.ports import dialled_store
-from multigpu.launch.restart_reports import RestartReports
+from multigpu.launch.restart_reports import RestartReports, RoundReports
 from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
 from multigpu.torch_compat import (
@@ -45,32 +45,27 @@ from multigpu.torch_compat import (
 
 
 @contextlib.contextmanager
-def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[StoppedWorkers]:
+def multigpu_agent(
+    timeout_s: float, nnodes: str, nproc_per_node: int
+) -> Iterator[StoppedWorkers]:
     """Inside the block, ``torch.distributed.run.run(args)`` runs multigpu's agent.
 
     ``timeout_s`` (``--timeout``) bounds the exit barrier, the store connections and the nodes'
-    agreement check; ``nnodes`` (this node's ``--nnodes``) is compared with the other nodes'.
+    agreement check; ``nnodes`` (this node's ``--nnodes``) is compared with the other nodes';
+    ``nproc_per_node`` (its workers) counts in each round's world size.
     Yields the record of the workers found stopped when the agent ended them.
     """
     from torch.distributed.elastic.agent.server.api import WorkerGroup
 
-    facts = node_facts(nnodes)
+    from multigpu.launch.rendezvous import ObservedRendezvous
+
+    facts = node_facts(nnodes, nproc_per_node)
     stopped = StoppedWorkers()
+    rounds = RoundReports()
 
     class MultigpuAgent(ExitAgreement, RestartReports, elastic_agent_class()):  # type: ignore[misc]
-        """torchrun's agent; every rendezvous round ends with the nodes' agreement check,
-        restarts are said as they happen (``restart_reports``) and the nodes end with one
-        outcome (``exit_agreement``)."""
-
-        def _rendezvous(self, worker_group: WorkerGroup) -> None:
-            super()._rendezvous(worker_group)
-            check_nodes_agree(
-                worker_group.store,
-                worker_group.group_rank or 0,
-                worker_group.group_world_size or 1,
-                facts,
-                timeout_s,
-            )
+        """torchrun's agent; restarts are said as they happen (``restart_reports``), the nodes
+        end with one outcome (``exit_agreement``) and stopped workers are let go on."""
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> Any:
             # Before torch's check, which on a failure stops the others and would wait 30 s
@@ -80,11 +75,16 @@ def multigpu_agent(timeout_s: float, nnodes: str) -> Iterator[StoppedWorkers]:
             )
             return super()._monitor_workers(worker_group)
 
+    def after_each_round(info: Any) -> None:
+        # The round's store, node rank and node count, before the agent starts any worker.
+        found = check_nodes_agree(info.store, info.rank, info.world_size, facts, timeout_s)
+        rounds.report(info.world_size, sum(int(f.get("nproc", 0)) for f in found))
+
     def handler_once_the_store_answers(make_handler: Any, params: Any) -> Any:
         store = dialled_store(params)
         if store is not None:  # raises StoreUnreachable (run.describe_agent_error words it)
             wait_until_listening(*store, timeout_s)
-        return closing_once(make_handler(params))
+        return ObservedRendezvous(make_handler(params), after_each_round)
 
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
     many_nodes = parse_nnodes(nnodes)[1] > 1

@@ -45,18 +45,18 @@ class NodeFailedError(LaunchError):
 class ExitAgreement:
     """Mixin for a ``torch.distributed.elastic`` agent (listed before the agent class).
 
-    Overrides ``_invoke_run`` (the run loop; a failed result is announced) and
-    ``_exit_barrier`` (what a node whose workers succeeded does); both are checked against
-    torch by a canary in ``tests/core/test_torch_compat.py``.
+    Extends the agent's public ``run`` (a failed result is announced) and overrides its
+    protected ``_exit_barrier`` (what a node whose workers succeeded does); both are checked
+    against torch by a canary in ``tests/core/test_torch_compat.py``.
     """
 
     _exit_barrier_timeout: float
     _store: Any
     _worker_group: Any
 
-    def _invoke_run(self, role: str = "default") -> Any:
-        result = super()._invoke_run(role)  # type: ignore[misc]
-        if result.is_failed():
+    def run(self, role: str = "default") -> Any:
+        result = super().run(role)  # type: ignore[misc]
+        if result is not None and result.is_failed():  # None: the rendezvous was closed
             self._announce_failure(result)
         return result
 
@@ -104,24 +104,8 @@ class ExitAgreement:
 
     def _close_rendezvous(self) -> None:
         # Now, while every node's store connection is still good; torch's launcher calls
-        # shutdown() again once the agent has returned, which closing_once makes a no-op.
+        # shutdown() again once the agent has returned, which launch/rendezvous.py makes a no-op.
         self._worker_group.spec.rdzv_handler.shutdown()
-
-
-def closing_once(handler: Any) -> Any:
-    """``handler`` (a rendezvous handler) whose ``shutdown()`` acts once: the exit agreement closes
-    the rendezvous before the nodes leave, and torch's launcher closes it again afterwards, when
-    the store's host may be gone."""
-    shutdown = handler.shutdown
-    done: list[bool] = []
-
-    def shutdown_once() -> bool:
-        if not done:
-            done.append(shutdown())
-        return done[0]
-
-    handler.shutdown = shutdown_once
-    return handler
 
 
 def _wait_for(store: Any, key: str, timeout_s: float) -> str:

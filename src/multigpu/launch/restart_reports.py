@@ -11,9 +11,10 @@ for each event on the launcher's stderr:
   the workers resume from the newest complete checkpoint (under ``--replicas``: heal from a live
   replica group; environment variable read: ``MULTIGPU_REPLICA_GROUPS``).
 
-It overrides three methods of torch's ``SimpleElasticAgent`` (``_monitor_workers``,
-``_restart_workers``, ``_rendezvous``), each calling torch's own: a canary test in
-``tests/core/test_torch_compat.py`` fails when torch changes them.
+``RestartReports`` overrides two methods of torch's ``SimpleElasticAgent`` (``_monitor_workers``,
+``_restart_workers``), each calling torch's own: a canary test in
+``tests/core/test_torch_compat.py`` fails when torch changes them. The rounds are said by
+``RoundReports``, called from the rendezvous handler (``launch/rendezvous.py``): no override.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ class RestartReports:
     """Mixin for a ``torch.distributed.elastic`` agent (listed before the agent class)."""
 
     _last_result: Any = None
-    _rounds = 0
-    _world_size: int | None = None
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         result = super()._monitor_workers(worker_group)  # type: ignore[misc]
@@ -39,27 +38,6 @@ class RestartReports:
     def _restart_workers(self, worker_group: Any) -> None:
         say(self._restart_line(worker_group))
         super()._restart_workers(worker_group)  # type: ignore[misc]
-
-    def _rendezvous(self, worker_group: Any) -> None:
-        super()._rendezvous(worker_group)  # type: ignore[misc]
-        self._rounds += 1
-        workers = len(worker_group.workers)
-        world = worker_group.workers[0].world_size if workers else None
-        if self._rounds > 1:
-            nodes = worker_group.group_world_size or 1
-            was = f" (was {self._world_size})" if world != self._world_size else ""
-            # A replica group's workers heal from a live group (multigpu run --replicas).
-            resume = (
-                "heal from a live replica group (or, with none left, resume from the newest "
-                "complete checkpoint)"
-                if os.environ.get("MULTIGPU_REPLICA_GROUPS")
-                else "resume from the newest complete checkpoint"
-            )
-            say(
-                f"rendezvous round {self._rounds}: {nodes} node(s), world size {world}{was}; "
-                f"the workers start again and {resume}"
-            )
-        self._world_size = world
 
     def _restart_line(self, worker_group: Any) -> str:
         spec = worker_group.spec
@@ -74,3 +52,30 @@ class RestartReports:
             f"{waiting} node(s) waiting to join; restarting the workers to admit them "
             "(a membership change: not counted as a restart)"
         )
+
+
+class RoundReports:
+    """Says each rendezvous round after the first: its nodes and world size, and what the
+    workers do next."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.world_size: int | None = None
+
+    def report(self, nodes: int, world: int) -> None:
+        """A round ended with ``nodes`` nodes and ``world`` workers in all."""
+        self.rounds += 1
+        if self.rounds > 1:
+            was = f" (was {self.world_size})" if world != self.world_size else ""
+            # A replica group's workers heal from a live group (multigpu run --replicas).
+            resume = (
+                "heal from a live replica group (or, with none left, resume from the newest "
+                "complete checkpoint)"
+                if os.environ.get("MULTIGPU_REPLICA_GROUPS")
+                else "resume from the newest complete checkpoint"
+            )
+            say(
+                f"rendezvous round {self.rounds}: {nodes} node(s), world size {world}{was}; "
+                f"the workers start again and {resume}"
+            )
+        self.world_size = world

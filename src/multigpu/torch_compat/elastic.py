@@ -1,5 +1,41 @@
 """Where store servers are made, the elastic agent's protected methods, the default group's store
-(see ``multigpu.torch_compat``)."""
+(see ``multigpu.torch_compat``).
+
+Every torch name the launcher reaches that is not torch's public API, with the canary (in
+``tests/core/test_torch_compat.py`` unless named) that fails when a torch release changes it:
+
+==========================================  ===================================  =================
+torch name                                  what multigpu does with it           canary
+==========================================  ===================================  =================
+``SimpleElasticAgent._monitor_workers``     overrides: lets stopped workers go,  ``..._calls_the_
+                                            keeps the result for the restart     methods_multigpu
+                                            line (launch/agent.py,               _overrides``
+                                            restart_reports)
+``SimpleElasticAgent._restart_workers``     overrides: says the restart          same
+``SimpleElasticAgent._exit_barrier``        overrides: the nodes' exit           ``..._ends_
+                                            agreement (exit_agreement)           through_the_exit
+                                                                                 _barrier...``
+``_remaining_restarts``, ``_store``,        reads (``AGENT_ATTRIBUTES``)         ``..._has_every_
+``_exit_barrier_timeout``, ``_worker_group``                                     protected_member
+                                                                                 _multigpu_uses``
+``launcher.api.LocalElasticAgent``          swapped for the block: torchrun      ``..._through_the
+                                            builds multigpu's agent              _names_we_
+                                            (``launch_agent_made_by``)           replace``
+``registry.get_rendezvous_handler``         swapped for the block: the handler   same
+                                            waits for the store and is observed
+                                            (launch/rendezvous.py)
+``TCPStore`` of three modules,              swapped for the block: servers bound ``tests/core/test
+``DynamicRendezvousHandler.                 to one address                       _store_listen.py``
+_create_tcp_store_server``                  (``store_servers_made_by``)
+==========================================  ===================================  =================
+
+Public extension points used instead of overrides: ``ElasticAgent.run`` (exit_agreement
+announces a failure after it), the ``RendezvousHandler`` interface (each round's nodes'
+agreement check and report after ``next_rendezvous``; ``shutdown`` once), and
+``LocalElasticAgent``'s ``exit_barrier_timeout`` argument. torch's handler registry cannot
+replace them: ``register`` refuses a second creator for ``c10d`` or ``static``, and another
+backend name changes what torchrun does (``static`` is special-cased by name).
+"""
 
 from __future__ import annotations
 
@@ -54,16 +90,10 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
             setattr(owner, name, value)
 
 
-AGENT_OVERRIDES = (
-    "_rendezvous",
-    "_monitor_workers",
-    "_restart_workers",
-    "_invoke_run",
-    "_exit_barrier",
-)
+AGENT_OVERRIDES = ("_monitor_workers", "_restart_workers", "_exit_barrier")
 """``LocalElasticAgent``'s protected methods that multigpu's agent overrides (launch/)."""
 
-AGENT_ATTRIBUTES = ("_remaining_restarts", "_store", "_exit_barrier_timeout")
+AGENT_ATTRIBUTES = ("_remaining_restarts", "_store", "_exit_barrier_timeout", "_worker_group")
 """Its protected attributes those overrides read."""
 
 
