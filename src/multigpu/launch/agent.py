@@ -8,7 +8,8 @@
   ``--timeout`` (``multigpu.common.store_reach``): torch's client retried with back-off past it
   (37-68 s for 30 s) and then said nothing of what it waited for.
 - After each rendezvous round, before its workers start, it checks with the other nodes that
-  they were started alike (``agreement.check_nodes_agree``).
+  they were started alike (``agreement.check_nodes_agree``, called from the rendezvous
+  handler's public ``next_rendezvous``: ``launch/rendezvous.py``).
 - It says when it restarts the workers and why, and each new round's size
   (``restart_reports``).
 - The nodes end with one outcome: a node whose workers failed makes the others exit 1 at once,
@@ -18,7 +19,9 @@
 
 For the time of the block torch's ``launch_agent`` builds ours and a rendezvous handler that
 waits for the store first (``torch_compat.launch_agent_made_by``: the module names it looks
-them up by, and the protected methods overridden, are torch internals kept there).
+them up by, and the three protected methods overridden, are torch internals listed with their
+canaries in ``torch_compat/elastic.py``). The exit barrier's bound is torch's own
+``exit_barrier_timeout`` argument; torchrun's command line has no option for it.
 """
 
 from __future__ import annotations
