@@ -122,11 +122,12 @@ class StoreCallBound:
     multigpu reaches (the rendezvous backends' ``TCPStore`` names, ``store_servers_made_by``)
     finding the new socket would be this same ``/proc/self/fd`` scan; and torch opens store
     connections elsewhere too (``elastic.utils.distributed.create_c10d_store`` calls
-    ``dist.TCPStore``), each one more torch internal to patch and canary. The measurement that needs it is the
-    module docstring's: without it, an agent whose store host vanished was still waiting, deaf
-    to SIGTERM, after 150 s with a 10 s store timeout (~15 min until the kernel gives up); with
-    it, the call fails after ``--timeout`` + 5 s. One scan of ``/proc/self/fd`` per 0.5 s costs
-    nothing that shows; a healthy connection is never touched.
+    ``dist.TCPStore``), each one more torch internal to patch and canary.
+
+    The measurement that needs it is the module docstring's: without it, an agent whose store
+    host vanished was still waiting, deaf to SIGTERM, after 150 s with a 10 s store timeout
+    (~15 min until the kernel gives up); with it, the call fails after ``--timeout`` + 5 s. The
+    option never cuts a healthy connection (it counts only data left unacknowledged).
     """
 
     def __init__(self, timeout_s: float, poll_s: float = 0.5) -> None:
