@@ -152,9 +152,10 @@ def test_torchrun_still_builds_a_no_python_command_from_the_parsed_arguments() -
 
 
 def test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides() -> None:
-    """launch/exit_agreement.py extends ``run``, overrides ``_exit_barrier`` and reads ``_store``
-    and ``_exit_barrier_timeout``: torch's run loop must still call the barrier once the
-    workers succeed, and ``run`` must still return the loop's result."""
+    """launch/agent.py extends ``run`` and overrides ``_exit_barrier``, reading the round's
+    store from ``get_worker_group().store``: torch's run loop must still call the barrier once
+    the workers succeed, ``run`` must still return the loop's result, and each rendezvous must
+    still give the worker group the round's store."""
     import inspect
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
@@ -165,8 +166,8 @@ def test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_override
     assert "result = self._invoke_run(role)" in run and "return result" in run
     assert list(inspect.signature(SimpleElasticAgent.run).parameters) == ["self", "role"]
     assert list(inspect.signature(SimpleElasticAgent._exit_barrier).parameters) == ["self"]
-    barrier = inspect.getsource(SimpleElasticAgent._exit_barrier)
-    assert "self._store" in barrier and "self._exit_barrier_timeout" in barrier
+    assert "worker_group.store = store" in inspect.getsource(SimpleElasticAgent._rendezvous)
+    assert "return self._worker_group" in inspect.getsource(SimpleElasticAgent.get_worker_group)
 
 
 def test_fsdp_state_and_mesh_still_keep_their_process_groups_where_teardown_drops_them() -> None:

@@ -64,11 +64,18 @@ def multigpu_agent(
 
     facts = node_facts(nnodes, nproc_per_node)
     stopped = StoppedWorkers()
-    rounds = RoundReports()
+    rounds, restarts = RoundReports(), RestartReports()
+    agreement = ExitAgreement(timeout_s)
 
-    class MultigpuAgent(ExitAgreement, RestartReports, elastic_agent_class()):  # type: ignore[misc]
-        """torchrun's agent; restarts are said as they happen (``restart_reports``), the nodes
-        end with one outcome (``exit_agreement``) and stopped workers are let go on."""
+    class MultigpuAgent(elastic_agent_class()):  # type: ignore[misc]
+        """torchrun's agent. These four methods are every override multigpu makes of it; the
+        three protected ones are ``torch_compat.AGENT_OVERRIDES``, canary-tested there."""
+
+        def run(self, role: str = "default") -> Any:
+            result = super().run(role)
+            if result is not None and result.is_failed():  # None: the rendezvous was closed
+                agreement.announce_failure(self.get_worker_group(role), result)
+            return result
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> Any:
             # Before torch's check, which on a failure stops the others and would wait 30 s
@@ -76,7 +83,18 @@ def multigpu_agent(
             stopped.release_if_failed(
                 {w.global_rank: w.id for w in worker_group.workers if isinstance(w.id, int)}
             )
-            return super()._monitor_workers(worker_group)
+            result = super()._monitor_workers(worker_group)
+            restarts.seen(result)
+            return result
+
+        def _restart_workers(self, worker_group: WorkerGroup) -> None:
+            restarts.restarting(worker_group, self._remaining_restarts)
+            super()._restart_workers(worker_group)
+
+        def _exit_barrier(self) -> None:
+            # In place of torch's barrier, which waits for every node and then exits 0 even
+            # when another node's workers failed.
+            agreement.barrier(self.get_worker_group())
 
     def after_each_round(info: Any) -> None:
         # The round's store, node rank and node count, before the agent starts any worker.

@@ -2,8 +2,8 @@
 
 torch's agent logs a restart at INFO (hidden by default) and then says nothing while it stops the
 workers, waits in the rendezvous for the nodes and starts new workers: 18-21 s in which a user
-saw a run that looked hung. ``RestartReports`` is mixed into multigpu's agent and prints one line
-for each event on the launcher's stderr:
+saw a run that looked hung. ``RestartReports`` and ``RoundReports`` print one line for each event
+on the launcher's stderr:
 
 - a worker failed and the group restarts: who failed, how, and restart k of K;
 - nodes wait to join (a membership change, which torch does not count as a restart);
@@ -11,10 +11,10 @@ for each event on the launcher's stderr:
   the workers resume from the newest complete checkpoint (under ``--replicas``: heal from a live
   replica group; environment variable read: ``MULTIGPU_REPLICA_GROUPS``).
 
-``RestartReports`` overrides two methods of torch's ``SimpleElasticAgent`` (``_monitor_workers``,
-``_restart_workers``), each calling torch's own: a canary test in
-``tests/core/test_torch_compat.py`` fails when torch changes them. The rounds are said by
-``RoundReports``, called from the rendezvous handler (``launch/rendezvous.py``): no override.
+The agent (``launch/agent.py``) calls ``RestartReports`` from its overrides of torch's
+``_monitor_workers`` and ``_restart_workers`` (canaries in ``tests/core/test_torch_compat.py``),
+and ``RoundReports`` from the rendezvous handler's public ``next_rendezvous``
+(``launch/rendezvous.py``).
 """
 
 from __future__ import annotations
@@ -26,25 +26,26 @@ from multigpu.launch.failure_summary import failures_of, say, summary_line
 
 
 class RestartReports:
-    """Mixin for a ``torch.distributed.elastic`` agent (listed before the agent class)."""
+    """Says why the agent restarts its workers; ``launch/agent.py`` hands it each check's
+    result (``seen``) and each restart (``restarting``)."""
 
-    _last_result: Any = None
+    def __init__(self) -> None:
+        self.last_result: Any = None
 
-    def _monitor_workers(self, worker_group: Any) -> Any:
-        result = super()._monitor_workers(worker_group)  # type: ignore[misc]
-        self._last_result = result
-        return result
+    def seen(self, result: Any) -> None:
+        """The result of the agent's latest check of its workers."""
+        self.last_result = result
 
-    def _restart_workers(self, worker_group: Any) -> None:
-        say(self._restart_line(worker_group))
-        super()._restart_workers(worker_group)  # type: ignore[misc]
+    def restarting(self, worker_group: Any, remaining_restarts: int) -> None:
+        """The agent restarts ``worker_group``, with ``remaining_restarts`` left after this."""
+        say(self._restart_line(worker_group, remaining_restarts))
 
-    def _restart_line(self, worker_group: Any) -> str:
+    def _restart_line(self, worker_group: Any, remaining_restarts: int) -> str:
         spec = worker_group.spec
-        result = self._last_result
+        result = self.last_result
         failed = getattr(result, "failures", None)
         if failed:
-            done = spec.max_restarts - self._remaining_restarts  # type: ignore[attr-defined]
+            done = spec.max_restarts - remaining_restarts
             cause = summary_line(failures_of(result), log_hint="its output is above")
             return f"{cause}; restarting the workers (restart {done} of {spec.max_restarts})"
         waiting = spec.rdzv_handler.num_nodes_waiting()

@@ -9,14 +9,13 @@ torch name                                  what multigpu does with it          
 ==========================================  ===================================  =================
 ``SimpleElasticAgent._monitor_workers``     overrides: lets stopped workers go,  ``..._calls_the_
                                             keeps the result for the restart     methods_multigpu
-                                            line (launch/agent.py,               _overrides``
-                                            restart_reports)
+                                            line (launch/agent.py)               _overrides``
 ``SimpleElasticAgent._restart_workers``     overrides: says the restart          same
 ``SimpleElasticAgent._exit_barrier``        overrides: the nodes' exit           ``..._ends_
-                                            agreement (exit_agreement)           through_the_exit
-                                                                                 _barrier...``
-``_remaining_restarts``, ``_store``,        reads (``AGENT_ATTRIBUTES``)         ``..._has_every_
-``_exit_barrier_timeout``, ``_worker_group``                                     protected_member
+                                            agreement (launch/agent.py,          through_the_exit
+                                            exit_agreement)                      _barrier...``
+``SimpleElasticAgent._remaining_restarts``  reads (``AGENT_ATTRIBUTES``): the    ``..._has_every_
+                                            restart's number                     protected_member
                                                                                  _multigpu_uses``
 ``launcher.api.LocalElasticAgent``          swapped for the block: torchrun      ``..._through_the
                                             builds multigpu's agent              _names_we_
@@ -29,8 +28,9 @@ torch name                                  what multigpu does with it          
 _create_tcp_store_server``                  (``store_servers_made_by``)
 ==========================================  ===================================  =================
 
-Public extension points used instead of overrides: ``ElasticAgent.run`` (exit_agreement
-announces a failure after it), the ``RendezvousHandler`` interface (each round's nodes'
+Public extension points used instead: ``ElasticAgent.run`` (a failure is announced to the
+other nodes after it), ``get_worker_group`` and ``WorkerGroup.store`` (in place of the agent's
+``_worker_group`` and ``_store``), the ``RendezvousHandler`` interface (each round's nodes'
 agreement check and report after ``next_rendezvous``; ``shutdown`` once), and
 ``LocalElasticAgent``'s ``exit_barrier_timeout`` argument. torch's handler registry cannot
 replace them: ``register`` refuses a second creator for ``c10d`` or ``static``, and another
@@ -93,7 +93,7 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
 AGENT_OVERRIDES = ("_monitor_workers", "_restart_workers", "_exit_barrier")
 """``LocalElasticAgent``'s protected methods that multigpu's agent overrides (launch/)."""
 
-AGENT_ATTRIBUTES = ("_remaining_restarts", "_store", "_exit_barrier_timeout", "_worker_group")
+AGENT_ATTRIBUTES = ("_remaining_restarts",)
 """Its protected attributes those overrides read."""
 
 
