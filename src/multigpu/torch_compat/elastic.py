@@ -1,40 +1,33 @@
 """Where store servers are made, the elastic agent's protected methods, the default group's store
 (see ``multigpu.torch_compat``).
 
-Every torch name the launcher reaches that is not torch's public API, with the canary (in
-``tests/core/test_torch_compat.py`` unless named) that fails when a torch release changes it:
+Every torch name the launcher reaches that is not torch's public API, and the canary in
+``tests/core/test_torch_compat.py`` that fails when a torch release changes it:
 
-==========================================  ===================================  =================
-torch name                                  what multigpu does with it           canary
-==========================================  ===================================  =================
-``SimpleElasticAgent._monitor_workers``     overrides: lets stopped workers go,  ``..._calls_the_
-                                            keeps the result for the restart     methods_multigpu
-                                            line (launch/agent.py)               _overrides``
-``SimpleElasticAgent._restart_workers``     overrides: says the restart          same
-``SimpleElasticAgent._exit_barrier``        overrides: the nodes' exit           ``..._ends_
-                                            agreement (launch/agent.py,          through_the_exit
-                                            exit_agreement)                      _barrier...``
-``SimpleElasticAgent._remaining_restarts``  reads (``AGENT_ATTRIBUTES``): the    ``..._has_every_
-                                            restart's number                     protected_member
-                                                                                 _multigpu_uses``
-``launcher.api.LocalElasticAgent``          swapped for the block: torchrun      ``..._through_the
-                                            builds multigpu's agent              _names_we_
-                                            (``launch_agent_made_by``)           replace``
-``registry.get_rendezvous_handler``         swapped for the block: the handler   same
-                                            waits for the store and is observed
-                                            (launch/rendezvous.py)
-``TCPStore`` of three modules,              swapped for the block: servers bound ``tests/core/test
-``DynamicRendezvousHandler.                 to one address                       _store_listen.py``
-_create_tcp_store_server``                  (``store_servers_made_by``)
-==========================================  ===================================  =================
+- ``SimpleElasticAgent._monitor_workers``, ``_restart_workers``: overridden in
+  ``launch/agent.py`` (stopped workers let go on; the restart said, with its cause) —
+  ``test_the_elastic_agent_still_calls_the_methods_multigpu_overrides``.
+- ``SimpleElasticAgent._exit_barrier``: overridden in ``launch/agent.py`` (the nodes' exit
+  agreement, ``launch/exit_agreement.py``) —
+  ``test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides``.
+- ``SimpleElasticAgent._remaining_restarts``: read for the restart's number (``AGENT_ATTRIBUTES``)
+  — ``test_the_agent_class_has_every_protected_member_multigpu_uses``.
+- the module names ``launcher.api.LocalElasticAgent`` and ``registry.get_rendezvous_handler``:
+  swapped for the block, so that torchrun builds multigpu's agent and a handler that waits for
+  the store and is observed (``launch_agent_made_by``, ``launch/rendezvous.py``) —
+  ``test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_names_we_replace``.
+- the module name ``TCPStore`` of ``STORE_MODULES`` and
+  ``DynamicRendezvousHandler._create_tcp_store_server``: swapped for the block, so that store
+  servers listen on one address (``store_servers_made_by``) — ``tests/core/test_store_listen.py``.
 
-Public extension points used instead: ``ElasticAgent.run`` (a failure is announced to the
-other nodes after it), ``get_worker_group`` and ``WorkerGroup.store`` (in place of the agent's
-``_worker_group`` and ``_store``), the ``RendezvousHandler`` interface (each round's nodes'
-agreement check and report after ``next_rendezvous``; ``shutdown`` once), and
-``LocalElasticAgent``'s ``exit_barrier_timeout`` argument. torch's handler registry cannot
-replace them: ``register`` refuses a second creator for ``c10d`` or ``static``, and another
-backend name changes what torchrun does (``static`` is special-cased by name).
+Public API used instead of more overrides: ``ElasticAgent.run`` (a failure is announced to the
+other nodes after it), ``get_worker_group`` and ``WorkerGroup.store`` (not the agent's
+``_worker_group`` and ``_store``), and the ``RendezvousHandler`` interface (each round's nodes'
+check and report after ``next_rendezvous``; ``shutdown`` acting once) in place of overriding
+``_rendezvous`` and ``_invoke_run``. torch's handler registry cannot replace the
+``get_rendezvous_handler`` swap: ``register`` refuses a second creator for ``c10d`` or
+``static``, and another backend name changes what torchrun does (torchrun and ``launch_agent``
+special-case ``static`` by name).
 """
 
 from __future__ import annotations
