@@ -3,7 +3,7 @@
 - Its exit barrier (the wait for the other nodes' workers at the end) is bounded by
   ``--timeout``: ``torch.distributed.run`` gives no option for it (300 s).
 - Its TCP connections to the rendezvous store fail after ``--timeout`` + 5 s when the store's
-  host vanishes, instead of ~15 minutes deaf to SIGTERM (``timeouts.StoreCallBound``).
+  host vanishes, instead of ~15 minutes deaf to SIGTERM (``timeouts.store_call_bound``).
 - Before it dials another node's rendezvous store, it waits for the store to answer within
   ``--timeout`` (``multigpu.common.store_reach``): torch's client retried with back-off past it
   (37-68 s for 30 s) and then said nothing of what it waited for.
@@ -39,7 +39,7 @@ from multigpu.launch.options import parse_nnodes
 from multigpu.launch.ports import dialled_store
 from multigpu.launch.restart_reports import RestartReports, RoundReports
 from multigpu.launch.stopped_workers import StoppedWorkers
-from multigpu.launch.timeouts import STORE_GRACE_S, StoreCallBound
+from multigpu.launch.timeouts import STORE_GRACE_S, store_call_bound
 from multigpu.torch_compat import (
     elastic_agent_class,
     launch_agent_made_by,
@@ -109,9 +109,9 @@ def multigpu_agent(
 
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
     many_nodes = parse_nnodes(nnodes)[1] > 1
+    stores = functools.partial(listening_store, many_nodes=many_nodes)
     with (
         launch_agent_made_by(ours, handler_once_the_store_answers),
-        StoreCallBound(timeout_s + STORE_GRACE_S),
-        store_servers_made_by(functools.partial(listening_store, many_nodes=many_nodes)),
+        store_servers_made_by(store_call_bound(stores, timeout_s + STORE_GRACE_S)),
     ):
         yield stopped
