@@ -18,7 +18,9 @@ Every torch name the launcher reaches that is not torch's public API, and the ca
   ``test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_names_we_replace``.
 - the module name ``TCPStore`` of ``STORE_MODULES`` and
   ``DynamicRendezvousHandler._create_tcp_store_server``: swapped for the block, so that store
-  servers listen on one address (``store_servers_made_by``) — ``tests/core/test_store_listen.py``.
+  servers listen on one address and the agent's store connections carry the kernel's
+  ``TCP_USER_TIMEOUT`` (``store_servers_made_by``, ``launch/timeouts.store_call_bound``) —
+  ``tests/core/test_store_listen.py``.
 
 Public API used instead of more overrides: ``ElasticAgent.run`` (a failure is announced to the
 other nodes after it), ``get_worker_group`` and ``WorkerGroup.store`` (not the agent's
