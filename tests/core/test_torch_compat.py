@@ -122,8 +122,10 @@ def test_a_modules_own_tensor_tables_are_the_live_ones() -> None:
 
 
 def test_the_elastic_agent_still_calls_the_methods_multigpu_overrides() -> None:
-    """launch/restart_reports.py and launch/agent.py override three of SimpleElasticAgent's
-    protected methods and read ``_remaining_restarts``; torch's run loop must still use them."""
+    """launch/restart_reports.py and launch/agent.py override two of SimpleElasticAgent's
+    protected methods and read ``_remaining_restarts``; torch's run loop must still use them,
+    and its rendezvous must still go through the handler's public ``next_rendezvous`` once
+    (launch/rendezvous.py runs the nodes' check and the round's report there)."""
     import inspect
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
@@ -132,8 +134,8 @@ def test_the_elastic_agent_still_calls_the_methods_multigpu_overrides() -> None:
     loop = inspect.getsource(SimpleElasticAgent._invoke_run)
     for call in ("self._monitor_workers(", "self._restart_workers(", "self._remaining_restarts"):
         assert call in loop, f"torch's agent loop no longer uses {call}"
-    assert "self._rendezvous(" in inspect.getsource(SimpleElasticAgent._initialize_workers)
-    for name in ("_monitor_workers", "_restart_workers", "_rendezvous"):
+    assert inspect.getsource(SimpleElasticAgent._rendezvous).count(".next_rendezvous()") == 1
+    for name in ("_monitor_workers", "_restart_workers"):
         assert list(inspect.signature(getattr(LocalElasticAgent, name)).parameters) == [
             "self",
             "worker_group",
@@ -150,20 +152,22 @@ def test_torchrun_still_builds_a_no_python_command_from_the_parsed_arguments() -
 
 
 def test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides() -> None:
-    """launch/exit_agreement.py overrides ``_invoke_run`` and ``_exit_barrier`` and reads
-    ``_store`` and ``_exit_barrier_timeout``: torch's run loop must still call the barrier once
-    the workers succeed, and ``run`` must still go through ``_invoke_run``."""
+    """launch/agent.py extends ``run`` and overrides ``_exit_barrier``, reading the round's
+    store from ``get_worker_group().store``: torch's run loop must still call the barrier once
+    the workers succeed, ``run`` must still return the loop's result, and each rendezvous must
+    still give the worker group the round's store."""
     import inspect
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
     loop = inspect.getsource(SimpleElasticAgent._invoke_run)
     assert "self._exit_barrier()" in loop, "torch's agent loop no longer ends in _exit_barrier"
-    assert "self._invoke_run(role)" in inspect.getsource(SimpleElasticAgent.run)
-    assert list(inspect.signature(SimpleElasticAgent._invoke_run).parameters) == ["self", "role"]
+    run = inspect.getsource(SimpleElasticAgent.run)
+    assert "result = self._invoke_run(role)" in run and "return result" in run
+    assert list(inspect.signature(SimpleElasticAgent.run).parameters) == ["self", "role"]
     assert list(inspect.signature(SimpleElasticAgent._exit_barrier).parameters) == ["self"]
-    barrier = inspect.getsource(SimpleElasticAgent._exit_barrier)
-    assert "self._store" in barrier and "self._exit_barrier_timeout" in barrier
+    assert "worker_group.store = store" in inspect.getsource(SimpleElasticAgent._rendezvous)
+    assert "return self._worker_group" in inspect.getsource(SimpleElasticAgent.get_worker_group)
 
 
 def test_fsdp_state_and_mesh_still_keep_their_process_groups_where_teardown_drops_them() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from multigpu import torch_compat
 from multigpu.common.versions import local_versions
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch.agent import multigpu_agent
@@ -117,11 +118,17 @@ def test_the_agent_is_ours_inside_the_block_only() -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     original = launcher_api.LocalElasticAgent
-    with multigpu_agent(12, "2"):
+    with multigpu_agent(12, "2", 1):
         made: Callable[..., Any] = launcher_api.LocalElasticAgent
         assert made.keywords == {"exit_barrier_timeout": 12}  # type: ignore[attr-defined]
         assert issubclass(made.func, LocalElasticAgent)  # type: ignore[attr-defined]
         assert made.func is not LocalElasticAgent  # type: ignore[attr-defined]
+        # Its protected overrides are the listed ones, each with its canary (torch_compat).
+        defined = vars(made.func)  # type: ignore[attr-defined]
+        protected = {
+            n for n, v in defined.items() if n[:1] == "_" and n[:2] != "__" and callable(v)
+        }
+        assert protected == set(torch_compat.AGENT_OVERRIDES), protected
     assert launcher_api.LocalElasticAgent is original
 
 

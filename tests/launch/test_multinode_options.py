@@ -6,11 +6,13 @@ Pure planning, plus the two run-time bounds on real objects (a socket, torch's l
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
 import threading
 from argparse import Namespace
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -28,9 +30,9 @@ from multigpu.errors import UsageError
 from multigpu.launch.ports import check_interface
 from multigpu.launch.run import describe_agent_error, root_cause
 from multigpu.launch.timeouts import (
-    StoreCallBound,
     job_timeout_s,
     rendezvous_conf,
+    store_call_bound,
 )
 from tests.launch._util import child_env
 from tests.launch.test_plan import plan_for
@@ -129,12 +131,35 @@ def test_train_takes_the_same_launch_options() -> None:
     assert launch == ["--iface", "eth0", "--timeout=30"] and job == ["--epochs", "1"]
 
 
-def test_store_call_bound_sets_the_kernel_timeout_on_tcp_sockets() -> None:
-    bound = StoreCallBound(7.5)
-    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM):
-        assert bound.apply() >= 1  # the TCP socket (and any other this process holds)
-        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 7500
-        assert bound.apply() == 0  # each socket once
+def test_store_call_bound_sets_the_kernel_timeout_on_the_stores_connections() -> None:
+    """A real TCPStore server and client made through the bound: the client's connection (and
+    the server's end of it) carry TCP_USER_TIMEOUT; a socket opened before is left alone."""
+    from torch.distributed import TCPStore
+
+    def timeouts(fds: Iterable[int]) -> list[int]:
+        found = []
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own descriptor, closed
+                continue
+            if not target.startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                if sock.type == socket.SOCK_STREAM and sock.family != socket.AF_UNIX:
+                    found.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+        return found
+
+    make = store_call_bound(TCPStore, 7.5)
+    with socket.socket() as before:
+        server = make("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        opened = set(os.listdir("/proc/self/fd"))
+        client = make("127.0.0.1", server.port, is_master=False)
+        client.set("k", "v")
+        new = [int(fd) for fd in set(os.listdir("/proc/self/fd")) - opened]
+        assert 7500 in timeouts(new), timeouts(new)  # the client's connection
+        assert before.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
+    del client, server
 
 
 def test_agent_errors_name_the_endpoint_and_the_fix() -> None:

@@ -36,11 +36,13 @@ def normalize_nnodes(nnodes: str) -> str:
     return f"{low}:{high}" if high and high != low else low
 
 
-def node_facts(nnodes: str) -> dict[str, Any]:
-    """What this node's launcher was started with, as the other nodes must see it."""
+def node_facts(nnodes: str, nproc_per_node: int = 1) -> dict[str, Any]:
+    """What this node's launcher was started with, as the other nodes must see it
+    (``nproc``, its workers, is shared, not compared: torchrun lets nodes differ there)."""
     return {
         "host": socket.gethostname(),
         "nnodes": normalize_nnodes(nnodes),
+        "nproc": nproc_per_node,
         "versions": local_versions(),
     }
 
@@ -71,8 +73,9 @@ def disagreement(found: list[dict[str, Any]]) -> MultiGPUError | None:
 
 def check_nodes_agree(
     store: Any, node_rank: int, nnodes: int, facts: dict[str, Any], timeout_s: float
-) -> None:
+) -> list[dict[str, Any]]:
     """Share ``facts`` with the round's other nodes through ``store``; raise if any differs.
+    Returns every node's facts, node ``i``'s at ``i``.
 
     ``node_rank`` and ``nnodes`` are the round's (torch's group rank and world size). Every
     node raises the same error, and only after every node has read the others' facts: the
@@ -84,7 +87,7 @@ def check_nodes_agree(
             ``timeout_s`` (it was not started by ``multigpu run``, or it is gone).
     """
     if nnodes < 2:
-        return
+        return [facts]
     wait = timedelta(seconds=timeout_s)
     store.set(f"{KEY_PREFIX}facts/{node_rank}", json.dumps(facts))
     keys = [f"{KEY_PREFIX}facts/{rank}" for rank in range(nnodes)]
@@ -95,7 +98,7 @@ def check_nodes_agree(
     found = [json.loads(store.get(key)) for key in keys]
     error = disagreement(found)
     if error is None:
-        return
+        return found
     read = [f"{KEY_PREFIX}read/{rank}" for rank in range(nnodes)]
     store.set(read[node_rank], "1")
     try:

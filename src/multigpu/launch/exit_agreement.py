@@ -43,28 +43,23 @@ class NodeFailedError(LaunchError):
 
 
 class ExitAgreement:
-    """Mixin for a ``torch.distributed.elastic`` agent (listed before the agent class).
+    """What a node's agent does once its workers have ended, for every node to end alike.
 
-    Overrides ``_invoke_run`` (the run loop; a failed result is announced) and
-    ``_exit_barrier`` (what a node whose workers succeeded does); both are checked against
-    torch by a canary in ``tests/core/test_torch_compat.py``.
+    ``barrier`` replaces torch's exit barrier (the workers all succeeded); ``announce_failure``
+    follows a run whose workers failed for good. The agent that calls them is in
+    ``launch/agent.py``.
     """
 
-    _exit_barrier_timeout: float
-    _store: Any
-    _worker_group: Any
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
 
-    def _invoke_run(self, role: str = "default") -> Any:
-        result = super()._invoke_run(role)  # type: ignore[misc]
-        if result.is_failed():
-            self._announce_failure(result)
-        return result
-
-    def _exit_barrier(self) -> None:
-        nodes = self._worker_group.group_world_size or 1
+    def barrier(self, worker_group: Any) -> None:
+        """This node's workers succeeded: wait for the run's outcome (raises NodeFailedError
+        when it failed elsewhere, or did not come within the timeout)."""
+        nodes = worker_group.group_world_size or 1
         if nodes == 1:
             return  # nobody to agree with (torch's barrier of one returns at once)
-        store, timeout = self._store, float(self._exit_barrier_timeout)
+        store, timeout = worker_group.store, float(self.timeout_s)
         here = socket.gethostname()
         try:
             if store.add(PREFIX + "arrived", 1) == nodes:
@@ -78,22 +73,23 @@ class ExitAgreement:
                 f"({type(e).__name__}: {_first_line(e)}); the run did not finish on every node: "
                 "see the other nodes' output"
             ) from None
-        self._close_rendezvous()
+        _close_rendezvous(worker_group)
         _leave(store, nodes)
         if outcome != OK:
             raise NodeFailedError(
                 f"the workers on {here} finished, but the run failed on another node: {outcome}"
             )
 
-    def _announce_failure(self, result: Any) -> None:
-        nodes = self._worker_group.group_world_size or 1
-        store = getattr(self, "_store", None)
+    def announce_failure(self, worker_group: Any, result: Any) -> None:
+        """This node's workers failed for good (``result``): tell the other nodes."""
+        nodes = worker_group.group_world_size or 1
+        store = worker_group.store
         if nodes == 1 or store is None or not getattr(result, "failures", None):
             return
         what = summary_line(failures_of(result), log_hint="its output is on that node")
         try:
             store.compare_set(PREFIX + "outcome", "", what)
-            self._close_rendezvous()
+            _close_rendezvous(worker_group)
             _leave(store, nodes)
         except Exception as e:  # the others then end on their timeout, with exit code 1 too
             say(
@@ -102,26 +98,10 @@ class ExitAgreement:
             )
 
 
-    def _close_rendezvous(self) -> None:
-        # Now, while every node's store connection is still good; torch's launcher calls
-        # shutdown() again once the agent has returned, which closing_once makes a no-op.
-        self._worker_group.spec.rdzv_handler.shutdown()
-
-
-def closing_once(handler: Any) -> Any:
-    """``handler`` (a rendezvous handler) whose ``shutdown()`` acts once: the exit agreement closes
-    the rendezvous before the nodes leave, and torch's launcher closes it again afterwards, when
-    the store's host may be gone."""
-    shutdown = handler.shutdown
-    done: list[bool] = []
-
-    def shutdown_once() -> bool:
-        if not done:
-            done.append(shutdown())
-        return done[0]
-
-    handler.shutdown = shutdown_once
-    return handler
+def _close_rendezvous(worker_group: Any) -> None:
+    # Now, while every node's store connection is still good; torch's launcher calls
+    # shutdown() again once the agent has returned, which launch/rendezvous.py makes a no-op.
+    worker_group.spec.rdzv_handler.shutdown()
 
 
 def _wait_for(store: Any, key: str, timeout_s: float) -> str:

@@ -137,7 +137,9 @@ def launch(plan: LaunchPlan) -> int:
         # Each worker keeps its last collectives there; read back if the launch fails.
         os.environ["MULTIGPU_TRACE_DIR"] = traces
         # torchrun's agent with every wait bounded and the nodes checked for agreement
-        with multigpu_agent(plan.timeout_s, str(args.nnodes)) as stopped:
+        with multigpu_agent(
+            plan.timeout_s, str(args.nnodes), plan.nproc_per_node
+        ) as stopped:
             return _run_agent(args, traces, plan.timeout_s, hint, stopped)
 
 

@@ -1,5 +1,36 @@
 """Where store servers are made, the elastic agent's protected methods, the default group's store
-(see ``multigpu.torch_compat``)."""
+(see ``multigpu.torch_compat``).
+
+Every torch name the launcher reaches that is not torch's public API, and the canary in
+``tests/core/test_torch_compat.py`` that fails when a torch release changes it:
+
+- ``SimpleElasticAgent._monitor_workers``, ``_restart_workers``: overridden in
+  ``launch/agent.py`` (stopped workers let go on; the restart said, with its cause) —
+  ``test_the_elastic_agent_still_calls_the_methods_multigpu_overrides``.
+- ``SimpleElasticAgent._exit_barrier``: overridden in ``launch/agent.py`` (the nodes' exit
+  agreement, ``launch/exit_agreement.py``) —
+  ``test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides``.
+- ``SimpleElasticAgent._remaining_restarts``: read for the restart's number (``AGENT_ATTRIBUTES``)
+  — ``test_the_agent_class_has_every_protected_member_multigpu_uses``.
+- the module names ``launcher.api.LocalElasticAgent`` and ``registry.get_rendezvous_handler``:
+  swapped for the block, so that torchrun builds multigpu's agent and a handler that waits for
+  the store and is observed (``launch_agent_made_by``, ``launch/rendezvous.py``) —
+  ``test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_names_we_replace``.
+- the module name ``TCPStore`` of ``STORE_MODULES`` and
+  ``DynamicRendezvousHandler._create_tcp_store_server``: swapped for the block, so that store
+  servers listen on one address and the agent's store connections carry the kernel's
+  ``TCP_USER_TIMEOUT`` (``store_servers_made_by``, ``launch/timeouts.store_call_bound``) —
+  ``tests/core/test_store_listen.py``.
+
+Public API used instead of more overrides: ``ElasticAgent.run`` (a failure is announced to the
+other nodes after it), ``get_worker_group`` and ``WorkerGroup.store`` (not the agent's
+``_worker_group`` and ``_store``), and the ``RendezvousHandler`` interface (each round's nodes'
+check and report after ``next_rendezvous``; ``shutdown`` acting once) in place of overriding
+``_rendezvous`` and ``_invoke_run``. torch's handler registry cannot replace the
+``get_rendezvous_handler`` swap: ``register`` refuses a second creator for ``c10d`` or
+``static``, and another backend name changes what torchrun does (torchrun and ``launch_agent``
+special-case ``static`` by name).
+"""
 
 from __future__ import annotations
 
@@ -54,16 +85,10 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
             setattr(owner, name, value)
 
 
-AGENT_OVERRIDES = (
-    "_rendezvous",
-    "_monitor_workers",
-    "_restart_workers",
-    "_invoke_run",
-    "_exit_barrier",
-)
+AGENT_OVERRIDES = ("_monitor_workers", "_restart_workers", "_exit_barrier")
 """``LocalElasticAgent``'s protected methods that multigpu's agent overrides (launch/)."""
 
-AGENT_ATTRIBUTES = ("_remaining_restarts", "_store", "_exit_barrier_timeout")
+AGENT_ATTRIBUTES = ("_remaining_restarts",)
 """Its protected attributes those overrides read."""
 
 
