@@ -34,10 +34,11 @@ def load_digits_split() -> tuple[TensorDataset, TensorDataset]:
     Raises:
         UsageError: scikit-learn is not installed.
     """
-    tensors = _cached(_cache_file())
+    path = _cache_file()
+    tensors = _cached(path)
     if tensors is None:
         tensors = _made_with_sklearn()
-        _keep(tensors, _cache_file())
+        _keep(tensors, path)
     images, labels, train, test = tensors
     x = images.to(torch.float32).unsqueeze(1) / 16.0
     return TensorDataset(x[train], labels[train]), TensorDataset(x[test], labels[test])
