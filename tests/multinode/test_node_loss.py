@@ -10,6 +10,7 @@ included) and says so in one line. Both behaviours are in docs/many-machines.md.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -70,4 +71,10 @@ def test_killed_store_host_ends_the_job_with_one_line(
     print(f"node0 (store) killed -> node1 exited after {ended[0]:.1f} s")
     assert procs[1].returncode == 1
     assert node1.pids() == []
-    assert "the rendezvous store at node0:29400 is unreachable from node1" in text, text[-4000:]
+    # Either way round, as the kill reached node1: its connection was closed under it (the
+    # killed host's kernel ended it), or its next dial found nothing listening.
+    said = re.search(
+        r"the rendezvous store at node0:29400 (is unreachable from|closed its connection to) node1",
+        text,
+    )
+    assert said, text[-4000:]

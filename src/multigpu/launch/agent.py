@@ -105,6 +105,8 @@ def multigpu_agent(
         store = dialled_store(params)
         if store is not None:  # raises StoreUnreachable (run.describe_agent_error words it)
             wait_until_listening(*store, timeout_s)
+        # The node that hosts the store leaves last (etcd's store is nobody's to keep).
+        agreement.hosts_store = store is None and params.backend in ("c10d", "static")
         return ObservedRendezvous(make_handler(params), after_each_round)
 
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)

@@ -13,17 +13,22 @@ Here, the agents agree through the rendezvous store instead (keys under ``multig
   under ``outcome`` (never over a failure: ``compare_set``);
 - a node that succeeded waits for ``outcome`` (at most ``--timeout``): ``ok`` ends it with 0,
   a failure, a timeout or a lost store with one line and exit code 1;
-- every node then closes the rendezvous (torch's launcher would do it after the agent ends), counts
-  itself in ``left`` and waits a moment (``LEAVE_S``) for the others, so that the node that hosts
-  the store does not take it away before they have read the outcome and closed the rendezvous:
-  a node that closed it after the host had gone printed a ``TCPStore ... recvVector failed``
-  trace and a warning in a run that succeeded (seen under load on two network-namespace nodes).
+- every node then closes the rendezvous (torch's launcher would do it after the agent ends) and
+  counts itself in ``left``: that is its last call to the store. The node that hosts the store
+  alone then waits (``LEAVE_S`` at most) until every node has counted itself out, so that it does
+  not take the store away while another node still talks to it: a node whose call was answered
+  by a store that had gone printed a ``TCPStore ... recvVector failed`` (or
+  ``recvValueWithTimeout failed``) trace and a warning in a run that succeeded (seen under load
+  on two network-namespace nodes). Every node waiting for a key set by the last one out was not
+  enough: the host left as soon as it read the key, while another node's request for it could
+  still be on its way.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -34,7 +39,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "multigpu/exit/"
 LEAVE_S = 5.0
-"""How long a node waits, after the outcome, for every node to have read it."""
+"""How long the store's host waits, after the outcome, for every node to have read it."""
+POLL_S = 0.05
+"""How often the store's host counts the nodes that have left."""
 OK = "ok"
 
 
@@ -52,6 +59,8 @@ class ExitAgreement:
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
+        self.hosts_store = False
+        """Whether this node's agent hosts the rendezvous store (set once the handler is made)."""
 
     def barrier(self, worker_group: Any) -> None:
         """This node's workers succeeded: wait for the run's outcome (raises NodeFailedError
@@ -74,7 +83,7 @@ class ExitAgreement:
                 "see the other nodes' output"
             ) from None
         _close_rendezvous(worker_group)
-        _leave(store, nodes)
+        _leave(store, nodes, self.hosts_store)
         if outcome != OK:
             raise NodeFailedError(
                 f"the workers on {here} finished, but the run failed on another node: {outcome}"
@@ -90,7 +99,7 @@ class ExitAgreement:
         try:
             store.compare_set(PREFIX + "outcome", "", what)
             _close_rendezvous(worker_group)
-            _leave(store, nodes)
+            _leave(store, nodes, self.hosts_store)
         except Exception as e:  # the others then end on their timeout, with exit code 1 too
             say(
                 f"could not tell the other nodes that this node failed ({e}); they stop when "
@@ -114,15 +123,19 @@ def _wait_for(store: Any, key: str, timeout_s: float) -> str:
         store.set_timeout(previous)
 
 
-def _leave(store: Any, nodes: int) -> None:
-    """Count this node out and wait (``LEAVE_S`` at most) until every node has: the store's
-    host must not take the store away before the others have read the outcome."""
+def _leave(store: Any, nodes: int, hosts_store: bool) -> None:
+    """Count this node out: its last call to the store. The store's host then waits
+    (``LEAVE_S`` at most) until every node has: it must not take the store away before."""
     try:
-        if store.add(PREFIX + "left", 1) >= nodes:
-            store.set(PREFIX + "all-left", OK)
-        _wait_for(store, PREFIX + "all-left", LEAVE_S)
+        left = store.add(PREFIX + "left", 1)
+        deadline = time.monotonic() + LEAVE_S
+        while hosts_store and left < nodes and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            left = store.add(PREFIX + "left", 0)
+        if left < nodes and hosts_store:
+            log.debug("not every node left within %g s", LEAVE_S)
     except Exception:  # a node that died does not leave: no reason to wait longer
-        log.debug("not every node left within %g s", LEAVE_S, exc_info=True)
+        log.debug("counting this node out failed", exc_info=True)
 
 
 def _first_line(error: BaseException) -> str:
