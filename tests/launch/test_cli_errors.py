@@ -56,7 +56,7 @@ CASES: dict[str, list[str]] = {
                          "--precision", "bf16-mixed"],
     "lm-pipeline-accumulation": ["train", "--model", "lm", "--cpu", "2", "--strategy",
                                  "pipeline", "--accumulation-steps", "2"],
-}
+}  # fmt: skip
 
 ENV = {
     "run-env-strategy": {"MULTIGPU_STRATEGY": "bogus"},

@@ -45,7 +45,7 @@ def test_train_help_has_one_usage_block_and_each_jobs_options(
         headings = ("multigpu options:", "torchrun options:", job)
         order = [lines.index(heading) for heading in headings]
         assert order == sorted(order), order
-        assert f"  {option}" in "\n".join(lines[order[2]:])
+        assert f"  {option}" in "\n".join(lines[order[2] :])
         assert "show this help message" not in text  # the job's -h is not offered twice
 
 

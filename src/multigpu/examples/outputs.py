@@ -67,14 +67,15 @@ def written_lines(
     for file in files:
         by_dir.setdefault(file.parent, []).append(file.name)
     lines = [f"wrote {d}{os.sep}: {', '.join(names)}" for d, names in by_dir.items()]
-    steps = [
-        s.path for s in list_checkpoints(checkpoint_dir, checksums=False) if s.complete
-    ] if checkpoint_dir is not None else []
+    steps = (
+        [s.path for s in list_checkpoints(checkpoint_dir, checksums=False) if s.complete]
+        if checkpoint_dir is not None
+        else []
+    )
     if steps:
         names = ", ".join(p.name for p in steps)
         lines.append(
-            f"checkpoints in {checkpoint_dir}{os.sep}: {names} (multigpu ckpt inspect "
-            f"{steps[-1]})"
+            f"checkpoints in {checkpoint_dir}{os.sep}: {names} (multigpu ckpt inspect {steps[-1]})"
         )
     if not lines:
         lines.append("wrote nothing: give --out DIR to keep the model, metrics and checkpoints")
@@ -115,9 +116,7 @@ def plot_digits(history: Sequence[Mapping[str, Any]]) -> Callable[[Path], Path |
     )
 
 
-def plot_lm(
-    history: Sequence[Mapping[str, Any]], baseline: float
-) -> Callable[[Path], Path | None]:
+def plot_lm(history: Sequence[Mapping[str, Any]], baseline: float) -> Callable[[Path], Path | None]:
     """The LM's curves at each evaluation: training and validation loss, and the unigram
     baseline they are measured against."""
     return lambda path: plot_loss(

@@ -35,9 +35,11 @@ def throughput_text(record: dict[str, Any]) -> str:
         ...     "collective_wait_share": 0.231, "peak_memory_bytes": 325058560, "mfu": 0.412})
         '12345 tokens/s  step 41.2 ms  wait 23%  peak 310 MiB  MFU 41.2%'
     """
-    parts = [] if record.get("tokens_per_second") is None else [
-        f"{record['tokens_per_second']} tokens/s"
-    ]
+    parts = (
+        []
+        if record.get("tokens_per_second") is None
+        else [f"{record['tokens_per_second']} tokens/s"]
+    )
     if record.get("step_seconds") is not None:
         parts.append(f"step {1e3 * record['step_seconds']:.1f} ms")
     if record.get("collective_wait_share") is not None:

@@ -48,9 +48,7 @@ from multigpu.torch_compat import (
 
 
 @contextlib.contextmanager
-def multigpu_agent(
-    timeout_s: float, nnodes: str, nproc_per_node: int
-) -> Iterator[StoppedWorkers]:
+def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterator[StoppedWorkers]:
     """Inside the block, ``torch.distributed.run.run(args)`` runs multigpu's agent.
 
     ``timeout_s`` (``--timeout``) bounds the exit barrier, the store connections and the nodes'

@@ -137,15 +137,11 @@ def launch(plan: LaunchPlan) -> int:
         # Each worker keeps its last collectives there; read back if the launch fails.
         os.environ["MULTIGPU_TRACE_DIR"] = traces
         # torchrun's agent with every wait bounded and the nodes checked for agreement
-        with multigpu_agent(
-            plan.timeout_s, str(args.nnodes), plan.nproc_per_node
-        ) as stopped:
+        with multigpu_agent(plan.timeout_s, str(args.nnodes), plan.nproc_per_node) as stopped:
             return _run_agent(args, traces, plan.timeout_s, hint, stopped)
 
 
-def _run_agent(
-    args: Any, traces: str, timeout_s: float, hint: str, stopped: StoppedWorkers
-) -> int:
+def _run_agent(args: Any, traces: str, timeout_s: float, hint: str, stopped: StoppedWorkers) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run

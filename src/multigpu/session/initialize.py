@@ -185,6 +185,8 @@ def _profile_window(profile: str) -> tuple[int, int]:
         )
     except ValueError as e:
         raise UsageError(str(e)) from e
+
+
 def choose_tracking(
     log_to: str | Sequence[str] | None,
     log_dir: str | os.PathLike[str] | None,

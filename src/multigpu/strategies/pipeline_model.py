@@ -188,9 +188,7 @@ class PipelinedModel(SplitModel):
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             if not self._traced:  # marks the split points in the model's forwards, once
                 split = {p: SplitPoint.BEGINNING for p in self.split_points}
-                pipe = trace_for_pipeline(
-                    full, lambda: pipeline(full, example, split_spec=split)
-                )
+                pipe = trace_for_pipeline(full, lambda: pipeline(full, example, split_spec=split))
                 self._traced = True
             else:
                 pipe = trace_for_pipeline(full, lambda: Pipe.from_tracing(full, example))

@@ -213,9 +213,7 @@ def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float | torch
             values[key] = float(value)
         else:
             shown = f"a tensor of shape {tuple(value.shape)}" if hasattr(value, "shape") else value
-            raise UsageError(
-                f"ctx.log: {key}={shown!r}: expected a number or a one-element tensor"
-            )
+            raise UsageError(f"ctx.log: {key}={shown!r}: expected a number or a one-element tensor")
     return values
 
 

@@ -62,9 +62,7 @@ class MlflowTracker(Tracker):
             return Frontier(last, frozenset(m.key for m in found if m.step == last))
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "multigpu"
         experiment = client.get_experiment_by_name(name)
-        experiment_id = (
-            experiment.experiment_id if experiment else client.create_experiment(name)
-        )
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
         run = client.create_run(experiment_id, run_name=opening.name)
         self._run_id = run.info.run_id
         client.log_batch(self._run_id, params=_params(opening.config), tags=tags)
