@@ -122,24 +122,31 @@ def test_a_modules_own_tensor_tables_are_the_live_ones() -> None:
 
 
 def test_the_elastic_agent_still_calls_the_methods_multigpu_overrides() -> None:
-    """launch/restart_reports.py and launch/agent.py override two of SimpleElasticAgent's
-    protected methods and read ``_remaining_restarts``; torch's run loop must still use them,
-    and its rendezvous must still go through the handler's public ``next_rendezvous`` once
-    (launch/rendezvous.py runs the nodes' check and the round's report there)."""
+    """launch/agent.py overrides ``_monitor_workers`` and, from its result and
+    ``_remaining_restarts``, says the restart torch's run loop is about to make; the loop must
+    still restart exactly then, and still ask the handler's public ``num_nodes_waiting`` before
+    a membership restart (launch/rendezvous.py says it there). Its rendezvous must still go
+    through the handler's public ``next_rendezvous`` once (the nodes' check, the round's
+    report)."""
     import inspect
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     loop = inspect.getsource(SimpleElasticAgent._invoke_run)
-    for call in ("self._monitor_workers(", "self._restart_workers(", "self._remaining_restarts"):
-        assert call in loop, f"torch's agent loop no longer uses {call}"
+    for call in (
+        "run_result = self._monitor_workers(self._worker_group)",
+        "elif state in {WorkerState.UNHEALTHY, WorkerState.FAILED}:\n"
+        "                if self._remaining_restarts > 0:",
+        "self._remaining_restarts -= 1\n                    self._restart_workers(",
+        "num_nodes_waiting = rdzv_handler.num_nodes_waiting()",
+    ):
+        assert call in loop, f"torch's agent loop no longer has {call!r}"
     assert inspect.getsource(SimpleElasticAgent._rendezvous).count(".next_rendezvous()") == 1
-    for name in ("_monitor_workers", "_restart_workers"):
-        assert list(inspect.signature(getattr(LocalElasticAgent, name)).parameters) == [
-            "self",
-            "worker_group",
-        ], name
+    assert list(inspect.signature(LocalElasticAgent._monitor_workers).parameters) == [
+        "self",
+        "worker_group",
+    ]
 
 
 def test_torchrun_still_builds_a_no_python_command_from_the_parsed_arguments() -> None:

@@ -19,7 +19,7 @@
 
 For the time of the block torch's ``launch_agent`` builds ours and a rendezvous handler that
 waits for the store first (``torch_compat.launch_agent_made_by``: the module names it looks
-them up by, and the three protected methods overridden, are torch internals listed with their
+them up by, and the two protected methods overridden, are torch internals listed with their
 canaries in ``torch_compat/elastic.py``). The exit barrier's bound is torch's own
 ``exit_barrier_timeout`` argument; torchrun's command line has no option for it.
 """
@@ -56,18 +56,19 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
     ``nproc_per_node`` (its workers) counts in each round's world size.
     Yields the record of the workers found stopped when the agent ended them.
     """
-    from torch.distributed.elastic.agent.server.api import WorkerGroup
+    from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
 
     from multigpu.launch.rendezvous import ObservedRendezvous
 
     facts = node_facts(nnodes, nproc_per_node)
     stopped = StoppedWorkers()
     rounds, restarts = RoundReports(), RestartReports()
+    restarted_on = (WorkerState.UNHEALTHY, WorkerState.FAILED)  # as in torch's run loop
     agreement = ExitAgreement(timeout_s)
 
     class MultigpuAgent(elastic_agent_class()):  # type: ignore[misc]
-        """torchrun's agent. These four methods are every override multigpu makes of it; the
-        three protected ones are ``torch_compat.AGENT_OVERRIDES``, canary-tested there."""
+        """torchrun's agent. These three methods are every override multigpu makes of it; the
+        two protected ones are ``torch_compat.AGENT_OVERRIDES``, canary-tested there."""
 
         def run(self, role: str = "default") -> Any:
             result = super().run(role)
@@ -82,12 +83,10 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
                 {w.global_rank: w.id for w in worker_group.workers if isinstance(w.id, int)}
             )
             result = super()._monitor_workers(worker_group)
-            restarts.seen(result)
+            if result.state in restarted_on and self._remaining_restarts > 0:
+                # torch's loop restarts the workers next, and counts it: say why, and which.
+                restarts.failed(worker_group, result, self._remaining_restarts - 1)
             return result
-
-        def _restart_workers(self, worker_group: WorkerGroup) -> None:
-            restarts.restarting(worker_group, self._remaining_restarts)
-            super()._restart_workers(worker_group)
 
         def _exit_barrier(self) -> None:
             # In place of torch's barrier, which waits for every node and then exits 0 even
@@ -105,7 +104,7 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
             wait_until_listening(*store, timeout_s)
         # The node that hosts the store leaves last (etcd's store is nobody's to keep).
         agreement.hosts_store = store is None and params.backend in ("c10d", "static")
-        return ObservedRendezvous(make_handler(params), after_each_round)
+        return ObservedRendezvous(make_handler(params), after_each_round, restarts.admitting)
 
     ours = functools.partial(MultigpuAgent, exit_barrier_timeout=timeout_s)
     many_nodes = parse_nnodes(nnodes)[1] > 1

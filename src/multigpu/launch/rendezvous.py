@@ -7,7 +7,9 @@ Everything the launcher does at a rendezvous goes through torch's ``RendezvousHa
 - each round's result is handed to ``on_round`` before the agent assigns ranks and starts the
   workers (the nodes' agreement check, the round's report);
 - ``shutdown()`` acts once: the exit agreement closes the rendezvous before the nodes leave, and
-  torch's launcher closes it again afterwards, when the store's host may be gone.
+  torch's launcher closes it again afterwards, when the store's host may be gone;
+- nodes waiting to join are handed to ``on_waiting`` when the agent asks how many there are
+  (it asks while its workers are healthy, and restarts them to admit the waiting nodes).
 """
 
 from __future__ import annotations
@@ -19,11 +21,18 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 
 
 class ObservedRendezvous(RendezvousHandler):
-    """``handler`` (torch's), with ``on_round(info)`` after each round and one ``shutdown``."""
+    """``handler`` (torch's), with ``on_round(info)`` after each round, ``on_waiting(n)`` when
+    ``n > 0`` nodes wait to join, and one ``shutdown``."""
 
-    def __init__(self, handler: RendezvousHandler, on_round: Callable[[RendezvousInfo], None]):
+    def __init__(
+        self,
+        handler: RendezvousHandler,
+        on_round: Callable[[RendezvousInfo], None],
+        on_waiting: Callable[[int], None] = lambda waiting: None,
+    ):
         self._handler = handler
         self._on_round = on_round
+        self._on_waiting = on_waiting
         self._shut: list[bool] = []
 
     def next_rendezvous(self) -> RendezvousInfo:
@@ -50,7 +59,10 @@ class ObservedRendezvous(RendezvousHandler):
         self._handler.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        return self._handler.num_nodes_waiting()
+        waiting = self._handler.num_nodes_waiting()
+        if waiting > 0:
+            self._on_waiting(waiting)
+        return waiting
 
     def get_run_id(self) -> str:
         return self._handler.get_run_id()

@@ -11,10 +11,11 @@ on the launcher's stderr:
   the workers resume from the newest complete checkpoint (under ``--replicas``: heal from a live
   replica group; environment variable read: ``MULTIGPU_REPLICA_GROUPS``).
 
-The agent (``launch/agent.py``) calls ``RestartReports`` from its overrides of torch's
-``_monitor_workers`` and ``_restart_workers`` (canaries in ``tests/core/test_torch_compat.py``),
-and ``RoundReports`` from the rendezvous handler's public ``next_rendezvous``
-(``launch/rendezvous.py``).
+The agent (``launch/agent.py``) calls ``RestartReports.failed`` from its override of torch's
+``_monitor_workers`` when torch's loop will restart (canary in
+``tests/core/test_torch_compat.py``); the rendezvous handler's public ``num_nodes_waiting`` and
+``next_rendezvous`` (``launch/rendezvous.py``) call ``RestartReports.admitting`` and
+``RoundReports``.
 """
 
 from __future__ import annotations
@@ -26,30 +27,21 @@ from multigpu.launch.failure_summary import failures_of, say, summary_line
 
 
 class RestartReports:
-    """Says why the agent restarts its workers; ``launch/agent.py`` hands it each check's
-    result (``seen``) and each restart (``restarting``)."""
+    """Says why the agent restarts its workers: ``launch/agent.py`` hands it each failed check
+    that torch's agent answers with a restart (``failed``), and ``launch/rendezvous.py`` the
+    nodes waiting to join (``admitting``), for which the agent restarts its healthy workers."""
 
-    def __init__(self) -> None:
-        self.last_result: Any = None
-
-    def seen(self, result: Any) -> None:
-        """The result of the agent's latest check of its workers."""
-        self.last_result = result
-
-    def restarting(self, worker_group: Any, remaining_restarts: int) -> None:
-        """The agent restarts ``worker_group``, with ``remaining_restarts`` left after this."""
-        say(self._restart_line(worker_group, remaining_restarts))
-
-    def _restart_line(self, worker_group: Any, remaining_restarts: int) -> str:
+    def failed(self, worker_group: Any, result: Any, remaining_restarts: int) -> None:
+        """The workers failed (``result``) and the agent restarts them, with
+        ``remaining_restarts`` left after this restart."""
         spec = worker_group.spec
-        result = self.last_result
-        failed = getattr(result, "failures", None)
-        if failed:
-            done = spec.max_restarts - remaining_restarts
-            cause = summary_line(failures_of(result), log_hint="its output is above")
-            return f"{cause}; restarting the workers (restart {done} of {spec.max_restarts})"
-        waiting = spec.rdzv_handler.num_nodes_waiting()
-        return (
+        done = spec.max_restarts - remaining_restarts
+        cause = summary_line(failures_of(result), log_hint="its output is above")
+        say(f"{cause}; restarting the workers (restart {done} of {spec.max_restarts})")
+
+    def admitting(self, waiting: int) -> None:
+        """``waiting`` nodes wait to join: the agent restarts its workers to admit them."""
+        say(
             f"{waiting} node(s) waiting to join; restarting the workers to admit them "
             "(a membership change: not counted as a restart)"
         )

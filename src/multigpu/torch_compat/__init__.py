@@ -23,14 +23,15 @@ when a torch release changes it, so upgrading torch is this package and those te
   rendezvous backends and of ``torch.distributed.rendezvous`` (``env://``, ``tcp://``), and
   ``DynamicRendezvousHandler._create_tcp_store_server``: for the time of a block they make their
   servers through multigpu (``store_listen``: bound to one address, not every interface).
-- **The elastic agent's protected methods** (``AGENT_OVERRIDES``): ``launch/agent.py`` and
-  ``restart_reports`` override ``LocalElasticAgent``'s worker monitor and restart, and
-  ``exit_agreement`` its exit barrier (torch offers no hooks for them; the rest goes through the
-  public ``run`` and ``RendezvousHandler``), and torch's ``launch_agent`` is made to build that
-  agent and a handler that waits for the store through the module names
-  ``launcher.api.LocalElasticAgent`` and ``registry.get_rendezvous_handler``
-  (``launch_agent_made_by``). ``elastic_agent_class`` refuses a torch whose agent lacks them;
-  ``elastic``'s docstring lists every such name with its canary.
+- **The elastic agent's protected methods** (``AGENT_OVERRIDES``): ``launch/agent.py``
+  overrides ``LocalElasticAgent``'s worker monitor (stopped workers let go on; the restart it
+  leads to said by ``restart_reports``) and its exit barrier (``exit_agreement``) — torch offers
+  no hooks for them; the rest goes through the public ``run`` and ``RendezvousHandler`` — and
+  torch's ``launch_agent`` is made to build that agent and a handler that waits for the store
+  through the module names ``launcher.api.LocalElasticAgent`` and
+  ``registry.get_rendezvous_handler`` (``launch_agent_made_by``). ``elastic_agent_class``
+  refuses a torch whose agent lacks them; ``elastic``'s docstring lists every such name with its
+  canary.
 - **The default group's store** (``distributed_c10d._get_default_store``): where the hang
   watchdog's ranks leave their reports outside any collective (``default_store``).
 - **PowerSGD on CPU tensors where CUDA is present**: ``powerSGD_hook`` ends with

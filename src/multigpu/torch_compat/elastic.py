@@ -4,13 +4,14 @@
 Every torch name the launcher reaches that is not torch's public API, and the canary in
 ``tests/core/test_torch_compat.py`` that fails when a torch release changes it:
 
-- ``SimpleElasticAgent._monitor_workers``, ``_restart_workers``: overridden in
-  ``launch/agent.py`` (stopped workers let go on; the restart said, with its cause) —
-  ``test_the_elastic_agent_still_calls_the_methods_multigpu_overrides``.
+- ``SimpleElasticAgent._monitor_workers``: overridden in ``launch/agent.py`` (stopped workers
+  let go on; a restart said, with its cause, when torch's loop will restart on the check's
+  result) — ``test_the_elastic_agent_still_calls_the_methods_multigpu_overrides``.
 - ``SimpleElasticAgent._exit_barrier``: overridden in ``launch/agent.py`` (the nodes' exit
   agreement, ``launch/exit_agreement.py``) —
   ``test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides``.
-- ``SimpleElasticAgent._remaining_restarts``: read for the restart's number (``AGENT_ATTRIBUTES``)
+- ``SimpleElasticAgent._remaining_restarts``: read for whether the loop restarts, and the
+  restart's number (``AGENT_ATTRIBUTES``)
   — ``test_the_agent_class_has_every_protected_member_multigpu_uses``.
 - the module names ``launcher.api.LocalElasticAgent`` and ``registry.get_rendezvous_handler``:
   swapped for the block, so that torchrun builds multigpu's agent and a handler that waits for
@@ -25,8 +26,9 @@ Every torch name the launcher reaches that is not torch's public API, and the ca
 Public API used instead of more overrides: ``ElasticAgent.run`` (a failure is announced to the
 other nodes after it), ``get_worker_group`` and ``WorkerGroup.store`` (not the agent's
 ``_worker_group`` and ``_store``), and the ``RendezvousHandler`` interface (each round's nodes'
-check and report after ``next_rendezvous``; ``shutdown`` acting once) in place of overriding
-``_rendezvous`` and ``_invoke_run``. torch's handler registry cannot replace the
+check and report after ``next_rendezvous``; nodes waiting to join said by ``num_nodes_waiting``;
+``shutdown`` acting once) in place of overriding ``_rendezvous``, ``_invoke_run`` and
+``_restart_workers``. torch's handler registry cannot replace the
 ``get_rendezvous_handler`` swap: ``register`` refuses a second creator for ``c10d`` or
 ``static``, and another backend name changes what torchrun does (torchrun and ``launch_agent``
 special-case ``static`` by name).
@@ -85,7 +87,7 @@ def store_servers_made_by(make: Callable[..., Any], *, elastic: bool = True) -> 
             setattr(owner, name, value)
 
 
-AGENT_OVERRIDES = ("_monitor_workers", "_restart_workers", "_exit_barrier")
+AGENT_OVERRIDES = ("_monitor_workers", "_exit_barrier")
 """``LocalElasticAgent``'s protected methods that multigpu's agent overrides (launch/)."""
 
 AGENT_ATTRIBUTES = ("_remaining_restarts",)
