@@ -107,7 +107,8 @@ class FSDPStrategy(Strategy):
         self.min_block_params = min_block_params
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
-        self.checkpointing = Checkpointing.parse(activation_checkpointing, owner=type(self).__name__)
+        policy = activation_checkpointing
+        self.checkpointing = Checkpointing.parse(policy, owner=type(self).__name__)
         if mesh_shape is not None and replicate != 1:
             raise UsageError(
                 f"FSDPStrategy(replicate={replicate!r}, mesh_shape={mesh_shape!r}) gives the "
