@@ -57,3 +57,23 @@ def test_the_memory_budget_is_set_for_a_block_and_the_partitioner_keeps_less_und
     torch._dynamo.reset()
     assert torch_compat.current_memory_budget() == 1.0
     assert small < kept
+
+
+_SHIFT = 0
+
+
+def _shifted_sin(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x.sin() + _SHIFT  # guarded on the global's value
+
+
+def test_a_frame_past_the_recompile_limit_counts_as_a_graph_break() -> None:
+    torch._dynamo.reset()
+    before = torch_compat.graph_breaks()
+    global _SHIFT
+    for _SHIFT in range(torch._dynamo.config.recompile_limit + 1):  # each value: a recompile
+        block = type(f"Block{_SHIFT}", (nn.Module,), {"forward": _shifted_sin})()
+        block.compile(backend="eager")
+        block(torch.randn(2))
+    grown = {r: n for r, n in torch_compat.graph_breaks().items() if n > before.get(r, 0)}
+    torch._dynamo.reset()
+    assert any("recompile limit" in reason.lower() for reason in grown), grown

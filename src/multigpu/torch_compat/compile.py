@@ -5,7 +5,9 @@
   dynamo spent compiling frames and AOT autograd compiling their backwards, summed over the
   process (``compile_seconds``).
 - **Graph breaks**: ``torch._dynamo.utils.counters["graph_break"]``: a Counter of reason ->
-  count over the process (``graph_breaks``).
+  count over the process (``graph_breaks``), and ``counters["unimplemented"]``'s "Dynamo
+  recompile limit exceeded": a frame compiled more than ``recompile_limit`` (8) times runs
+  eagerly from then on (``module.compile()`` of many block classes in one process reaches it).
 - **Memory budget**: ``torch._functorch.config.activation_memory_budget`` (1.0 by default):
   the share of a compiled region's activations the min-cut partitioner keeps for the backward;
   it recomputes the rest (``activation_memory_budget`` sets it for the time of a block).
@@ -25,10 +27,15 @@ def compile_seconds() -> float:
 
 
 def graph_breaks() -> dict[str, int]:
-    """``{reason: count}`` of the graph breaks ``torch.compile`` has met in this process."""
+    """``{reason: count}`` of the graph breaks ``torch.compile`` has met in this process, and of
+    the frames it gave up on at its recompile limit (they run eagerly from then on)."""
     from torch._dynamo.utils import counters
 
-    return dict(counters["graph_break"])
+    found = dict(counters["graph_break"])
+    for reason, count in counters["unimplemented"].items():
+        if "recompile limit" in reason.lower():  # the first line says which limit
+            found[reason.splitlines()[0]] = count
+    return found
 
 
 @contextlib.contextmanager
