@@ -27,7 +27,8 @@ def _saved_tensors(fn: object, x: torch.Tensor) -> int:
 
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
+    layers = (nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
+    return nn.Sequential(*layers)
 
 
 def test_compile_seconds_grow_with_a_compile_and_graph_breaks_are_counted_by_reason() -> None:
