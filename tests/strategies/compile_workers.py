@@ -44,9 +44,10 @@ def train(ctx: Any) -> dict[str, Any]:
     seed_everything(0)
     net = lm.build_model(**SHAPE)
     model, opt = ctx.setup(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
-    share = 8 // ctx.world_size
+    index, shards = ctx.strategy.data_shard(ctx.rank, ctx.world_size)  # a TP group: one batch
+    share = 8 // shards
     for x, y in batches():
-        mine = slice(ctx.rank * share, (ctx.rank + 1) * share)
+        mine = slice(index * share, (index + 1) * share)
         logits = model(x[mine])
         ctx.backward(F.cross_entropy(logits.flatten(0, 1), y[mine].flatten()))
         ctx.step(opt)
@@ -60,12 +61,27 @@ def train(ctx: Any) -> dict[str, Any]:
     }
 
 
+def _tp(checkpointing: str | bool = False) -> multigpu.Strategy:
+    """Each block's MLP split over the 2 ranks (column- then row-wise)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {}
+    for i in range(SHAPE["n_layer"]):
+        plan[f"blocks.{i}.mlp.c_fc"] = ColwiseParallel()
+        plan[f"blocks.{i}.mlp.c_proj"] = RowwiseParallel()
+    return multigpu.TensorParallelStrategy(
+        plan, tensor_parallel=2, activation_checkpointing=checkpointing
+    )
+
+
 RUNS: dict[str, tuple[Any, Any]] = {
     "fsdp eager": (lambda: multigpu.FSDPStrategy(), None),
     "fsdp compiled, full": (
         lambda: multigpu.FSDPStrategy(activation_checkpointing="full"),
         "aot_eager",
     ),
+    "tp eager": (_tp, None),
+    "tp compiled, selective": (lambda: _tp("selective"), "aot_eager"),
     "ddp eager": (lambda: multigpu.DDPStrategy(), None),
     "ddp compiled, selective": (
         lambda: multigpu.DDPStrategy(activation_checkpointing="selective"),

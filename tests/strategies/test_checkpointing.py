@@ -155,3 +155,15 @@ def test_inductor_compiles_each_block_once_and_says_so(capsys: pytest.CaptureFix
         for line in out
     ), out
     assert "torch.compile: no graph breaks" in out
+
+
+def test_tensor_parallel_refuses_the_checkpointing_torch_cannot_compile_there():
+    for policy in ("full", 0.5):
+        strategy = multigpu.TensorParallelStrategy({"l": object()}, tensor_parallel=1)
+        strategy.checkpointing = Checkpointing.parse(policy, owner="TensorParallelStrategy")
+        with pytest.raises(UsageError, match=r"torch's compiler fails on a tensor-parallel"):
+            strategy.bind(torch.device("cpu"), 1, compile="aot_eager")
+    eager = multigpu.TensorParallelStrategy(
+        {"l": object()}, tensor_parallel=1, activation_checkpointing="full"
+    )
+    eager.bind(torch.device("cpu"), 1)  # eager: full checkpointing is fine

@@ -1,5 +1,6 @@
-"""``init(compile=)`` with FSDP and DDP on two gloo processes: the same training as eager, and
-the wrappers in torchtitan's order (checkpointing inside compile inside ``fully_shard``)."""
+"""``init(compile=)`` with FSDP, tensor parallel and DDP on two gloo processes: the same
+training as eager, and the wrappers in torchtitan's order (checkpointing inside compile inside
+``fully_shard``)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ def runs() -> dict[str, dict[str, Any]]:
     return rank0  # type: ignore[no-any-return]
 
 
-def test_compiled_training_equals_eager_under_fsdp_and_ddp(runs: dict[str, Any]) -> None:
+def test_compiled_training_equals_eager_under_fsdp_tp_and_ddp(runs: dict[str, Any]) -> None:
     start = compile_workers.lm.build_model(**compile_workers.SHAPE)  # trained: it moved
     for eager, compiled in (
         ("fsdp eager", "fsdp compiled, full"),
+        ("tp eager", "tp compiled, selective"),  # parallelize_module, then the same three
         ("ddp eager", "ddp compiled, selective"),
     ):
         assert max_relative(runs[eager]["state"], start.state_dict()) > 1e-3
