@@ -48,15 +48,15 @@ def test_compile_seconds_grow_with_a_compile_and_graph_breaks_are_counted_by_rea
 
 def test_the_memory_budget_is_set_for_a_block_and_the_partitioner_keeps_less_under_it() -> None:
     assert torch_compat.current_memory_budget() == 1.0
-    x = torch.randn(16, 8, requires_grad=True)
-    torch._dynamo.reset()  # each compile below must see the budget of its own time
-    kept = _saved_tensors(torch.compile(_mlp(), backend="aot_eager"), x)
-    torch._dynamo.reset()
     with torch_compat.activation_memory_budget(0.05):
         assert torch_compat.current_memory_budget() == 0.05
-        small = _saved_tensors(torch.compile(_mlp(), backend="aot_eager"), x)
-    torch._dynamo.reset()
     assert torch_compat.current_memory_budget() == 1.0
+    x = torch.randn(16, 8, requires_grad=True)
+    kept = _saved_tensors(torch.compile(_mlp(), backend="aot_eager"), x)
+    within = torch_compat.backend_with_memory_budget("aot_eager", 0.05)
+    assert torch_compat.backend_with_memory_budget("aot_eager", 0.05) is within  # one object
+    small = _saved_tensors(torch.compile(_mlp(), backend=within), x)  # compiled again, not reused
+    assert torch_compat.current_memory_budget() == 1.0  # set only while the backend compiled
     assert small < kept
 
 

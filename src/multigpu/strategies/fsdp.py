@@ -197,7 +197,6 @@ class FSDPStrategy(Strategy):
             plan.units[:-1],
             checkpointing=self.checkpointing,
             backend=self.compile,
-            settings=self._compose_settings,
             shard=shard,
         )
         # The root's parameters are the first the backward needs: keep them (FSDP2's default).
@@ -224,7 +223,6 @@ class FSDPStrategy(Strategy):
         self._wrapped.clear()
         if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
             drop_mesh_process_groups(self._mesh)
-        super().teardown()
 
     def shard_mesh(self) -> Any:
         """The (sub-)mesh ``fully_shard`` shards over: the data-parallel axes."""

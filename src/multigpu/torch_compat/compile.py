@@ -11,12 +11,18 @@
 - **Memory budget**: ``torch._functorch.config.activation_memory_budget`` (1.0 by default):
   the share of a compiled region's activations the min-cut partitioner keeps for the backward;
   it recomputes the rest (``activation_memory_budget`` sets it for the time of a block).
+  ``backend_with_memory_budget`` sets it only while a backend compiles (where the partitioner
+  runs), through a backend of its own: dynamo keeps a compiled graph per backend, so a block
+  compiled earlier in the process without the budget is compiled again with it, not reused
+  (the budget itself is no guard). Backends by name: ``torch._dynamo.backends.registry
+  .lookup_backend``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def compile_seconds() -> float:
@@ -57,3 +63,25 @@ def current_memory_budget() -> float:
     import torch._functorch.config as functorch_config
 
     return float(functorch_config.activation_memory_budget)
+
+
+_BUDGETED: dict[tuple[str, float], Callable[..., Any]] = {}
+
+
+def backend_with_memory_budget(backend: str, budget: float) -> Callable[..., Any]:
+    """The ``torch.compile`` backend ``backend`` compiling under the memory budget ``budget``;
+    one object per (backend, budget), so that repeated blocks share their compiled graph."""
+    made = _BUDGETED.get((backend, budget))
+    if made is not None:
+        return made
+    from torch._dynamo.backends.registry import lookup_backend
+
+    inner = lookup_backend(backend)
+
+    def compile_within_budget(graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        with activation_memory_budget(budget):
+            return inner(graph, example_inputs, **kwargs)
+
+    compile_within_budget.__name__ = f"{backend}_budget_{budget:g}"
+    _BUDGETED[backend, budget] = compile_within_budget
+    return compile_within_budget
