@@ -177,8 +177,10 @@ def main() -> None:
     eager, compiled = r["tokens"]["eager"], r["tokens"]["compiled"]
     ratios = [c / e for c, e in zip(compiled, eager, strict=True)]
     shape = f"{args.n_layer} layers x {args.n_embd} wide, context {args.block_size}"
-    print(f"LM ({shape}), FSDP on 2 CPU processes, global batch {args.batch_size}, backend ")
-    print(f"{args.backend}; {args.rounds} interleaved rounds of {args.steps} steps after warm-up\n")
+    print(
+        f"LM ({shape}), FSDP on 2 processes, global batch {args.batch_size}, backend "
+        f"{args.backend}; {args.rounds} interleaved rounds of {args.steps} steps after warm-up\n"
+    )
     print("| model | warm-up round (s/step) | tokens/s (median) | vs eager (median, min-max) |")
     print("|---|---|---|---|")
     print(f"| eager | {r['warm_s']['eager']:.2f} | {statistics.median(eager):,.0f} | 1.00x |")
