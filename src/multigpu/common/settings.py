@@ -40,6 +40,8 @@ class Settings:
     """``MULTIGPU_LOG_TO``: the experiment trackers (none when unset)."""
     log_dir: str | None = None
     """``MULTIGPU_LOG_DIR``: the trackers' directory (None: ``init``'s default)."""
+    compile: str | None = None
+    """``MULTIGPU_COMPILE``: the ``torch.compile`` backend (None: off)."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> Settings:
@@ -61,4 +63,5 @@ class Settings:
             profile_dir=variables.profile_dir(environ),
             log_to=variables.log_to(environ),
             log_dir=variables.log_dir(environ),
+            compile=variables.compile_backend(environ),
         )

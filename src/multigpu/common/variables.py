@@ -116,6 +116,27 @@ def compression(environ: Mapping[str, str]) -> str | None:
     return read_choice(environ, "MULTIGPU_COMPRESSION", COMPRESSIONS, "", "fp16") or None
 
 
+def compile_backend(environ: Mapping[str, str]) -> str | None:
+    """``MULTIGPU_COMPILE``: the ``torch.compile`` backend of the model's blocks; None: off.
+
+    Unset, ``0``/``false``/``no``/``off``: off; ``1``/``true``/``yes``/``on``: ``inductor``; a
+    backend's name (``aot_eager``): that backend (``multigpu.init`` checks that torch has it).
+
+    Example:
+        >>> [compile_backend({"MULTIGPU_COMPILE": v}) for v in ("", "0", "1", "aot_eager")]
+        [None, None, 'inductor', 'aot_eager']
+    """
+    raw = _raw(environ, "MULTIGPU_COMPILE")
+    if not raw or raw.lower() in FALSE:
+        return None
+    if raw.lower() in TRUE:
+        return "inductor"
+    if not (raw[0].isalpha() or raw[0] == "_") or not raw.replace("_", "").isalnum():
+        expected = "1 or 0 (also true/false), or a torch.compile backend such as aot_eager"
+        raise _refuse("MULTIGPU_COMPILE", raw, expected, "1")
+    return raw
+
+
 def deterministic(environ: Mapping[str, str]) -> bool:
     """``MULTIGPU_DETERMINISTIC``: deterministic algorithms (default off)."""
     return read_flag(environ, "MULTIGPU_DETERMINISTIC", False)
@@ -216,6 +237,7 @@ CHECKS: Mapping[str, Callable[[Mapping[str, str]], object]] = {
     "MULTIGPU_DEVICE": device,
     "MULTIGPU_COMPRESSION": compression,
     "MULTIGPU_DETERMINISTIC": deterministic,
+    "MULTIGPU_COMPILE": compile_backend,
     "MULTIGPU_WATCHDOG": watchdog,
     "MULTIGPU_TIMEOUT": lambda env: timeout(env, 300.0),
     "MULTIGPU_HANG_AFTER": hang_after,

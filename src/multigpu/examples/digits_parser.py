@@ -16,6 +16,7 @@ from multigpu.common.choices import COMPRESSIONS, PRECISIONS, STRATEGY_NAMES
 from multigpu.errors import UsageError
 from multigpu.examples.job_cli import (
     add_checkpoint_options,
+    add_compile_option,
     add_profile_option,
     add_seed_and_accumulation,
     add_tracking_option,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compress DDP's gradient all-reduce (default MULTIGPU_COMPRESSION, else none)",
     )
     add_profile_option(p)
+    add_compile_option(p)
     add_checkpoint_options(
         p,
         every="save a checkpoint every N optimizer steps (to --checkpoint-dir or OUT/checkpoints)",

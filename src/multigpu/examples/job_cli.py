@@ -70,6 +70,30 @@ def add_profile_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def compile_arg(text: str) -> str:
+    """``--compile``'s converter: a ``torch.compile`` backend's name (the worker checks that
+    torch has it)."""
+    if not (text[:1].isalpha() or text[:1] == "_") or not text.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a torch.compile backend name; expected e.g. inductor or aot_eager"
+        )
+    return text
+
+
+def add_compile_option(p: argparse.ArgumentParser) -> None:
+    """``--compile [BACKEND]``: ``torch.compile`` each block (``init(compile=)``)."""
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        type=compile_arg,
+        metavar="BACKEND",
+        help="torch.compile each block of the model, after activation checkpointing and before "
+        "FSDP/DDP wrap it (BACKEND: inductor when not given, or e.g. aot_eager); default "
+        "MULTIGPU_COMPILE, else off",
+    )
+
+
 def profile_dir(args: argparse.Namespace) -> Path:
     """Where ``--profile`` writes: ``OUT/profile``, or ``./profile`` without ``--out``."""
     return Path(args.out) / "profile" if getattr(args, "out", None) else Path("profile")

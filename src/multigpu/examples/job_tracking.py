@@ -24,8 +24,8 @@ NOT_HYPERPARAMETERS = frozenset({"log_to", "progress", "resume", "out", "save", 
 
 
 def instruments(args: argparse.Namespace) -> dict[str, Any]:
-    """``multigpu.init``'s keyword arguments for ``--profile`` (steps traced into OUT/profile)
-    and ``--log-to`` (trackers writing in ``--out``; None: ``MULTIGPU_LOG_TO`` and
+    """``multigpu.init``'s keyword arguments for ``--compile``, ``--profile`` (steps traced into
+    OUT/profile) and ``--log-to`` (trackers writing in ``--out``; None: ``MULTIGPU_LOG_TO`` and
     ``MULTIGPU_LOG_DIR``)."""
     return {
         "profile": f"{args.profile[0]}:{args.profile[1]}" if args.profile else None,
@@ -33,6 +33,7 @@ def instruments(args: argparse.Namespace) -> dict[str, Any]:
         "log_to": args.log_to,
         "log_dir": args.out,
         "config": hyperparameters(args),
+        "compile": args.compile,  # --compile; None: MULTIGPU_COMPILE
     }
 
 

@@ -41,16 +41,13 @@ def strategy(args: argparse.Namespace, block: type[nn.Module]) -> Any:
             microbatches=args.microbatches,
             stages_per_process=2 if args.schedule == "interleaved-1f1b" else 1,
         )
+    lm_parser.check_checkpointing(args)
+    policy = args.activation_checkpointing or False
+    if args.strategy == "ddp" and policy:
+        return multigpu.DDPStrategy(activation_checkpointing=policy)
     if args.strategy != "fsdp":
-        if args.activation_checkpointing:
-            raise multigpu.UsageError(
-                f"--activation-checkpointing is an option of FSDP sharding, not of --strategy "
-                f"{args.strategy}; add --strategy fsdp or leave it out"
-            )
         return args.strategy
-    return multigpu.FSDPStrategy(
-        blocks=(block,), activation_checkpointing=args.activation_checkpointing
-    )
+    return multigpu.FSDPStrategy(blocks=(block,), activation_checkpointing=policy)
 
 
 def warmup_cosine(args: argparse.Namespace) -> Callable[[int], float]:

@@ -7,12 +7,17 @@ No torch: the launcher parses the job's arguments with it before any worker star
 from __future__ import annotations
 
 import argparse
+import math
+import os
+from collections.abc import Mapping
 
+from multigpu.common import variables
 from multigpu.common.arguments import Parser, positive
 from multigpu.common.choices import PIPELINE_SCHEDULES
 from multigpu.errors import UsageError
 from multigpu.examples.job_cli import (
     add_checkpoint_options,
+    add_compile_option,
     add_profile_option,
     add_seed_and_accumulation,
     add_tracking_option,
@@ -22,6 +27,29 @@ DEFAULT_BATCH_SIZE = 32
 """Sequences per optimizer step, over all processes (the launcher checks it divides)."""
 
 STRATEGIES = ("auto", "single", "ddp", "fsdp", "pipeline")
+CHECKPOINTING_STRATEGIES = ("ddp", "fsdp")
+"""The strategies that take ``--activation-checkpointing``."""
+
+
+def checkpointing_arg(text: str) -> str | float:
+    """``--activation-checkpointing``'s converter: ``full``, ``selective`` or a budget in (0, 1).
+
+    Example:
+        >>> checkpointing_arg("selective"), checkpointing_arg("0.5")
+        ('selective', 0.5)
+    """
+    if text in ("full", "selective"):
+        return text
+    try:
+        budget = float(text)
+    except ValueError:
+        budget = math.nan
+    if not 0.0 < budget < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not full, selective or a memory budget in (0, 1) (the share of "
+            "activations kept, with --compile), e.g. 0.5"
+        )
+    return budget
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,9 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--activation-checkpointing",
-        action="store_true",
-        help="with --strategy fsdp: recompute each block's activations in backward",
+        nargs="?",
+        const="full",
+        type=checkpointing_arg,
+        metavar="POLICY",
+        help="with --strategy fsdp or ddp: recompute activations in the backward, per block: "
+        "full (the default policy: the whole block), selective (keep matmul and attention "
+        "outputs, recompute the rest), or a memory budget such as 0.5 (the share of "
+        "activations kept; needs --compile)",
     )
+    add_compile_option(p)
     add(
         "--corpus-mb",
         type=positive(float),
@@ -142,4 +177,24 @@ def check_pipeline(args: argparse.Namespace, processes: int) -> None:
             f"--strategy pipeline on {processes} processes cuts the {args.n_layer} blocks into "
             f"{processes * per} stages: more stages than blocks; use --n-layer "
             f"{processes * per} or more, or fewer processes"
+        )
+
+
+def check_checkpointing(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse, before anything starts, ``--activation-checkpointing`` where it cannot act: a
+    strategy without it, or a memory budget without ``--compile`` (or ``MULTIGPU_COMPILE``)."""
+    policy = args.activation_checkpointing
+    if policy is None:
+        return
+    if args.strategy not in CHECKPOINTING_STRATEGIES:
+        raise UsageError(
+            f"--activation-checkpointing with --strategy {args.strategy}: expected --strategy "
+            "fsdp or ddp (the strategies that checkpoint each block); add one or leave it out"
+        )
+    env = os.environ if environ is None else environ
+    if isinstance(policy, float) and not (args.compile or variables.compile_backend(env)):
+        raise UsageError(
+            f"--activation-checkpointing {policy:g} is a memory budget, which only "
+            "torch.compile's partitioner applies; add --compile, or use --activation-"
+            "checkpointing selective or full"
         )

@@ -223,6 +223,7 @@ def check_pipeline_options(job_args: Sequence[str], processes: int, model: str) 
     args = JOB_PARSERS[model]().parse_args(list(job_args))
     if model == "lm":
         lm_parser.check_pipeline(args, processes)
+        lm_parser.check_checkpointing(args)
     else:  # digits: --strategy, else MULTIGPU_STRATEGY
         strategy = digits_parser.check_compression(args.strategy, args.compression)
         digits_parser.check_pipeline(args, processes, strategy)

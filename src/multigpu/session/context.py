@@ -85,6 +85,11 @@ class Context(RankTools, Checkpointing, Metering):
             f"strategy={self.strategy.name}, backend={self.backend}, source={self.env.source})"
         )
 
+    @property
+    def compile(self) -> str | None:
+        """The ``torch.compile`` backend of ``setup``'s blocks (``init(compile=)``); None: off."""
+        return self.strategy.compile
+
     # ---- model and optimizer ------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
         """Move ``model`` to this rank's device and wrap it (DDP, FSDP, DP or nothing).

@@ -27,6 +27,7 @@ from multigpu.env import detect
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError, UsageError
 from multigpu.instruments.bench_record import BenchRecorder
+from multigpu.instruments.compile_record import CompileReport
 from multigpu.instruments.hang import peers
 from multigpu.instruments.hang.hooks import HangHook
 from multigpu.instruments.hang.watchdog import start_watchdog
@@ -43,6 +44,7 @@ from multigpu.runtime.seed import seed_everything
 from multigpu.session.context import Context
 from multigpu.session.context_comm import report_failure
 from multigpu.strategies import Strategy, resolve_strategy
+from multigpu.strategies.compose import resolve_backend
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ def init(
     log_to: str | Sequence[str] | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     config: Mapping[str, object] | None = None,
+    compile: bool | str | None = None,
 ) -> Context:
     """Set this process up for data-parallel training and return its Context.
 
@@ -103,6 +106,11 @@ def init(
             run. Default ``MULTIGPU_LOG_DIR``, else ``runs``.
         config: the run's hyperparameters (names to numbers, strings, bools), recorded by
             each tracker with the job's environment (world size, strategy, versions, ...).
+        compile: ``torch.compile`` each block of the model ``ctx.setup`` wraps (the units FSDP
+            shards; a model without blocks whole), after activation checkpointing and before
+            ``fully_shard`` / DDP (``multigpu.strategies.compose``): True (inductor), a backend
+            name (``"aot_eager"``), or False. Default ``MULTIGPU_COMPILE``, else off. Rank 0
+            prints the compile time and the graph breaks after the first step.
 
     Raises:
         UsageError: a bad argument or ``MULTIGPU_*`` value (``MULTIGPU_STRATEGY=bogus``);
@@ -123,7 +131,16 @@ def init(
         chosen_backend = backend_for(device, backend or settings.backend)
         resolved = resolve_strategy(strategy or settings.strategy, env.world_size, env_vars)
         mixed = Precision(precision, device)
-        resolved.bind(device, env.world_size, sync_batchnorm=sync_batchnorm, precision=mixed)
+        chosen_compile = resolve_backend(
+            settings.compile if compile is None else compile, given_as="compile"
+        )
+        resolved.bind(
+            device,
+            env.world_size,
+            sync_batchnorm=sync_batchnorm,
+            precision=mixed,
+            compile=chosen_compile,
+        )
         wait = dist.collective_timeout(timeout, settings.timeout_s)
         window = _profile_window(profile) if profile is not None else settings.profile
         if flops_per_token is not None and not (
@@ -162,6 +179,8 @@ def init(
         hooks.append(ProfileHook(window, where, env.rank, env.world_size))
     if tracking is not None:
         hooks.append(tracking)
+    if chosen_compile is not None:
+        hooks.append(CompileReport(chosen_compile))
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
     return Context(
         env=env,

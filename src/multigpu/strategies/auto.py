@@ -67,9 +67,15 @@ class AutoStrategy(Strategy):
         *,
         sync_batchnorm: bool = False,
         precision: Precision | None = None,
+        compile: str | None = None,
     ) -> None:
-        super().bind(device, world_size, sync_batchnorm=sync_batchnorm, precision=precision)
-        self.chosen.bind(device, world_size, sync_batchnorm=sync_batchnorm, precision=precision)
+        kwargs: dict[str, Any] = {
+            "sync_batchnorm": sync_batchnorm,
+            "precision": precision,
+            "compile": compile,
+        }
+        super().bind(device, world_size, **kwargs)
+        self.chosen.bind(device, world_size, **kwargs)
 
     def decide(self, pick: Callable[[], str]) -> None:
         """Once: ``pick()`` names the strategy to use (``"fsdp"``, or the current one's name).
@@ -87,6 +93,7 @@ class AutoStrategy(Strategy):
             self.world_size,
             sync_batchnorm=self.sync_batchnorm,
             precision=self.precision,
+            compile=self.compile,
         )
         self.chosen = sharded  # nothing wrapped yet: the first model is the one deciding
 

@@ -22,6 +22,8 @@ from multigpu.runtime.device import move_to_device
 from multigpu.runtime.precision import Precision
 from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies import state
+from multigpu.strategies.checkpointing import Checkpointing
+from multigpu.strategies.compose import Composed, check_composition
 
 __all__ = ["Strategy", "unwrap_module"]
 
@@ -99,12 +101,21 @@ class Strategy(ABC):
     forward_is_collective: bool = False
     """True when the model's forward communicates (FSDP all-gathers): every rank must run the
     same number of forwards, so evaluation loaders give a rank short of data an empty batch."""
+    compiles: bool = True
+    """False when the strategy cannot compile its model's blocks (``init(compile=)`` refused)."""
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")
         self.world_size = 1
         self.sync_batchnorm = False
         self.precision = Precision("32", self.device)
+        self.compile: str | None = None
+        """The ``torch.compile`` backend of the model's blocks (``init(compile=)``); None: off."""
+        self.checkpointing = Checkpointing("none")
+        """The activation checkpointing policy (DDP, FSDP and tensor parallel take one)."""
+        self.composed: Composed | None = None
+        """What the last ``wrap`` checkpointed and compiled (``strategies.compose``)."""
+        self._compose_settings = contextlib.ExitStack()  # a memory budget, until teardown
 
     def bind(
         self,
@@ -113,12 +124,21 @@ class Strategy(ABC):
         *,
         sync_batchnorm: bool = False,
         precision: Precision | None = None,
+        compile: str | None = None,
     ) -> None:
-        """Attach the strategy to this rank's device, the job's world size and its precision."""
+        """Attach the strategy to this rank's device, the job's world size, its precision and
+        its ``torch.compile`` backend (``compile``: a backend name, or None)."""
+        if compile is not None and not self.compiles:
+            raise UsageError(
+                f"compile={compile!r} with strategy={self.name!r}: this strategy does not "
+                "compile its model; use strategy='ddp', 'fsdp' or 'single', or compile=False"
+            )
+        check_composition(self.checkpointing, compile, owner=type(self).__name__)
         self.device = device
         self.world_size = world_size
         self.sync_batchnorm = sync_batchnorm
         self.precision = precision or Precision("32", device)
+        self.compile = compile
         self.validate()
 
     def validate(self) -> None:  # noqa: B027 - optional hook
@@ -210,9 +230,21 @@ class Strategy(ABC):
         default; under tensor parallelism the ranks of one TP group read the same batch."""
         return rank, world_size
 
-    def teardown(self) -> None:  # noqa: B027 - optional hook
-        """Release what the strategy holds before the process group goes away."""
+    def teardown(self) -> None:
+        """Release what the strategy holds before the process group goes away (and undo the
+        settings its composition made: a memory budget)."""
+        self._compose_settings.close()
 
     def describe(self) -> dict[str, Any]:
         """A short JSON-able description (for logs and metrics)."""
-        return {"strategy": self.name}
+        return {"strategy": self.name, **self.composition()}
+
+    def composition(self) -> dict[str, Any]:
+        """What ``describe`` says of compile and activation checkpointing, when they are on:
+        ``compile`` (the backend) and ``activation_checkpointing`` (the policy)."""
+        described: dict[str, Any] = {}
+        if self.compile is not None:
+            described["compile"] = self.compile
+        if self.checkpointing.on:
+            described["activation_checkpointing"] = self.checkpointing.describe()
+        return described

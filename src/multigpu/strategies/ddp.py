@@ -14,6 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 from multigpu.errors import UsageError
 from multigpu.runtime.precision import AutocastModule
 from multigpu.strategies.base import Strategy, is_count
+from multigpu.strategies.checkpointing import Checkpointing
+from multigpu.strategies.compose import block_units, compose
 from multigpu.strategies.compression import parse_compression, register_compression
 from multigpu.strategies.materialize import place
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
@@ -30,6 +32,10 @@ class DDPStrategy(Strategy):
             ``MULTIGPU_COMPRESSION``, else none.
         powersgd_rank: rank of PowerSGD's approximation (1 sends least; 2-4 keep more).
         powersgd_start_iter: steps all-reduced uncompressed before PowerSGD starts (>= 2).
+        activation_checkpointing: recompute activations in the backward, per block (the units
+            FSDP would shard): False, True or ``"full"``, ``"selective"`` (keep the matmul and
+            attention outputs), or a memory budget in (0, 1) (needs ``init(compile=)``); see
+            ``multigpu.strategies.checkpointing``.
     """
 
     name = "ddp"
@@ -45,9 +51,11 @@ class DDPStrategy(Strategy):
         compression: str | None = None,
         powersgd_rank: int = 1,
         powersgd_start_iter: int = 10,
+        activation_checkpointing: bool | str | float | None = False,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
+        self.checkpointing = Checkpointing.parse(activation_checkpointing, owner="DDPStrategy")
         # Refused here: torch would refuse them later, inside the first backward pass.
         if not is_count(powersgd_rank):
             raise UsageError(
@@ -89,6 +97,14 @@ class DDPStrategy(Strategy):
         if self.sync_batchnorm:
             module = convert_sync_batchnorm(module, self.device)
         module = place(module, self.device)
+        # Per block: checkpointing, then compile; the DDP wrap of the root comes last.
+        self.composed = compose(
+            module,
+            block_units(module),
+            checkpointing=self.checkpointing,
+            backend=self.compile,
+            settings=self._compose_settings,
+        )
         if self.world_size == 1:
             # No process group at world size 1: DDP would have nothing to do.
             return module
@@ -133,9 +149,10 @@ class DDPStrategy(Strategy):
         self._wrapped.clear()
         self.hook_states.clear()  # PowerSGD's states hold the process group
         gc.collect()
+        super().teardown()
 
     def describe(self) -> dict[str, Any]:
-        described: dict[str, Any] = {"strategy": self.name, **self.options}
+        described: dict[str, Any] = {"strategy": self.name, **self.options, **self.composition()}
         described["compression"] = self.compression or "none"
         if self.compression == "powersgd":
             described["powersgd_rank"] = self.powersgd_rank

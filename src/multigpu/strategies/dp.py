@@ -25,6 +25,7 @@ class DataParallelStrategy(Strategy):
     """Wrap the model in ``nn.DataParallel`` over ``device_ids`` (default: all visible GPUs)."""
 
     name = "dp"
+    compiles = False
 
     def __init__(self, device_ids: list[int] | None = None) -> None:
         super().__init__()

@@ -12,7 +12,6 @@ re-sharding between micro-batches, and clipping over the sharded gradients with 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,13 +21,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from multigpu.common.log import warn_once
 from multigpu.common.mesh import MeshShape
 from multigpu.errors import UsageError
 from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies.base import Strategy, is_count
+from multigpu.strategies.checkpointing import Checkpointing
+from multigpu.strategies.compose import compose
+from multigpu.strategies.fsdp_ties import Unit
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, plan_units
 from multigpu.strategies.materialize import check_initializable, has_meta_tensors, materialize
 from multigpu.strategies.sync_batchnorm import convert_sync_batchnorm
@@ -61,8 +62,11 @@ class FSDPStrategy(Strategy):
             gathered either way, as in FSDP2 (its backward comes first).
         cpu_offload: keep the sharded state in CPU RAM and step there (``CPUOffloadPolicy``):
             GPU only, ignored with a warning on CPU processes.
-        activation_checkpointing: recompute each unit's activations in the backward
-            (``torch.utils.checkpoint``): less memory, about a third more compute.
+        activation_checkpointing: recompute each unit's activations in the backward: False,
+            True or ``"full"`` (the whole unit: least memory, about a third more compute),
+            ``"selective"`` (keep the matmul and attention outputs, recompute the cheap ops),
+            or a memory budget in (0, 1), the share of activations kept (needs
+            ``init(compile=)``); see ``multigpu.strategies.checkpointing``.
         replicate: HSDP: ranks holding whole replicas (each shards within ``world_size /
             replicate`` ranks, e.g. one node; gradients are averaged across the replicas).
         mesh_shape: the mesh as ``"replicate=2,shard=4"``, a dict or a ``MeshShape`` (instead
@@ -82,7 +86,7 @@ class FSDPStrategy(Strategy):
         min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
         reshard_after_forward: bool = True,
         cpu_offload: bool = False,
-        activation_checkpointing: bool = False,
+        activation_checkpointing: bool | str | float | None = False,
         replicate: int = 1,
         mesh_shape: str | Mapping[str, int] | MeshShape | None = None,
     ) -> None:
@@ -103,7 +107,7 @@ class FSDPStrategy(Strategy):
         self.min_block_params = min_block_params
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
-        self.activation_checkpointing = bool(activation_checkpointing)
+        self.checkpointing = Checkpointing.parse(activation_checkpointing, owner=type(self).__name__)
         if mesh_shape is not None and replicate != 1:
             raise UsageError(
                 f"FSDPStrategy(replicate={replicate!r}, mesh_shape={mesh_shape!r}) gives the "
@@ -181,12 +185,20 @@ class FSDPStrategy(Strategy):
         if plan.warning:
             warn_once(log, plan.warning)
         options = self._shard_options()
-        for unit in plan.units[:-1]:
-            if self.activation_checkpointing and not unit.tied:  # recompute it in backward
-                (block,) = unit.modules
-                block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+        def shard(unit: Unit) -> None:
             many = len(unit.modules) > 1  # modules sharing parameters: one unit for them all
             fully_shard(list(unit.modules) if many else unit.modules[0], **options)
+
+        # Per unit: checkpointing, then compile, then fully_shard (strategies.compose).
+        self.composed = compose(
+            module,
+            plan.units[:-1],
+            checkpointing=self.checkpointing,
+            backend=self.compile,
+            settings=self._compose_settings,
+            shard=shard,
+        )
         # The root's parameters are the first the backward needs: keep them (FSDP2's default).
         options["reshard_after_forward"] = False
         if "mp_policy" in options:  # the root returns float32, as autocast would
@@ -211,6 +223,7 @@ class FSDPStrategy(Strategy):
         self._wrapped.clear()
         if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
             drop_mesh_process_groups(self._mesh)
+        super().teardown()
 
     def shard_mesh(self) -> Any:
         """The (sub-)mesh ``fully_shard`` shards over: the data-parallel axes."""
@@ -269,5 +282,6 @@ class FSDPStrategy(Strategy):
             "unit_rule": self._unit_rule,
             "reshard_after_forward": self.reshard_after_forward,
             "cpu_offload": self.cpu_offload and self.device.type == "cuda",
-            "activation_checkpointing": self.activation_checkpointing,
+            "activation_checkpointing": self.checkpointing.describe(),
+            **self.composition(),
         }

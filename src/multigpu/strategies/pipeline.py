@@ -69,6 +69,7 @@ class PipelineStrategy(Strategy):
     """
 
     name = "pipeline"
+    compiles = False  # its stages are traced graphs already (torch.export)
     needs_process_group = True
     forward_is_collective = True
 

@@ -6,6 +6,7 @@ from torch import nn
 
 from multigpu.errors import UsageError
 from multigpu.strategies.base import Strategy
+from multigpu.strategies.compose import block_units, compose
 from multigpu.strategies.materialize import place
 
 
@@ -22,4 +23,12 @@ class SingleDeviceStrategy(Strategy):
             )
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        return place(module, self.device)
+        module = place(module, self.device)
+        self.composed = compose(  # compile per block (init(compile=)); no checkpointing option
+            module,
+            block_units(module),
+            checkpointing=self.checkpointing,
+            backend=self.compile,
+            settings=self._compose_settings,
+        )
+        return module

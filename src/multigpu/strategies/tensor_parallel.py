@@ -45,7 +45,9 @@ class TensorParallelStrategy(FSDPStrategy):
         replicate: HSDP across the data-parallel ranks (whole replicas across
             ``replicate`` groups, shards within); 1 (default): FSDP over every data-parallel rank.
         blocks, min_block_params, reshard_after_forward, cpu_offload, activation_checkpointing:
-            FSDPStrategy's, for the FSDP units on the data-parallel axes.
+            FSDPStrategy's, for the FSDP units on the data-parallel axes. Per block, the order
+            is ``parallelize_module``, activation checkpointing, ``torch.compile`` (with
+            ``init(compile=)``), ``fully_shard`` (``strategies.compose``).
     """
 
     name = "tp"
@@ -60,7 +62,7 @@ class TensorParallelStrategy(FSDPStrategy):
         min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
         reshard_after_forward: bool = True,
         cpu_offload: bool = False,
-        activation_checkpointing: bool = False,
+        activation_checkpointing: bool | str | float | None = False,
     ) -> None:
         super().__init__(
             blocks=blocks,

@@ -57,6 +57,10 @@ when a torch release changes it, so upgrading torch is this package and those te
   that off where it exists: the pipeline scales once, a tensor shared by two stages included).
 - **What DDP imports** (``DDP_IMPORTS``): ``torch._dynamo``, on the first construction; a fork
   server preloads it so that its forked DDP workers do not each pay for it.
+- **torch.compile's counters and the partitioner's budget** (``compile``): the seconds spent
+  compiling (``calculate_time_spent``), the graph breaks (``counters["graph_break"]``) for the
+  one-line report of ``init(compile=)``, and ``torch._functorch.config
+  .activation_memory_budget`` for a memory-budget activation checkpointing policy.
 - **torchft's manager server** (``torchft``, not torch: the optional extra ``ft``): torchft 0.2
   binds it to every interface, hard-coded; ``manager_server_bound_to`` binds it to one address.
 """
@@ -66,6 +70,12 @@ from __future__ import annotations
 from multigpu.torch_compat.checkpoint import (
     DCP_METADATA_GLOBALS,
     dcp_metadata_global_allowed,
+)
+from multigpu.torch_compat.compile import (
+    activation_memory_budget,
+    compile_seconds,
+    current_memory_budget,
+    graph_breaks,
 )
 from multigpu.torch_compat.elastic import (
     AGENT_ATTRIBUTES,
@@ -116,8 +126,11 @@ __all__ = [
     "SHARDED_TENSOR_MODULE",
     "STORE_MODULES",
     "TORCH_VERSION",
+    "activation_memory_budget",
     "clip_with_norm",
+    "compile_seconds",
     "cpu_offload_policy",
+    "current_memory_budget",
     "dcp_metadata_global_allowed",
     "default_store",
     "distribute_like",
@@ -128,6 +141,7 @@ __all__ = [
     "fully_shard",
     "fully_shard_takes_module_lists",
     "grad_norm",
+    "graph_breaks",
     "import_before_process_groups",
     "is_dtensor",
     "launch_agent_made_by",
