@@ -53,7 +53,11 @@ def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str, str]:
         str(out),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(out.read_text()), out.with_suffix(".md").read_text(), done.stdout
+    return (
+        json.loads(out.read_text()),
+        out.with_suffix(".md").read_text(),
+        done.stdout + done.stderr,
+    )
 
 
 def test_the_ladder_appends_its_run_with_each_rungs_figures(ladder: tuple[Any, str, str]) -> None:
@@ -76,12 +80,13 @@ def test_the_ladder_appends_its_run_with_each_rungs_figures(ladder: tuple[Any, s
 
 
 def test_the_table_file_and_the_printout_show_every_rung(ladder: tuple[Any, str, str]) -> None:
-    _, table, stdout = ladder
+    _, table, output = ladder
     assert "| FSDP (eager) |" in table and "| + compile |" in table
     assert "| + Float8 | | | | | | | skipped: no CUDA device" in table
     assert "(RSS)" in table and "n/a" in table  # CPU: RSS, no MFU
     assert "--compile-backend aot_eager" in table.splitlines()[0]
-    assert table in stdout
+    assert table in output
+    assert output.count("torch.compile: compiled 2 blocks in") == 1  # the compiled rung's own
 
 
 def test_the_budget_ends_the_ladder_whatever_it_is_doing(tmp_path: Path) -> None:
