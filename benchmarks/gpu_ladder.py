@@ -29,11 +29,13 @@ budget does (exit code 124, one line naming the rung), the rows measured before 
 
 Results: each run is appended to the JSON list in ``--out`` (rewritten after every rung) and its
 markdown table written to ``--table`` and printed. One process (``python benchmarks/gpu_ladder.py``,
-no launcher needed) or every rank of ``multigpu run benchmarks/gpu_ladder.py`` (rank 0 writes).
+no launcher needed: every rung in turn), or every rank of ``multigpu run ...
+benchmarks/gpu_ladder.py --rungs NAME`` (rank 0 writes), one rung per launch: a second
+``multigpu.init`` in a worker of ``multigpu run --cpu 2`` hung in gloo's connect, so several
+rungs under a launcher of more than one process are refused (exit code 2).
 
 Run:  python benchmarks/gpu_ladder.py [--tiny] [--rungs eager,compile,selective,float8]
-          [--budget 300] [--rung-bound S] [--steps N] [--warmup N] [--batch B]
-          [--compile-backend inductor] [--out gpu-ladder.json] [--table gpu-ladder.md]
+          [--budget 300] [--compile-backend inductor] [--out gpu-ladder.json]  (--help: all)
 
 Environment variables read: none here (``multigpu.init`` reads its ``MULTIGPU_*`` ones; the
 rungs pass ``compile=`` explicitly, so ``MULTIGPU_COMPILE`` does not change them).
@@ -87,6 +89,10 @@ class Rung:
     float8: bool
     """torchao's Float8 training conversion of the Linear layers."""
 
+    @property
+    def row(self) -> dict[str, Any]:
+        return {"rung": self.name, "label": self.label}
+
 
 RUNGS = (
     Rung(name="eager", label="FSDP (eager)", compile=False, checkpointing=False, float8=False),
@@ -100,8 +106,7 @@ RUNGS = (
     ),
     Rung(name="float8", label="+ Float8", compile=True, checkpointing="selective", float8=True),
 )
-MIN_SHARE = 0.05
-"""A rung starting with less than this share of the budget left is skipped."""
+MIN_SHARE = 0.05  # a rung starting with less than this share of the budget left is skipped
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -212,14 +217,15 @@ def run_rung(rung: Rung, args: argparse.Namespace, bound: float) -> dict[str, An
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(ctx.device)
-        model = llama.Llama(config)
+        with torch.device(ctx.device):  # built where it trains (272M on a GPU: no CPU copy)
+            model = llama.Llama(config)
         per_token = flops_per_token(
             llama.matmul_parameters(model),
             layers=config.layers,
             width=config.dim,
             seq_len=config.seq_len,
         )
-        if rung.float8:
+        if rung.float8:  # before setup: compile and fully_shard see the float8 layers
             to_float8(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
         model, optimizer = ctx.setup(model, optimizer)
@@ -263,8 +269,7 @@ def run_rung(rung: Rung, args: argparse.Namespace, bound: float) -> dict[str, An
         tokens_per_s = steps * args.batch * config.seq_len / seconds
         peak = int(ctx.all_reduce(float(peak_memory_bytes(ctx.device)), op="max"))
         row: dict[str, Any] = {
-            "rung": rung.name,
-            "label": rung.label,
+            **rung.row,
             "status": "ok",
             "compile": args.compile_backend if rung.compile else None,
             "activation_checkpointing": rung.checkpointing or None,
@@ -300,10 +305,6 @@ def rung_mfu(
         return None
     tf32 = torch.get_float32_matmul_precision() != "highest"
     return mfu(tokens_per_s, per_token, peak_flops(found, precision, tf32_allowed=tf32), devices)
-
-
-def skipped(rung: Rung, why: str) -> dict[str, Any]:
-    return {"rung": rung.name, "label": rung.label, "status": f"skipped: {why}"}
 
 
 def stop_at(deadline: float, budget: float, where: dict[str, str]) -> None:
@@ -361,12 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     why_not = {r.name: float8_unavailable(device) for r in args.rungs if r.float8}
     runnable = [r for r in args.rungs if not why_not.get(r.name)]
+    if record["world_size"] > 1 and len(runnable) > 1:
+        # a second multigpu.init in a worker of `multigpu run --cpu 2` hung (gloo, torch 2.13)
+        if main_rank:
+            print(
+                f"gpu_ladder: --rungs {','.join(r.name for r in args.rungs)} under a launcher "
+                f"of {record['world_size']} processes; expected one rung per launch there (a "
+                "second multigpu.init in one worker can hang); run `multigpu run ... "
+                "benchmarks/gpu_ladder.py --rungs NAME` per rung, or the ladder in one process",
+                file=sys.stderr,
+            )
+        return 2
     for rung in args.rungs:
         left = deadline - time.perf_counter()
         if why_not.get(rung.name):
-            row = skipped(rung, str(why_not[rung.name]))
+            row = {**rung.row, "status": f"skipped: {why_not[rung.name]}"}
         elif left < MIN_SHARE * args.budget:
-            row = skipped(rung, f"the ladder's budget is spent ({left:.0f} s left)")
+            row = {**rung.row, "status": f"skipped: the budget is spent ({left:.0f} s left)"}
         else:
             share = left / (len(runnable) - runnable.index(rung))
             where["rung"] = rung.name
