@@ -50,10 +50,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
-# pytest rewrites PYTEST_CURRENT_TEST at every phase; torch.compile records its cache folder;
-# importing transformers on the lent GPU machine's image set Intel OpenMP's two KMP_ variables.
+# pytest rewrites PYTEST_CURRENT_TEST at every phase; torch.compile records its cache folder
+# (and inductor's CPU kernels a pointer they read back); importing transformers on the lent GPU
+# machine's image set Intel OpenMP's two KMP_ variables.
 _SET_BY_TOOLS = frozenset(
-    {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
+    {
+        "PYTEST_CURRENT_TEST",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+        "KMP_DUPLICATE_LIB_OK",
+        "KMP_INIT_AT_FORK",
+    }
 )
 
 

@@ -27,6 +27,7 @@ BAD = {
     "MULTIGPU_MESH": ("dp=2,pp=2", "a mesh shape ('pp' is not a mesh axis"),
     "MULTIGPU_PROFILE": ("5:3", "a window of optimizer steps FIRST:LAST, counted from 1 (the"),
     "MULTIGPU_LOG_TO": ("tensorbord", "a list of tensorboard, csv, mlflow, wandb (unknown"),
+    "MULTIGPU_COMPILE": ("aot-eager", "1 or 0 (also true/false), or a torch.compile backend"),
 }
 
 
@@ -63,6 +64,20 @@ def test_good_values_are_read_case_and_spaces_aside():
     unset: dict[str, str] = {"MULTIGPU_STRATEGY": ""}  # empty is unset
     assert variables.strategy(unset) == "auto" and variables.deterministic(unset) is False
     assert variables.watchdog(unset) is True and variables.hang_after(unset) is None
+
+
+def test_multigpu_compile_is_off_inductor_or_a_backend_and_init_checks_the_backend() -> None:
+    read = variables.compile_backend
+    assert [read({"MULTIGPU_COMPILE": v}) for v in ("", " 0 ", "false", "off")] == [None] * 4
+    assert [read({"MULTIGPU_COMPILE": v}) for v in ("1", "TRUE", "yes")] == ["inductor"] * 3
+    assert read({"MULTIGPU_COMPILE": " aot_eager "}) == "aot_eager" and read({}) is None
+    with pytest.raises(UsageError, match=r"^compile='nonesuch': expected True \(inductor\)"):
+        multigpu.init(strategy="single", environ={"MULTIGPU_COMPILE": "nonesuch"})
+    with multigpu.init(strategy="single", environ={"MULTIGPU_COMPILE": "aot_eager"}) as ctx:
+        assert ctx.compile == "aot_eager" and ctx.strategy.describe()["compile"] == "aot_eager"
+    env = {"MULTIGPU_COMPILE": "aot_eager"}  # compile=False in code wins over the variable
+    with multigpu.init(strategy="single", environ=env, compile=False) as ctx:
+        assert ctx.compile is None and "compile" not in ctx.strategy.describe()
 
 
 def test_the_readers_in_the_library_refuse_what_they_silently_took_before() -> None:

@@ -47,8 +47,7 @@ class CompileReport(Hook):
             if count > self._breaks.get(reason, 0)
         }
         compiled = (
-            f"torch.compile: compiled {what} in {seconds:.1f} s ({detail}; backend "
-            f"{self.backend})"
+            f"torch.compile: compiled {what} in {seconds:.1f} s ({detail}; backend {self.backend})"
         )
         if not breaks:
             return [compiled, "torch.compile: no graph breaks"]

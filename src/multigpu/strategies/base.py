@@ -115,7 +115,6 @@ class Strategy(ABC):
         """The activation checkpointing policy (DDP, FSDP and tensor parallel take one)."""
         self.composed: Composed | None = None
         """What the last ``wrap`` checkpointed and compiled (``strategies.compose``)."""
-        self._compose_settings = contextlib.ExitStack()  # a memory budget, until teardown
 
     def bind(
         self,
@@ -230,10 +229,8 @@ class Strategy(ABC):
         default; under tensor parallelism the ranks of one TP group read the same batch."""
         return rank, world_size
 
-    def teardown(self) -> None:
-        """Release what the strategy holds before the process group goes away (and undo the
-        settings its composition made: a memory budget)."""
-        self._compose_settings.close()
+    def teardown(self) -> None:  # noqa: B027 - optional hook
+        """Release what the strategy holds before the process group goes away."""
 
     def describe(self) -> dict[str, Any]:
         """A short JSON-able description (for logs and metrics)."""

@@ -18,7 +18,6 @@ blocks keep one type and ``torch.compile`` compiles them once; it shows in the m
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -118,10 +117,19 @@ def _selective_contexts() -> Any:
     return create_selective_checkpoint_contexts(_keep_matmuls)
 
 
-@functools.cache
+_MADE: dict[tuple[type[nn.Module], str], type[nn.Module]] = {}
+
+
 def checkpointed_class(cls: type[nn.Module], mode: str) -> type[nn.Module]:
     """``cls`` with its ``forward`` run under ``checkpoint`` (``mode``: ``full`` or
     ``selective``); one class per (class, mode)."""
+    made = _MADE.get((cls, mode))
+    if made is None:
+        made = _MADE[cls, mode] = _checkpointed_class(cls, mode)
+    return made
+
+
+def _checkpointed_class(cls: type[nn.Module], mode: str) -> type[nn.Module]:
     options: dict[str, Any] = {"use_reentrant": False}
     if mode == "selective":
         options["context_fn"] = _selective_contexts

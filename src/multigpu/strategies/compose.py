@@ -16,13 +16,13 @@ root: ``fully_shard`` (FSDP) or the DDP wrap. Why this order:
   as the compiled backward produces each gradient.
 
 A model without units (no block, nothing but the root) is compiled (and checkpointed) whole.
-A memory budget (``Checkpointing.mode == "budget"``) wraps no block: it sets the compiler's
-partitioner for the run (``torch_compat.activation_memory_budget``), undone at teardown.
+A memory budget (``Checkpointing.mode == "budget"``) wraps no block: the block is compiled by a
+backend that sets the partitioner's budget while it compiles
+(``torch_compat.backend_with_memory_budget``); nothing process-wide stays changed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from torch import nn
 from multigpu.errors import UsageError
 from multigpu.strategies.checkpointing import Checkpointing, checkpoint_block
 from multigpu.strategies.fsdp_ties import Unit
-from multigpu.torch_compat import activation_memory_budget
+from multigpu.torch_compat import backend_with_memory_budget
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -98,18 +98,14 @@ def compose(
     *,
     checkpointing: Checkpointing,
     backend: str | None,
-    settings: contextlib.ExitStack,
     shard: Callable[[Unit], None] | None = None,
 ) -> Composed:
     """Checkpoint, compile and ``shard`` each of ``units`` in turn (the root excluded).
 
     A tied unit (several modules sharing a parameter) is sharded as it is, neither checkpointed
     nor compiled. With no untied unit, ``model`` itself is checkpointed and compiled. The caller
-    wraps the root afterwards (``fully_shard`` or DDP). ``settings`` keeps the memory budget set
-    until the strategy's teardown closes it.
+    wraps the root afterwards (``fully_shard`` or DDP).
     """
-    if checkpointing.mode == "budget" and checkpointing.budget is not None:
-        settings.enter_context(activation_memory_budget(checkpointing.budget))
     blocks = [unit.modules[0] for unit in units if not unit.tied]
     named = type(blocks[0] if blocks else model).__name__  # before checkpointing subclasses it
     for unit in units:
@@ -126,7 +122,11 @@ def _prepare(block: nn.Module, checkpointing: Checkpointing, backend: str | None
     """Activation checkpointing, then compile (in place: the block keeps its object and names,
     and ``fully_shard`` can still take it)."""
     checkpoint_block(block, checkpointing)
-    if backend is not None:
+    if backend is None:
+        return
+    if checkpointing.mode == "budget" and checkpointing.budget is not None:
+        block.compile(backend=backend_with_memory_budget(backend, checkpointing.budget))
+    else:
         block.compile(backend=backend)
 
 

@@ -103,7 +103,6 @@ class DDPStrategy(Strategy):
             block_units(module),
             checkpointing=self.checkpointing,
             backend=self.compile,
-            settings=self._compose_settings,
         )
         if self.world_size == 1:
             # No process group at world size 1: DDP would have nothing to do.
@@ -149,7 +148,6 @@ class DDPStrategy(Strategy):
         self._wrapped.clear()
         self.hook_states.clear()  # PowerSGD's states hold the process group
         gc.collect()
-        super().teardown()
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {"strategy": self.name, **self.options, **self.composition()}

@@ -107,7 +107,8 @@ class FSDPStrategy(Strategy):
         self.min_block_params = min_block_params
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
-        self.checkpointing = Checkpointing.parse(activation_checkpointing, owner=type(self).__name__)
+        policy = activation_checkpointing
+        self.checkpointing = Checkpointing.parse(policy, owner=type(self).__name__)
         if mesh_shape is not None and replicate != 1:
             raise UsageError(
                 f"FSDPStrategy(replicate={replicate!r}, mesh_shape={mesh_shape!r}) gives the "
@@ -196,7 +197,6 @@ class FSDPStrategy(Strategy):
             plan.units[:-1],
             checkpointing=self.checkpointing,
             backend=self.compile,
-            settings=self._compose_settings,
             shard=shard,
         )
         # The root's parameters are the first the backward needs: keep them (FSDP2's default).
@@ -223,7 +223,6 @@ class FSDPStrategy(Strategy):
         self._wrapped.clear()
         if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
             drop_mesh_process_groups(self._mesh)
-        super().teardown()
 
     def shard_mesh(self) -> Any:
         """The (sub-)mesh ``fully_shard`` shards over: the data-parallel axes."""

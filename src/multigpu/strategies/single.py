@@ -29,6 +29,5 @@ class SingleDeviceStrategy(Strategy):
             block_units(module),
             checkpointing=self.checkpointing,
             backend=self.compile,
-            settings=self._compose_settings,
         )
         return module

@@ -97,6 +97,19 @@ class TensorParallelStrategy(FSDPStrategy):
             )
         self.shape = shape
 
+    def validate(self) -> None:
+        super().validate()
+        if self.compile is not None and self.checkpointing.mode in ("full", "budget"):
+            # Measured with torch 2.13: the compiled backward of a parallelized block saves the
+            # mesh ("expected all tensors_saved_with_vc_check to be Tensors"), and the budget's
+            # partitioner cannot size the process group it holds; selective compiles and trains.
+            given = self.checkpointing.budget if self.checkpointing.mode == "budget" else "full"
+            raise UsageError(
+                f"TensorParallelStrategy(activation_checkpointing={given!r}) with compile="
+                f"{self.compile!r}: torch's compiler fails on a tensor-parallel block "
+                "checkpointed this way; use activation_checkpointing='selective', or compile=False"
+            )
+
     def data_shard(self, rank: int, world_size: int) -> tuple[int, int]:
         """The data-parallel coordinate of ``rank``: a TP group reads one batch."""
         return self.shape.data_rank(rank), self.shape.data_parallel

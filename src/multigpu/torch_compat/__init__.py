@@ -60,7 +60,8 @@ when a torch release changes it, so upgrading torch is this package and those te
 - **torch.compile's counters and the partitioner's budget** (``compile``): the seconds spent
   compiling (``calculate_time_spent``), the graph breaks (``counters["graph_break"]``) for the
   one-line report of ``init(compile=)``, and ``torch._functorch.config
-  .activation_memory_budget`` for a memory-budget activation checkpointing policy.
+  .activation_memory_budget`` for a memory-budget activation checkpointing policy, set while a
+  backend of its own compiles (``backend_with_memory_budget``, on ``lookup_backend``).
 - **torchft's manager server** (``torchft``, not torch: the optional extra ``ft``): torchft 0.2
   binds it to every interface, hard-coded; ``manager_server_bound_to`` binds it to one address.
 """
@@ -73,6 +74,7 @@ from multigpu.torch_compat.checkpoint import (
 )
 from multigpu.torch_compat.compile import (
     activation_memory_budget,
+    backend_with_memory_budget,
     compile_seconds,
     current_memory_budget,
     graph_breaks,
@@ -127,6 +129,7 @@ __all__ = [
     "STORE_MODULES",
     "TORCH_VERSION",
     "activation_memory_budget",
+    "backend_with_memory_budget",
     "clip_with_norm",
     "compile_seconds",
     "cpu_offload_policy",
