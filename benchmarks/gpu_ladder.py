@@ -29,10 +29,8 @@ budget does (exit code 124, one line naming the rung), the rows measured before 
 
 Results: each run is appended to the JSON list in ``--out`` (rewritten after every rung) and its
 markdown table written to ``--table`` and printed. One process (``python benchmarks/gpu_ladder.py``,
-no launcher needed: every rung in turn), or every rank of ``multigpu run ...
-benchmarks/gpu_ladder.py --rungs NAME`` (rank 0 writes), one rung per launch: a second
-``multigpu.init`` in a worker of ``multigpu run --cpu 2`` hung in gloo's connect, so several
-rungs under a launcher of more than one process are refused (exit code 2).
+no launcher needed), or every rank of ``multigpu run ... benchmarks/gpu_ladder.py`` (rank 0
+writes): every rung in turn, each with its own ``multigpu.init``.
 
 Run:  python benchmarks/gpu_ladder.py [--tiny] [--rungs eager,compile,selective,float8]
           [--budget 300] [--compile-backend inductor] [--out gpu-ladder.json]  (--help: all)
@@ -362,17 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     why_not = {r.name: float8_unavailable(device) for r in args.rungs if r.float8}
     runnable = [r for r in args.rungs if not why_not.get(r.name)]
-    if record["world_size"] > 1 and len(runnable) > 1:
-        # a second multigpu.init in a worker of `multigpu run --cpu 2` hung (gloo, torch 2.13)
-        if main_rank:
-            print(
-                f"gpu_ladder: --rungs {','.join(r.name for r in args.rungs)} under a launcher "
-                f"of {record['world_size']} processes; expected one rung per launch there (a "
-                "second multigpu.init in one worker can hang); run `multigpu run ... "
-                "benchmarks/gpu_ladder.py --rungs NAME` per rung, or the ladder in one process",
-                file=sys.stderr,
-            )
-        return 2
     for rung in args.rungs:
         left = deadline - time.perf_counter()
         if why_not.get(rung.name):

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ReduceOp = Literal["sum", "mean", "max", "min", "prod"]
 
+_GROUPS_MADE: list[str] = []
+"""The init method of each default group ``init_process_group`` made in this process."""
+
 _OPS = {
     "sum": dist.ReduceOp.SUM,
     "mean": dist.ReduceOp.SUM,  # divided afterwards: gloo has no AVG
@@ -88,10 +91,10 @@ def init_process_group(
         with store_servers_made_by(servers, elastic=False):
             dist.init_process_group(
                 backend=backend,
-                init_method=init_method,
                 rank=env.rank,
                 world_size=env.world_size,
                 timeout=timeout,
+                **_rendezvous(init_method, env, timeout),
                 **kwargs,
             )
     except RuntimeError as e:  # DistStoreError: a rank that never came
@@ -99,7 +102,28 @@ def init_process_group(
         if "timeout" not in text and "timed out" not in text:
             raise
         raise EnvError(_join_timeout_message(env, timeout, str(e))) from e
+    _GROUPS_MADE.append(init_method)
     return True
+
+
+def _rendezvous(init_method: str, env: ClusterEnv, timeout: timedelta) -> dict[str, Any]:
+    """How the default group meets: the first one of a process through ``init_method``, as
+    torch does; a later one (``multigpu.init`` again in the same workers, after a teardown)
+    through the same store under a prefix of its own.
+
+    torch names every new default group ``0`` again, so a second group on the same store (the
+    launcher's agent keeps one for the whole run) read the first one's keys — the addresses of
+    gloo's closed connections: seen as "Connection reset by peer" in four runs of five, and once
+    as a hang of both ranks in the group's creation.
+    """
+    made = len(_GROUPS_MADE)
+    if not made:
+        return {"init_method": init_method}
+    store, _, _ = next(
+        dist.rendezvous(init_method, rank=env.rank, world_size=env.world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    return {"store": dist.PrefixStore(f"multigpu/group-{made}", store)}
 
 
 def wait_for_store(env: ClusterEnv, timeout: timedelta) -> None:

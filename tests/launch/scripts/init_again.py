@@ -1,0 +1,16 @@
+"""multigpu.init three times in the same workers, fsdp and ddp in turn (after each teardown)."""
+
+import torch
+
+import multigpu
+
+for round_ in range(3):
+    for strategy in ("fsdp", "ddp"):
+        with multigpu.init(strategy=strategy) as ctx:
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+            optimizer = torch.optim.AdamW(model.parameters())
+            model, optimizer = ctx.setup(model, optimizer)
+            ctx.backward(model(torch.randn(4, 8)).sum())
+            optimizer.step()
+            total = ctx.all_reduce(torch.ones(1), op="sum")
+            print(f"rank {ctx.rank} round {round_} {strategy} world {int(total)}", flush=True)
