@@ -168,24 +168,29 @@ def summary(runs: dict[str, list[list[dict[str, Any]]]], hand: str, mine: str) -
 
 
 def threads_table(runs: dict[str, list[list[dict[str, Any]]]]) -> str:
-    """CPU ms per step of each thread name (tids merged, median over runs, rank 0)."""
+    """CPU ms per step of each thread name (tids merged, median over runs, rank 0); the
+    process's system time within them, and its minor page faults per step."""
     lines = []
     for variant, all_ranks in runs.items():
         per_name: dict[str, list[float]] = {}
+        faults: list[float] = []
         steps = len(all_ranks[0][0]["steps_s"])
         for ranks in all_ranks:
             merged: dict[str, float] = {}
             for key, cpu in ranks[0]["threads"].items():
                 name = key.rsplit("/", 1)[0]
                 merged[name] = merged.get(name, 0.0) + cpu
+            faults.append(merged.pop("minor-faults", 0.0) / steps)
             for name, cpu in merged.items():
                 per_name.setdefault(name, []).append(cpu / steps * 1e3)
+            per_name.setdefault("(system)", []).append(ranks[0]["system_per_step_s"] * 1e3)
         gcs = [ranks[0]["gc"] for ranks in all_ranks]
+        gc_line = f"{statistics.median(faults):.0f} page faults/step, "
         cells = ", ".join(
             f"{name} {statistics.median(v):.1f}"
             for name, v in sorted(per_name.items(), key=lambda kv: -statistics.median(kv[1]))
         )
-        gc_line = f"gc {statistics.median(g['count'] for g in gcs) / steps:.2f}/step " + (
+        gc_line += f"gc {statistics.median(g['count'] for g in gcs) / steps:.2f}/step " + (
             f"{statistics.median(g['seconds'] for g in gcs) / steps * 1e3:.2f} ms/step"
         )
         lines.append(f"    {variant:<10} CPU ms/step by thread: {cells}; {gc_line}")

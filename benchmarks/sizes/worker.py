@@ -27,6 +27,7 @@ import gc
 import json
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,17 +58,23 @@ def status(field: str) -> int:
 
 
 def thread_cpu() -> dict[str, float]:
-    """CPU seconds (user + system) of every thread of this process, keyed ``name/tid``."""
+    """CPU seconds (user + system) of every thread of this process, keyed ``name/tid``: the
+    main thread ``main``, Python's threads by their ``threading`` name, others by the kernel's
+    (gloo's ``gloo_tcp_loop``, ``pt_gloo_runloop``); ``minor-faults`` counts the process's."""
     tick = os.sysconf("SC_CLK_TCK")
+    python = {t.native_id: t.name for t in threading.enumerate()}
+    python[os.getpid()] = "main"
     out: dict[str, float] = {}
     for task in Path("/proc/self/task").iterdir():
         try:
             stat = (task / "stat").read_text()
         except OSError:  # the thread ended
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        name = python.get(int(task.name)) or stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         out[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / tick
+    stat = Path("/proc/self/stat").read_text()
+    out["minor-faults/0"] = int(stat[stat.rindex(")") + 2 :].split()[7])
     return out
 
 
@@ -127,6 +134,7 @@ def main() -> None:
             before = thread_cpu()
             gc.callbacks.append(clock)
             cpu0 = time.process_time()
+            sys0 = os.times().system
         loss = model(inputs[step % len(inputs)]).square().mean()
         if ctx is None:
             loss.backward()
@@ -140,6 +148,7 @@ def main() -> None:
             times.append(now - last)
         last = now
     cpu = time.process_time() - cpu0
+    system = os.times().system - sys0
     gc.callbacks.remove(clock)
     after = thread_cpu()
     threads = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
@@ -150,6 +159,7 @@ def main() -> None:
         "step_s": statistics.median(times),
         "steps_s": times,
         "cpu_per_step_s": cpu / args.steps,
+        "system_per_step_s": system / args.steps,
         "peak_rss": status("VmHWM"),
         "threads": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0},
         "gc": {"count": clock.count, "seconds": clock.seconds},
