@@ -4,13 +4,11 @@ Each is an ``nn.Sequential`` of identical blocks (the units FSDP shards one by o
 multigpu's ``fsdp_units`` as repeated modules and given to ``fully_shard`` by hand), built from
 seed 0 on every rank, with a few pre-made input batches per rank (the same in every variant).
 
-=========  ========================================  ==============================================
-size       linear (Linear+ReLU blocks, 8 rows/rank)  transformer (pre-norm encoder layers, 4x32 tokens/rank)
-=========  ========================================  ==============================================
-3M         12 blocks of 512 features: 3.15M          4 layers, d_model 256: 3.16M
-50M        12 blocks of 2048 features: 50.4M         10 layers, d_model 640: 49.3M
-200M       12 blocks of 4096 features: 201.4M        16 layers, d_model 1024: 201.6M
-=========  ========================================  ==============================================
+- linear: 12 Linear+ReLU blocks, 8 rows per rank per step; 512 features: 3.15M parameters,
+  2048: 50.4M, 4096: 201.4M.
+- transformer: pre-norm ``nn.TransformerEncoderLayer`` blocks (heads of 64, feed-forward
+  4 x d_model, no dropout), 4 sequences of 32 tokens per rank per step, float inputs; 4 layers
+  of d_model 256: 3.16M parameters, 10 of 640: 49.2M, 16 of 1024: 201.5M.
 """
 
 from __future__ import annotations
