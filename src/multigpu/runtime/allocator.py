@@ -3,16 +3,16 @@
 A DDP step on a CPU frees and allocates the same large tensors every step (gradients, the
 optimizer's temporaries). glibc returns the freed top of its heap to the system as soon as more
 than its trim threshold is free, and the next step faults those pages back in, zeroed by the
-kernel: at 50M parameters 35-48k page faults per step, 130-160 ms of system time in a step of
-~430-600 ms, varying from run to run with how the allocations fall (``python
+kernel: at 50M parameters 31-48k page faults per step, 130-160 ms of system time in a step of
+~430-1000 ms, varying from run to run with how the allocations fall (``python
 benchmarks/sizes.py --threads``, benchmarks/RESULTS.md, "Overhead and memory at three sizes").
 With the mmap threshold at glibc's own ceiling (32 MiB) and a trim threshold of 1 GiB the same
-steps fault 1-3k pages and spend 70-85 ms in the kernel; the peak RSS of DDP is unchanged
+steps fault 1-3k pages and spend 74-91 ms in the kernel; the peak RSS of DDP is unchanged
 within 0.05 GiB (the memory is reused in the next step, not kept beside it).
 
 Only DDP on CPU gets it: FSDP's gathered units are freed and gathered again within a step, and
 keeping them raised its peak (1.88-1.94 GiB against 1.68-1.84 at 50M), while giving them back at
-once (``MALLOC_MMAP_THRESHOLD_=131072``) made FSDP's step 1.2-2x slower. On GPUs the tensors are
+once (``MALLOC_MMAP_THRESHOLD_=131072``) made FSDP's step 2-3x slower. On GPUs the tensors are
 not in glibc's heap.
 
 The settings are process-wide: ``keep_freed_memory`` is counted (a Context inside another), and
