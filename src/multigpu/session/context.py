@@ -112,8 +112,9 @@ class Context(RankTools, Checkpointing, Metering):
             # Once (the first model decides); the same object then delegates to its choice.
             self.strategy.decide(lambda: rank_memory.choose_for_memory(self, model, optimizers))
         self._meter.note_model(model)  # the whole model, before a strategy shards or splits it
+        # For the estimate an out-of-memory error gives: set before _memory_said reads it.
+        self._trained = (model, optimizers)
         with self._meta_rng.drawing(model), self._memory_said("ctx.setup"):
-            self._trained = (model, optimizers)  # for the estimate an out-of-memory error gives
             wrapped = self.strategy.setup(model, optimizers)
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)

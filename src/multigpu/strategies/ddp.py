@@ -12,7 +12,6 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from multigpu.errors import UsageError
-from multigpu.runtime import allocator
 from multigpu.runtime.precision import AutocastModule
 from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.checkpointing import Checkpointing
@@ -93,7 +92,6 @@ class DDPStrategy(Strategy):
         if bucket_cap_mb is not None:
             self.options["bucket_cap_mb"] = bucket_cap_mb
         self._wrapped: list[weakref.ref[DistributedDataParallel]] = []
-        self._keeps_freed_memory = False
 
     def wrap(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:
@@ -112,9 +110,6 @@ class DDPStrategy(Strategy):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(module, device_ids=device_ids, **self.options)
         self._wrapped.append(weakref.ref(ddp))
-        if self.device.type == "cpu" and not self._keeps_freed_memory:
-            # Freed heap kept for the next step instead of faulted back in (runtime.allocator).
-            self._keeps_freed_memory = allocator.keep_freed_memory()
         state = register_compression(
             ddp,
             self.compression or "none",
@@ -153,9 +148,6 @@ class DDPStrategy(Strategy):
         self._wrapped.clear()
         self.hook_states.clear()  # PowerSGD's states hold the process group
         gc.collect()
-        if self._keeps_freed_memory:
-            self._keeps_freed_memory = False
-            allocator.restore()
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {"strategy": self.name, **self.options, **self.composition()}
