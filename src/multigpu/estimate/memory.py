@@ -8,7 +8,8 @@ under ``bf16-mixed``, else as stored):
 - **ddp**: params P, gradients P, optimizer S·P (on GPUs + P for the step's temporaries: torch's
   foreach Adam makes a new tensor list as large as the parameters), buffers: DDP's gradient
   buckets, a second copy of the gradients the all-reduce works on (none with
-  ``gradient_as_bucket_view``, none on one process: multigpu runs it unwrapped), and under
+  ``gradient_as_bucket_view``, multigpu's default; none on one process: multigpu runs it
+  unwrapped), and under
   ``bf16-mixed`` autocast's bf16 copy of the weights that the backward keeps (2 bytes a
   parameter);
 - **fsdp**: params, gradients and optimizer state (and its GPU step temporaries) sharded (each
@@ -152,7 +153,7 @@ class MemoryEstimate:
             >>> with torch.device("meta"):
             ...     net = nn.Linear(10, 10)
             >>> estimate_memory(net, world_size=2, optimizer="sgd").of("ddp").total
-            1320
+            880
         """
         for found in self.strategies:
             if found.strategy == strategy:
@@ -214,7 +215,7 @@ def estimate_memory(
     precision: str = "32",
     blocks: Sequence[type[nn.Module]] | None = None,
     min_block_params: int = DEFAULT_MIN_BLOCK_PARAMS,
-    gradient_as_bucket_view: bool = False,
+    gradient_as_bucket_view: bool = True,
     capacity: Capacity | None = None,
     device: str | torch.device | None = None,
 ) -> MemoryEstimate:
@@ -228,7 +229,8 @@ def estimate_memory(
         optimizer: an optimizer or its name (``adamw``, ``adam``, ``sgd``, ``sgd-momentum``...).
         blocks: FSDP's unit classes, as given to ``FSDPStrategy`` (None: its default choice).
         min_block_params: the size threshold of FSDP's default unit choice.
-        gradient_as_bucket_view: DDP's option (its buckets are then the gradients themselves).
+        gradient_as_bucket_view: DDP's option (its buckets are then the gradients themselves);
+            True is multigpu's default, False torch's.
         capacity: what a rank has (``device_capacity(...)``), for ``fits`` and ``choose``.
         device: where the ranks train (``"cuda"``, ``"cpu"``); default: the capacity's kind.
             On GPUs the optimizer step's temporaries are counted.
@@ -241,7 +243,7 @@ def estimate_memory(
         ...     net = nn.Sequential(*(nn.Linear(1000, 1000) for _ in range(8)))
         >>> est = estimate_memory(net, world_size=2)
         >>> round(est.of("ddp").total / 2**20), round(est.of("fsdp").total / 2**20)
-        (153, 76)
+        (122, 76)
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise UsageError(

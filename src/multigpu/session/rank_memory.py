@@ -31,7 +31,7 @@ from multigpu.estimate import MemoryEstimate, device_capacity, estimate_memory
 from multigpu.estimate.capacity import GIB
 from multigpu.estimate.memory import PRECISIONS
 from multigpu.runtime import dist
-from multigpu.strategies import FSDPStrategy
+from multigpu.strategies import DDPStrategy, FSDPStrategy
 from multigpu.strategies.auto import in_use
 
 _SIZE = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)")
@@ -44,6 +44,8 @@ def _estimate(
     units: dict[str, Any] = {}
     if isinstance(strategy, FSDPStrategy):  # the units it shards into, not the default ones
         units = {"blocks": strategy.blocks, "min_block_params": strategy.min_block_params}
+    elif isinstance(strategy, DDPStrategy):
+        units = {"gradient_as_bucket_view": bool(strategy.options["gradient_as_bucket_view"])}
     return estimate_memory(
         model,
         world_size=ctx.world_size,

@@ -27,6 +27,10 @@ class DDPStrategy(Strategy):
     Args:
         broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0 each forward
             (torch's default, True, when not given).
+        gradient_as_bucket_view: True (multigpu's default; torch's is False): each gradient is a
+            view into DDP's all-reduce buckets, so there is no copy between them and one
+            gradient-sized buffer less per process (200M parameters on 2 CPU processes: 3.5
+            instead of 4.3 GiB). False for code that calls ``detach_()`` on a gradient.
         compression: compress the gradient all-reduce: ``"fp16"``, ``"bf16"``, ``"powersgd"`` or
             ``"none"`` (see ``multigpu.strategies.compression``). None (not given): the value of
             ``MULTIGPU_COMPRESSION``, else none.
@@ -46,7 +50,7 @@ class DDPStrategy(Strategy):
         bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
-        gradient_as_bucket_view: bool = False,
+        gradient_as_bucket_view: bool = True,
         broadcast_buffers: bool | None = None,
         compression: str | None = None,
         powersgd_rank: int = 1,
