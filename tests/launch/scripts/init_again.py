@@ -1,5 +1,7 @@
 """multigpu.init three times in the same workers, fsdp and ddp in turn (after each teardown)."""
 
+import sys
+
 import torch
 
 import multigpu
@@ -13,4 +15,7 @@ for round_ in range(3):
             ctx.backward(model(torch.randn(4, 8)).sum())
             optimizer.step()
             total = ctx.all_reduce(torch.ones(1), op="sum")
-            print(f"rank {ctx.rank} round {round_} {strategy} world {int(total)}", flush=True)
+            # One write per line: the two ranks share the pipe, and print() writes the line and
+            # its newline apart, which the other rank's line can fall between.
+            sys.stdout.write(f"rank {ctx.rank} round {round_} {strategy} world {int(total)}\n")
+            sys.stdout.flush()
