@@ -195,7 +195,8 @@ def threads_table(runs: dict[str, list[list[dict[str, Any]]]]) -> str:
         gc_line += f"gc {statistics.median(g['count'] for g in gcs) / steps:.2f}/step " + (
             f"{statistics.median(g['seconds'] for g in gcs) / steps * 1e3:.2f} ms/step"
         )
-        lines.append(f"    {variant:<10} CPU ms/step by thread: {cells}; {gc_line}")
+        used = all_ranks[0][0].get("allocator", "?")
+        lines.append(f"    {variant:<10} ({used}) CPU ms/step by thread: {cells}; {gc_line}")
     return "\n".join(lines)
 
 
@@ -222,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     print("command: " + " ".join(["python", "benchmarks/sizes.py", *(argv or sys.argv[1:])]))
     print("machine: " + machine())
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
-    print(f"environment: OMP_NUM_THREADS=1 in every run; MALLOC_* here: {malloc or 'none'}")
+    chosen = os.environ.get("MULTIGPU_CPU_ALLOCATOR", "auto (tbb where installed)")
+    print(
+        f"environment: OMP_NUM_THREADS=1 in every run; MALLOC_* here: {malloc or 'none'}; "
+        f"multigpu's workers' allocator: MULTIGPU_CPU_ALLOCATOR={chosen}"
+    )
     header = (
         f"{'case':<22}{'params':>8}{'hand ms':>10}{'multigpu ms':>13}{'ratio':>8}"
         f"{'(min-max)':>15}{'hand GiB':>10}{'multigpu GiB':>14}"
@@ -241,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(
                             f"  [{time.monotonic() - started:6.0f} s] {size} {kind} pair "
                             f"{pair + 1} {variant:<10} {ranks[0]['step_s'] * 1e3:8.1f} ms/step, "
-                            f"peak {max(r['peak_rss'] for r in ranks) / GIB:.2f} GiB",
+                            f"peak {max(r['peak_rss'] for r in ranks) / GIB:.2f} GiB, "
+                            f"{ranks[0].get('allocator', '?')}",
                             file=sys.stderr,
                             flush=True,
                         )

@@ -78,6 +78,13 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
+def allocator() -> str:
+    """``tbbmalloc`` when oneTBB's allocator replaced ``malloc`` in this process (``multigpu
+    run`` preloads it into CPU workers), else ``glibc``."""
+    with open("/proc/self/maps") as fh:
+        return "tbbmalloc" if "libtbbmalloc_proxy" in fh.read() else "glibc"
+
+
 class GcClock:
     """Collections and their wall time while installed (``gc.callbacks``)."""
 
@@ -165,6 +172,7 @@ def main() -> None:
         "gc": {"count": clock.count, "seconds": clock.seconds},
         "loss": float(loss.detach()),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "allocator": allocator(),
     }
     Path(args.out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     if ctx is None:

@@ -4,7 +4,8 @@ Everything here is a pure function of the options, the environment and the machi
 (GPUs, cores), so ``--dry-run`` and the tests see exactly what a real launch would do.
 
 Environment variables read (from the ``environ`` passed in): ``OMP_NUM_THREADS``,
-``MKL_NUM_THREADS``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them; else
+``MKL_NUM_THREADS``, ``MULTIGPU_CPU_ALLOCATOR`` and ``LD_PRELOAD`` (``launch.cpu_allocator``),
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (left as the user set them; else
 set to 1 where workers may restart), ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``); for
 ``--cpu auto``, the split saved by ``multigpu bench scaling`` (see ``launch.cpu_split``).
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from multigpu.common.host import loopback_interface
 from multigpu.errors import UsageError
+from multigpu.launch.cpu_allocator import choose_allocator
 from multigpu.launch.options import RDZV_DESTS, LaunchOptions, torchrun_argv
 from multigpu.launch.ports import store_port
 from multigpu.launch.timeouts import DEFAULT_TIMEOUT_S, job_timeout_s, rendezvous_conf
@@ -218,16 +220,18 @@ def build_plan(
     gpus: Sequence[GPUInfo] = (),
     cuda_visible_devices: str | None = None,
     iface_address: str | None = None,
+    tbb_libraries: tuple[str, ...] | None = None,
 ) -> LaunchPlan:
     """Build the launch plan from the options and the devices chosen.
 
     ``gpus`` and ``cuda_visible_devices`` are the ``GPUClaim``'s, for ``cuda``;
     ``iface_address``, the address of ``--iface``, is advertised by the agent as
-    ``--local-addr`` unless the user gave one.
+    ``--local-addr`` unless the user gave one; ``tbb_libraries``, where oneTBB's allocator is
+    installed (``cpu_allocator.tbb_libraries()``), is preloaded into CPU workers.
 
     Raises:
         UsageError: ``--nproc-per-node`` contradicts the number of GPUs chosen; a bad
-            ``MULTIGPU_TIMEOUT``.
+            ``MULTIGPU_TIMEOUT`` or ``MULTIGPU_CPU_ALLOCATOR``.
     """
     env: dict[str, str] = {}
     notes = [request.note] if request.note else []
@@ -272,6 +276,10 @@ def build_plan(
         loopback = loopback_interface()
         if loopback is not None:
             env["GLOO_SOCKET_IFNAME"] = loopback
+    allocator = choose_allocator(environ, device=request.kind, libraries=tbb_libraries)
+    env.update(allocator.env)
+    if allocator.note:
+        notes.append(allocator.note)
     timeout_s = job_timeout_s(options.timeout, environ)
     if options.timeout is not None:
         env["MULTIGPU_TIMEOUT"] = f"{options.timeout:g}"

@@ -34,6 +34,7 @@ from multigpu.common.store_reach import StoreUnreachable
 from multigpu.errors import MultiGPUError, UsageError
 from multigpu.launch import ports
 from multigpu.launch.agent import multigpu_agent
+from multigpu.launch.cpu_allocator import tbb_libraries
 from multigpu.launch.failure_summary import (
     USAGE_EXIT_CODE,
     exit_code,
@@ -104,9 +105,11 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
                 gpus=claim.gpus,
                 cuda_visible_devices=claim.cuda_visible_devices,
                 iface_address=address,
+                tbb_libraries=tbb_libraries(),
             )
         else:
-            plan = build_plan(options, request, environ=env, cores=cores, iface_address=address)
+            plan = build_plan(options, request, environ=env, cores=cores, iface_address=address,
+                              tbb_libraries=tbb_libraries())  # fmt: skip
         if plan.store_port is not None:
             ports.check_port_free(plan.store_port[1], option=plan.store_port[0])
         endpoint = ports.rendezvous_endpoint(options)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch import nn
 from multigpu.common.log import warn_once
 from multigpu.common.mesh import MeshShape
 from multigpu.errors import UsageError
+from multigpu.runtime import tbb_malloc
 from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.checkpointing import Checkpointing
@@ -123,6 +124,8 @@ class FSDPStrategy(Strategy):
         self._units: list[str] = []
         self._unit_rule = ""
         self._wrapped: list[weakref.ref[nn.Module]] = []
+        self._keep_blocks: Callable[[], None] | None = None
+        """Undoes ``tbb_malloc.keep_large_blocks`` (CPU processes on oneTBB's allocator)."""
 
     def set_mesh_shape(
         self, spec: str | Mapping[str, int] | MeshShape, *, given_as: str = "mesh_shape"
@@ -182,6 +185,9 @@ class FSDPStrategy(Strategy):
             check_initializable(module)  # before any collective or allocation
         else:
             module = module.to(self.device)
+        if self.device.type == "cpu" and self._keep_blocks is None:
+            # FSDP frees and makes again the same few large sizes, unit after unit.
+            self._keep_blocks = tbb_malloc.keep_large_blocks()
         plan = plan_units(module, self.blocks, self.min_block_params)
         if plan.warning:
             warn_once(log, plan.warning)
@@ -221,6 +227,9 @@ class FSDPStrategy(Strategy):
             if module is not None:
                 drop_fsdp_process_groups(module)
         self._wrapped.clear()
+        if self._keep_blocks is not None:
+            self._keep_blocks()
+            self._keep_blocks = None
         if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
             drop_mesh_process_groups(self._mesh)
 
