@@ -17,6 +17,7 @@ from multigpu.diagnostics.doctor.cuda import (
 from multigpu.diagnostics.doctor.system import (
     GiB,
     MiB,
+    allocator_check,
     quota_check,
     read_shm,
     shm_check,
@@ -60,6 +61,21 @@ def test_threads_warn_when_processes_times_threads_exceed_the_cores(
     assert row.status == status and said in row.value, row
     if status == "WARN":
         assert f"OMP_NUM_THREADS={max(2 // processes, 1)}" in row.fix
+
+
+def test_the_cpu_workers_allocator_row() -> None:
+    libs = ("/v/lib/libtbbmalloc.so.2", "/v/lib/libtbbmalloc_proxy.so.2")
+    row = allocator_check({}, libs)
+    assert row.status == "OK" and "oneTBB's" in row.value
+    assert row.detail["LD_PRELOAD"] == ":".join(libs)
+    row = allocator_check({"MULTIGPU_CPU_ALLOCATOR": "system"}, libs)
+    assert row.status == "OK" and "MULTIGPU_CPU_ALLOCATOR=system" in row.value
+    row = allocator_check({"LD_PRELOAD": "/opt/libjemalloc.so"}, libs)
+    assert row.status == "OK" and "/opt/libjemalloc.so" in row.value
+    row = allocator_check({"MULTIGPU_CPU_ALLOCATOR": "jemalloc"}, libs)
+    assert row.status == "FAIL" and "expected one of auto, tbb, system" in row.value
+    missing = allocator_check({}, None)  # this machine: Linux x86_64, where tbb has wheels
+    assert missing.status == "WARN" and missing.fix.startswith("pip install tbb"), missing
 
 
 def test_a_cgroup_cpu_quota_below_the_visible_cores_warns() -> None:

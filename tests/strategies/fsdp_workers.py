@@ -151,10 +151,23 @@ def one_process(steps: int) -> dict[str, Any]:
     return out
 
 
+def sharded_after_forward(ctx: Any) -> dict[str, bool]:
+    """Whether each parameter of the LM is sharded (a DTensor) after a forward: the units
+    resharded after their forward are, the kept ones hold their gathered weights."""
+    from torch.distributed.tensor import DTensor
+
+    seed_everything(0)
+    net = build("lm")
+    model, _ = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=LR["lm"]))
+    model(_data("lm").tensors[0][:2])
+    return {name: isinstance(p, DTensor) for name, p in ctx.unwrap(model).named_parameters()}
+
+
 def two_processes(steps: int, short: int) -> dict[str, Any]:
     """Everything the FSDP tests check on two processes, in one process group."""
     with multigpu.init(strategy="fsdp", seed=0) as fsdp:
         out: dict[str, Any] = {"runs": [train(fsdp, k, steps, a, c) for k, a, c in RUNS]}
+        out["sharded_after_forward"] = sharded_after_forward(fsdp)
         out["meta"] = _initial(fsdp, meta=True)
         out["fsdp_norms"] = train(fsdp, "lm", short, clip=0.5)["norms"]
         with multigpu.init(strategy="ddp", seed=0) as ddp:

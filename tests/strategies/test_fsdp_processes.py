@@ -55,6 +55,16 @@ def test_fsdp_on_two_processes_trains_like_one_process(
     assert sharded["runs"][2]["describe"]["units"] == ["blocks.0", "blocks.1", "<root>"]
 
 
+def test_the_last_block_and_the_root_stay_gathered_after_the_forward(
+    sharded: dict[str, Any],
+) -> None:
+    # Their backward comes first: resharding them would only gather them again at once.
+    after = sharded["sharded_after_forward"]
+    assert all(after[name] for name in after if name.startswith("blocks.0.")), after
+    kept = [name for name in after if not name.startswith("blocks.0.")]
+    assert kept and not any(after[name] for name in kept), after
+
+
 def test_clipping_norms_under_fsdp_equal_ddp_on_two_processes(sharded: dict[str, Any]) -> None:
     assert len(sharded["fsdp_norms"]) == SHORT
     assert sharded["fsdp_norms"] == pytest.approx(sharded["ddp_norms"], rel=1e-5)

@@ -85,7 +85,8 @@ def _add_multigpu_options(parser: argparse.ArgumentParser) -> None:
         "--cpu",
         type=cpu_count_arg,
         metavar="N|auto",
-        help="run N processes on the CPU (gloo), sharing the cores (OMP_NUM_THREADS = cores // N); "
+        help="run N processes on the CPU (gloo), sharing the cores (OMP_NUM_THREADS = cores // N) "
+        "on oneTBB's allocator where the tbb package is installed (MULTIGPU_CPU_ALLOCATOR); "
         "auto: the split `multigpu bench scaling` measured fastest here (else 1 process)",
     )
     group.add_argument(

@@ -60,7 +60,8 @@ class FSDPStrategy(Strategy):
             of a model without blocks stays in its parent's unit; blocks are units at any size.
         reshard_after_forward: False keeps each unit's gathered parameters from its forward to
             its backward (ZeRO-2-like: less communication, more memory). The root unit stays
-            gathered either way, as in FSDP2 (its backward comes first).
+            gathered either way, as in FSDP2, and so does the last block (as in torchtitan):
+            their backward comes first.
         cpu_offload: keep the sharded state in CPU RAM and step there (``CPUOffloadPolicy``):
             GPU only, ignored with a warning on CPU processes.
         activation_checkpointing: recompute each unit's activations in the backward: False,
@@ -193,9 +194,14 @@ class FSDPStrategy(Strategy):
             warn_once(log, plan.warning)
         options = self._shard_options()
 
+        last = plan.units[-2] if len(plan.units) > 1 else None
+
         def shard(unit: Unit) -> None:
             many = len(unit.modules) > 1  # modules sharing parameters: one unit for them all
-            fully_shard(list(unit.modules) if many else unit.modules[0], **options)
+            # The last block's backward comes first, right after its forward: resharding it
+            # would only gather it again at once (torchtitan keeps it too). One gather a step less.
+            kept = {"reshard_after_forward": False} if unit is last else {}
+            fully_shard(list(unit.modules) if many else unit.modules[0], **{**options, **kept})
 
         # Per unit: checkpointing, then compile, then fully_shard (strategies.compose).
         self.composed = compose(

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from multigpu.common.host import usable_cores
 from multigpu.common.versions import local_versions
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, warn
+from multigpu.errors import UsageError
+from multigpu.launch.cpu_allocator import VARIABLE, choose_allocator, tbb_libraries
 
 GiB = 1024**3
 MiB = 1024**2
@@ -165,7 +167,40 @@ def cpu_checks(environ: Mapping[str, str]) -> list[Check]:
             local_processes=processes,
         ),
         quota_check(cpu_max, cores=cores),
+        allocator_check(environ, tbb_libraries()),
     ]
+
+
+def allocator_check(environ: Mapping[str, str], libraries: tuple[str, ...] | None) -> Check:
+    """The allocator ``multigpu run`` gives CPU workers (``launch.cpu_allocator``): WARN when it
+    is glibc's only because oneTBB's is missing on a system that has its wheel."""
+    name = "CPU workers' allocator"
+    try:
+        chosen = choose_allocator(environ, device="cpu", libraries=libraries)
+    except UsageError as e:
+        return fail("cpu", name, str(e), f"set {VARIABLE} to auto, tbb or system")
+    if chosen.name == "tbb":
+        return Check(
+            group="cpu",
+            name=name,
+            status="OK",
+            value="oneTBB's (the tbb package), preloaded by multigpu run",
+            detail={"LD_PRELOAD": chosen.env["LD_PRELOAD"]},
+        )
+    if chosen.note:  # the user's LD_PRELOAD
+        return ok("cpu", name, chosen.note)
+    if environ.get(VARIABLE, "").strip().lower() == "system":
+        return ok("cpu", name, f"glibc's malloc ({VARIABLE}=system)")
+    if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
+        return warn(
+            "cpu",
+            name,
+            "glibc's malloc: the tbb package is not installed, and glibc's heap keeps FSDP's "
+            "freed units (at 50M parameters 1.8 GiB per rank where oneTBB's allocator peaks "
+            "at 0.8)",
+            "pip install tbb (a dependency of multigpu on Linux x86_64)",
+        )
+    return ok("cpu", name, "the system's malloc (no oneTBB wheel for this platform)")
 
 
 def shm_check(size_bytes: int | None, free_bytes: int | None = None) -> Check:
