@@ -1,8 +1,9 @@
-"""FSDP on CPU workers keeps its large freed blocks with oneTBB's allocator, and gives them back.
+"""FSDP and DDP on CPU workers keep large freed blocks with oneTBB's allocator, and give them back.
 
 Real workers of ``multigpu run --cpu 2`` (oneTBB's allocator preloaded by the launcher): a block
 of 64 MiB made and freed again and again is faulted in every time by default, not at all while a
-sharded model is set up, and every time again after the Context's teardown.
+sharded model is set up (DDP: from its second optimizer step on), and every time again after the
+Context's teardown.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ net = torch.nn.Linear(64, 64)
 model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
 cycle()  # the first block is mapped once
 seen["set_up"] = cycle()
+for _ in range(2):
+    ctx.backward(model(torch.randn(4, 64)).square().mean())
+    opt.step()
+    opt.zero_grad()
+cycle()
+seen["trained"] = cycle()
 ctx.teardown()
 seen["after"] = cycle()
 open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w").write(json.dumps(seen))
@@ -57,13 +64,16 @@ def test_fsdp_keeps_large_blocks_while_set_up_and_gives_them_back(tmp_path: Path
         assert seen["tbbmalloc"] is True
         # Three fresh mappings by default, none while FSDP is set up, three again afterwards.
         assert seen["default"] >= 3 * PAGES, seen
-        assert seen["set_up"] < PAGES // 8, seen
+        assert seen["set_up"] < PAGES // 8 and seen["trained"] < PAGES // 8, seen
         assert seen["after"] >= 3 * PAGES, seen
 
 
-def test_ddp_leaves_the_allocator_at_its_default(tmp_path: Path) -> None:
+def test_ddp_keeps_them_from_its_second_step_on(tmp_path: Path) -> None:
+    # Not before: DDP's first buckets, freed when it rebuilds them, would stay kept for good.
     for seen in run(tmp_path, "ddp"):
         assert seen["tbbmalloc"] is True and seen["set_up"] >= 3 * PAGES, seen
+        assert seen["trained"] < PAGES // 8, seen
+        assert seen["after"] >= 3 * PAGES, seen
 
 
 def test_without_tbbmalloc_nothing_is_set() -> None:

@@ -8,11 +8,12 @@ reuses the same few sizes unit after unit: keeping blocks from 64 MiB up as well
 (``TBBMALLOC_SET_HUGE_SIZE_THRESHOLD``, tbbmalloc's public API) made FSDP's step at 200M
 parameters on 2 CPU processes 2.5x faster (3.4-3.7 s instead of 7.5-9.6 s), at a peak of 2.7 GiB
 instead of 2.2 (DDP's: 3.5-4.3 GiB); at 50M it changes nothing (benchmarks/RESULTS.md, "The CPU
-workers' allocator"). DDP is left at the default: its large transients (the optimizer's
-temporaries, gloo's) do not repeat unit after unit, and keeping blocks from 8 MiB up raised its
-peak at 200M by 1.3 GiB.
+workers' allocator"). DDP keeps them from its second optimizer step on (the optimizer's
+temporaries and gloo's, the same every step): 1.7-1.9 s a step at 200M instead of 3.0, at a peak
+of 3.54 GiB instead of 3.47. Not from the start: DDP rebuilds its buckets in the second forward,
+and the first ones would stay kept for good (0.75 GiB more at 200M).
 
-The setting is process-wide, so it lasts only while a sharded model is set up: the strategy's
+The setting is process-wide, so it lasts only while a model is set up: the strategy's
 teardown restores tbbmalloc's default and gives the kept blocks back. tbbmalloc also drops its
 caches by itself when the system refuses it memory. Without tbbmalloc (glibc's ``malloc``, or
 another preloaded allocator) everything here does nothing.

@@ -5,13 +5,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.hooks import RemovableHandle
 
 from multigpu.errors import UsageError
+from multigpu.runtime import tbb_malloc
 from multigpu.runtime.precision import AutocastModule
 from multigpu.strategies.base import Strategy, is_count
 from multigpu.strategies.checkpointing import Checkpointing
@@ -96,6 +100,9 @@ class DDPStrategy(Strategy):
         if bucket_cap_mb is not None:
             self.options["bucket_cap_mb"] = bucket_cap_mb
         self._wrapped: list[weakref.ref[DistributedDataParallel]] = []
+        self._keep_blocks: Callable[[], None] | None = None
+        """Undoes ``tbb_malloc.keep_large_blocks`` (CPU processes on oneTBB's allocator)."""
+        self._step_hooks: list[RemovableHandle] = []
 
     def wrap(self, module: nn.Module) -> nn.Module:
         if self.sync_batchnorm:
@@ -124,6 +131,29 @@ class DDPStrategy(Strategy):
             self.hook_states.append(state)
         return ddp
 
+    def setup(self, module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> nn.Module:
+        wrapped = super().setup(module, optimizers)
+        wanted = self.device.type == "cpu" and self.world_size > 1 and optimizers
+        if wanted and not self._step_hooks and tbb_malloc.loaded_tbbmalloc() is not None:
+            self._keep_blocks_after_rebuild(optimizers[0])
+        return wrapped
+
+    def _keep_blocks_after_rebuild(self, optimizer: torch.optim.Optimizer) -> None:
+        """From the second optimizer step on, have oneTBB's allocator keep the large blocks
+        freed every step (the optimizer's temporaries, gloo's): at 200M parameters on 2 CPU
+        processes 1.7-1.9 s a step instead of 3.0, at a peak of 3.54 GiB instead of 3.47. Not
+        before: DDP rebuilds its buckets in the second forward, and the first ones, kept, would
+        stay in the cache for good (0.75 GiB more at 200M)."""
+        steps = 0
+
+        def after_step(*_: Any) -> None:
+            nonlocal steps
+            steps += 1
+            if steps == 2 and self._keep_blocks is None:
+                self._keep_blocks = tbb_malloc.keep_large_blocks()
+
+        self._step_hooks.append(optimizer.register_step_post_hook(after_step))
+
     def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
         ddp = _ddp(module)
         return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
@@ -142,6 +172,12 @@ class DDPStrategy(Strategy):
         group goes too: held by the wrapper, gloo's threads would live on into interpreter
         finalization, where one reaching for the GIL aborts the process.
         """
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks.clear()
+        if self._keep_blocks is not None:
+            self._keep_blocks()
+            self._keep_blocks = None
         for ref in self._wrapped:
             ddp = ref()
             if ddp is None:
