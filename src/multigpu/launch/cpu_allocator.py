@@ -4,7 +4,7 @@ Why. On CPU processes every tensor a training step frees and makes again (gradie
 temporaries, FSDP's gathered units and reduce-scatter buffers: 8-64 MiB each at 50-200M
 parameters) goes through glibc's ``malloc``. glibc either maps such a block afresh each time (every
 page faulted in again: tens to hundreds of thousands of page faults per step) or keeps it in a
-heap that fragments: FSDP's heap at 50M parameters grew to 1.79 GiB for 0.55 GiB of live tensors,
+heap that fragments: FSDP's heap at 50M parameters grew to 1.4-1.8 GiB for 0.55 GiB of live tensors,
 above DDP's 1.37 GiB, so sharding saved nothing. oneTBB's allocator (``libtbbmalloc``, from the
 ``tbb`` package on PyPI) keeps freed large blocks for reuse by size and returns the rest: FSDP at
 50M then peaks at 0.81 GiB with steps no slower, and DDP's steps stop varying with the page
