@@ -8,8 +8,8 @@ heap that fragments: FSDP's heap at 50M parameters grew to 1.4-1.8 GiB for 0.55 
 above DDP's 1.37 GiB, so sharding saved nothing. oneTBB's allocator (``libtbbmalloc``, from the
 ``tbb`` package on PyPI) keeps freed large blocks for reuse by size and returns the rest: FSDP at
 50M then peaks at 0.81 GiB with steps no slower, and DDP's steps stop varying with the page
-faults (benchmarks/RESULTS.md, "The CPU workers' allocator"). Intel's launcher for PyTorch on CPU
-preloads an allocator (jemalloc or tcmalloc) for the same reason; torchrun does not.
+faults (benchmarks/RESULTS.md, "Shipped since: oneTBB's allocator, ..."). Intel's launcher for
+PyTorch on CPU preloads an allocator (jemalloc or tcmalloc) for the same reason; torchrun does not.
 
 How. ``multigpu run`` preloads it into CPU workers (``LD_PRELOAD``, both libraries by absolute
 path: the proxy that replaces ``malloc`` needs the allocator, which is not on the loader's path).
@@ -44,6 +44,8 @@ class AllocatorChoice:
 
     name: str
     """``tbb`` or ``system``."""
+    asked: str
+    """What ``MULTIGPU_CPU_ALLOCATOR`` asked for: ``auto``, ``tbb`` or ``system``."""
     env: Mapping[str, str]
     """Variables for the workers (``LD_PRELOAD``), empty for ``system``."""
     note: str = ""
@@ -88,18 +90,20 @@ def choose_allocator(
             "(auto: oneTBB's allocator for CPU workers where the tbb package is installed)"
         )
     if given == "system" or (given == "auto" and device != "cpu"):
-        return AllocatorChoice("system", {})
+        return AllocatorChoice("system", given, {})
     if libraries is None:
         if given == "tbb":
             raise UsageError(
                 f"{VARIABLE}=tbb but the tbb package's allocator is not installed; "
                 f"pip install tbb, or set {VARIABLE}=system"
             )
-        return AllocatorChoice("system", {})  # no wheel for this platform, or --no-deps
+        return AllocatorChoice("system", given, {})  # no wheel for this platform, or --no-deps
     theirs = environ.get("LD_PRELOAD", "").strip()
     if theirs and given == "auto":
-        return AllocatorChoice(
-            "system", {}, f"LD_PRELOAD is set ({theirs}): the workers keep it, without oneTBB's "
-            f"allocator ({VARIABLE}=tbb adds it)",
-        )  # fmt: skip
-    return AllocatorChoice("tbb", {"LD_PRELOAD": ":".join([*libraries, *filter(None, [theirs])])})
+        note = (
+            f"LD_PRELOAD is set ({theirs}): the workers keep it, without oneTBB's allocator "
+            f"({VARIABLE}=tbb adds it)"
+        )
+        return AllocatorChoice("system", given, {}, note)
+    preload = ":".join([*libraries, *filter(None, [theirs])])
+    return AllocatorChoice("tbb", given, {"LD_PRELOAD": preload})

@@ -91,6 +91,7 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
     request = request_devices(options, gpu_count=len(gpus), cores=cores)
     check_script(options)
     address = ports.check_interface(options.iface) if options.iface else None
+    libraries = tbb_libraries()
     with ExitStack() as stack:
         if request.kind == "cuda":
             gpu_request = parse_gpu_request(request.gpus)
@@ -105,11 +106,11 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
                 gpus=claim.gpus,
                 cuda_visible_devices=claim.cuda_visible_devices,
                 iface_address=address,
-                tbb_libraries=tbb_libraries(),
+                tbb_libraries=libraries,
             )
         else:
             plan = build_plan(options, request, environ=env, cores=cores, iface_address=address,
-                              tbb_libraries=tbb_libraries())  # fmt: skip
+                              tbb_libraries=libraries)  # fmt: skip
         if plan.store_port is not None:
             ports.check_port_free(plan.store_port[1], option=plan.store_port[0])
         endpoint = ports.rendezvous_endpoint(options)

@@ -7,8 +7,8 @@ just above 64 MiB, so every one was mapped and faulted in again, several times p
 reuses the same few sizes unit after unit: keeping blocks from 64 MiB up as well
 (``TBBMALLOC_SET_HUGE_SIZE_THRESHOLD``, tbbmalloc's public API) made FSDP's step at 200M
 parameters on 2 CPU processes 2.5x faster (3.4-3.7 s instead of 7.5-9.6 s), at a peak of 2.7 GiB
-instead of 2.2 (DDP's: 3.5-4.3 GiB); at 50M it changes nothing (benchmarks/RESULTS.md, "The CPU
-workers' allocator"). DDP keeps them from its second optimizer step on (the optimizer's
+instead of 2.2 (DDP's: 3.5-4.3 GiB); at 50M it changes nothing (benchmarks/RESULTS.md, "Shipped
+since: oneTBB's allocator, ..."). DDP keeps them from its second optimizer step on (the optimizer's
 temporaries and gloo's, the same every step): 1.7-1.9 s a step at 200M instead of 3.0, at a peak
 of 3.54 GiB instead of 3.47. Not from the start: DDP rebuilds its buckets in the second forward,
 and the first ones would stay kept for good (0.75 GiB more at 200M).
@@ -22,6 +22,7 @@ another preloaded allocator) everything here does nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ _CLEAN_ALL_BUFFERS = 0  # ScalableAllocationCmd
 _DEFAULT_THRESHOLD = 1 << 40  # its maxHugeSize on 64-bit systems, the default (larger: ignored)
 
 
+@functools.cache  # a process's malloc is fixed when it starts
 def loaded_tbbmalloc() -> ctypes.CDLL | None:
     """oneTBB's allocator when it is this process's ``malloc`` (preloaded), else None."""
     try:
@@ -77,3 +79,21 @@ def keep_large_blocks(min_bytes: int = KEEP_FROM_BYTES) -> Callable[[], None] | 
         lib.scalable_allocation_command(_CLEAN_ALL_BUFFERS, None)
 
     return undo
+
+
+class KeptBlocks:
+    """A strategy's hold on ``keep_large_blocks``: ``keep`` once, ``release`` at teardown."""
+
+    def __init__(self) -> None:
+        self._undo: Callable[[], None] | None = None
+
+    def keep(self) -> None:
+        """Keep large freed blocks from now on (nothing where tbbmalloc is not in use)."""
+        if self._undo is None:
+            self._undo = keep_large_blocks()
+
+    def release(self) -> None:
+        """Restore tbbmalloc's default and give the kept blocks back, if kept."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -100,8 +100,7 @@ class DDPStrategy(Strategy):
         if bucket_cap_mb is not None:
             self.options["bucket_cap_mb"] = bucket_cap_mb
         self._wrapped: list[weakref.ref[DistributedDataParallel]] = []
-        self._keep_blocks: Callable[[], None] | None = None
-        """Undoes ``tbb_malloc.keep_large_blocks`` (CPU processes on oneTBB's allocator)."""
+        self._kept = tbb_malloc.KeptBlocks()
         self._step_hooks: list[RemovableHandle] = []
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -149,8 +148,8 @@ class DDPStrategy(Strategy):
         def after_step(*_: Any) -> None:
             nonlocal steps
             steps += 1
-            if steps == 2 and self._keep_blocks is None:
-                self._keep_blocks = tbb_malloc.keep_large_blocks()
+            if steps == 2:
+                self._kept.keep()
 
         self._step_hooks.append(optimizer.register_step_post_hook(after_step))
 
@@ -175,9 +174,7 @@ class DDPStrategy(Strategy):
         for handle in self._step_hooks:
             handle.remove()
         self._step_hooks.clear()
-        if self._keep_blocks is not None:
-            self._keep_blocks()
-            self._keep_blocks = None
+        self._kept.release()
         for ref in self._wrapped:
             ddp = ref()
             if ddp is None:

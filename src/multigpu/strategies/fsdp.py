@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -125,8 +125,7 @@ class FSDPStrategy(Strategy):
         self._units: list[str] = []
         self._unit_rule = ""
         self._wrapped: list[weakref.ref[nn.Module]] = []
-        self._keep_blocks: Callable[[], None] | None = None
-        """Undoes ``tbb_malloc.keep_large_blocks`` (CPU processes on oneTBB's allocator)."""
+        self._kept = tbb_malloc.KeptBlocks()
 
     def set_mesh_shape(
         self, spec: str | Mapping[str, int] | MeshShape, *, given_as: str = "mesh_shape"
@@ -186,9 +185,9 @@ class FSDPStrategy(Strategy):
             check_initializable(module)  # before any collective or allocation
         else:
             module = module.to(self.device)
-        if self.device.type == "cpu" and self._keep_blocks is None:
+        if self.device.type == "cpu":
             # FSDP frees and makes again the same few large sizes, unit after unit.
-            self._keep_blocks = tbb_malloc.keep_large_blocks()
+            self._kept.keep()
         plan = plan_units(module, self.blocks, self.min_block_params)
         if plan.warning:
             warn_once(log, plan.warning)
@@ -233,9 +232,7 @@ class FSDPStrategy(Strategy):
             if module is not None:
                 drop_fsdp_process_groups(module)
         self._wrapped.clear()
-        if self._keep_blocks is not None:
-            self._keep_blocks()
-            self._keep_blocks = None
+        self._kept.release()
         if self._mesh is not None:  # also held by every DTensor (parameters, optimizer state)
             drop_mesh_process_groups(self._mesh)
 

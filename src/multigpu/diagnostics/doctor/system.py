@@ -189,7 +189,7 @@ def allocator_check(environ: Mapping[str, str], libraries: tuple[str, ...] | Non
         )
     if chosen.note:  # the user's LD_PRELOAD
         return ok("cpu", name, chosen.note)
-    if environ.get(VARIABLE, "").strip().lower() == "system":
+    if chosen.asked == "system":
         return ok("cpu", name, f"glibc's malloc ({VARIABLE}=system)")
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         return warn(
