@@ -16,11 +16,16 @@ class MultiGPUError(Exception):
     """True when the message is all a user needs (no bug to trace): a worker of ``multigpu run``
     then prints no traceback for it, and the launcher's one-line summary says it."""
 
+    final: ClassVar[bool] = False
+    """True when starting the workers again cannot help (the same input is refused again): the
+    launcher's agent then ends the run instead of using one of its ``--max-restarts``."""
+
 
 class UsageError(MultiGPUError, ValueError):
     """Bad input from the user (an option, an argument, a batch size); the CLI exits with 2."""
 
     said_in_full = True
+    final = True
 
 
 class EnvError(MultiGPUError):
@@ -47,3 +52,12 @@ class CheckpointMismatchError(CheckpointError, UsageError):
 class CheckpointLockedError(CheckpointError, UsageError):
     """Another live run holds the checkpoint directory (one run at a time per directory): the
     user's choice of directory, so a usage error too (exit code 2)."""
+
+
+class ReplicaError(MultiGPUError):
+    """Replica groups (``multigpu run --replicas``) that cannot go on exactly: their parameters
+    differ, the job's end is unknown to every group left, or the lighthouse is gone. A restart
+    would meet the same state, so the run ends (exit code 1) with this one line."""
+
+    said_in_full = True
+    final = True

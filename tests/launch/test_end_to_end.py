@@ -49,6 +49,19 @@ def test_workers_refusing_their_input_give_exit_2_without_a_crash_report(tmp_pat
     assert "(a usage error)" in done.stderr
 
 
+def test_a_usage_error_is_not_restarted_whatever_max_restarts_allows(tmp_path: Path) -> None:
+    """A restart meets the same refusal: the agent ends the run at the first one."""
+    starts = tmp_path / "starts"
+    script = str(SCRIPTS / "usage_error_counted.py")
+    done = run_multigpu(["run", "--cpu", "2", "--max-restarts", "3", script, str(starts)], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert sorted(starts.read_text().split()) == ["0", "1"]  # one start of each rank
+    assert "restarting the workers" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if "not divisible" in line] == [
+        done.stderr.rstrip().splitlines()[-1]
+    ]
+
+
 def test_a_usage_error_escaping_a_launched_script_is_one_line_and_exit_2(tmp_path: Path) -> None:
     done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "fsdp_no_params.py")], tmp_path)
     assert done.returncode == 2, done.stderr

@@ -44,6 +44,8 @@ class WorkerError:
     consequence: bool
     said_in_full: bool = False
     """The message is the whole story (``MultiGPUError.said_in_full``): no traceback to read."""
+    final: bool = False
+    """Starting the workers again cannot help (``MultiGPUError.final``): no restart."""
 
 
 def record(error: BaseException | None, environ: Any = None) -> bool:
@@ -72,6 +74,7 @@ def record(error: BaseException | None, environ: Any = None) -> bool:
             "time": now,
             "consequence": is_consequence(error),
             "said_in_full": bool(getattr(error, "said_in_full", False)),
+            "final": bool(getattr(error, "final", False)),
         },
     }
     try:
@@ -96,6 +99,7 @@ def read(data: Any) -> WorkerError | None:
             time=float(entry["time"]),
             consequence=bool(entry.get("consequence", False)),
             said_in_full=bool(entry.get("said_in_full", False)),
+            final=bool(entry.get("final", False)),
         )
     except (KeyError, TypeError, ValueError):
         return None

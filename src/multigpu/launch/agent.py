@@ -11,7 +11,8 @@
   they were started alike (``agreement.check_nodes_agree``, called from the rendezvous
   handler's public ``next_rendezvous``: ``launch/rendezvous.py``).
 - It says when it restarts the workers and why, and each new round's size
-  (``restart_reports``).
+  (``restart_reports``); it does not restart them for a failure that a restart meets again (a
+  usage error, or a ``MultiGPUError`` marked ``final``): the run ends with its one line.
 - The nodes end with one outcome: a node whose workers failed makes the others exit 1 at once,
   not 0 after the exit barrier's timeout (``exit_agreement``).
 - The stores it hosts listen on the one address their clients dial (loopback on one node, the
@@ -35,6 +36,7 @@ from multigpu.common.store_listen import listening_store
 from multigpu.common.store_reach import wait_until_listening
 from multigpu.launch.agreement import check_nodes_agree, node_facts
 from multigpu.launch.exit_agreement import ExitAgreement
+from multigpu.launch.failure_summary import failures_of
 from multigpu.launch.options import parse_nnodes
 from multigpu.launch.ports import dialled_store
 from multigpu.launch.restart_reports import RestartReports, RoundReports
@@ -84,6 +86,12 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
             )
             result = super()._monitor_workers(worker_group)
             if result.state in restarted_on and self._remaining_restarts > 0:
+                causes = failures_of(result)
+                if causes and causes[0].final:
+                    # The same input would be refused again: torch's loop ends the run when no
+                    # restart is left (torch_compat.AGENT_ATTRIBUTES).
+                    self._remaining_restarts = 0
+                    return result
                 # torch's loop restarts the workers next, and counts it: say why, and which.
                 restarts.failed(worker_group, result, self._remaining_restarts - 1)
             return result

@@ -46,6 +46,12 @@ class Failure:
         """This worker refused its input (a ``UsageError``, exit code 2)."""
         return self.error.usage if self.error is not None else self.exitcode == USAGE_EXIT_CODE
 
+    @property
+    def final(self) -> bool:
+        """Starting the workers again cannot help: a usage error, or an error that says so
+        (``MultiGPUError.final``)."""
+        return self.usage or (self.error is not None and self.error.final)
+
     def cause_order(self) -> tuple[bool, bool, bool, float, int]:
         """Sort key: the likeliest cause of the run's failure first (a rank killed by a signal
         other than the agent's SIGTERM is a cause; a lost peer is a consequence)."""

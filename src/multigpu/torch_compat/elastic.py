@@ -11,7 +11,7 @@ Every torch name the launcher reaches that is not torch's public API, and the ca
   agreement, ``launch/exit_agreement.py``) —
   ``test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides``.
 - ``SimpleElasticAgent._remaining_restarts``: read for whether the loop restarts, and the
-  restart's number (``AGENT_ATTRIBUTES``)
+  restart's number; set to 0 for a failure no restart can help (``AGENT_ATTRIBUTES``)
   — ``test_the_agent_class_has_every_protected_member_multigpu_uses``.
 - the module names ``launcher.api.LocalElasticAgent`` and ``registry.get_rendezvous_handler``:
   swapped for the block, so that torchrun builds multigpu's agent and a handler that waits for
@@ -91,7 +91,8 @@ AGENT_OVERRIDES = ("_monitor_workers", "_exit_barrier")
 """``LocalElasticAgent``'s protected methods that multigpu's agent overrides (launch/)."""
 
 AGENT_ATTRIBUTES = ("_remaining_restarts",)
-"""Its protected attributes those overrides read."""
+"""Its protected attributes those overrides read (and, to end a run a restart cannot help,
+write: torch's run loop restarts only while it is above 0)."""
 
 
 def elastic_agent_class() -> type:
