@@ -84,6 +84,7 @@ class Checkpointer:
         describe: Callable[[], Mapping[str, Any]] | None = None,
         lock_timeout: float = 0.0,
         before_save: Callable[[], None] | None = None,
+        counts_step: Callable[[], bool] | None = None,
     ) -> None:
         for label, value in (("every_steps", every_steps), ("keep", keep)):
             if value is not None and (
@@ -106,10 +107,14 @@ class Checkpointer:
         self._adapter = adapter
         self._describe = describe
         self._before_save = before_save  # the Context's hooks: its trackers flush first
+        # The Context's hooks: a replica group's share that was not the step's last, or a step
+        # the groups did not commit, is not an optimizer step to count.
+        self._counts_step = counts_step
         self._comm_device = comm_device
         self._timeout = timeout
         self._shared: dict[str, Any] = {}
         self._per_rank: dict[str, Any] = {}
+        self._optional: set[str] = set()  # tracked, but a checkpoint without them still resumes
         self._steps = 0
         self._saved_step: int | None = None
         self._pending: PendingSave | None = None
@@ -136,6 +141,14 @@ class Checkpointer:
         for name, obj in objects.items():
             check_trackable(name, obj, {**self._shared, **self._per_rank})
             self._shared[name] = obj
+        return self
+
+    def track_optional(self, **objects: Any) -> Checkpointer:
+        """Save these objects like ``track``'s, but resume a checkpoint that lacks them too
+        (leaving them as they are): state multigpu adds of its own, such as a replica group's
+        job step, which checkpoints written without it do not hold. Returns self."""
+        self.track(**objects)
+        self._optional.update(objects)
         return self
 
     def track_per_rank(self, **objects: Any) -> Checkpointer:
@@ -167,6 +180,8 @@ class Checkpointer:
         whether any of them got SIGTERM (they may get it at different steps); if so all save
         and the process exits with code 143.
         """
+        if self._counts_step is not None and not self._counts_step():
+            return False
         self._steps += 1
         if self._on_sigterm:
             stop = dist.all_reduce(float(self._sigterm), op="max", device=self._comm_device)
@@ -265,6 +280,7 @@ class Checkpointer:
                 shared=self._shared,
                 per_rank=self._per_rank,
                 adapter=self._adapter,
+                optional=self._optional,
             )
         except (CheckpointError, UsageError):
             self._undo_directory()
@@ -289,6 +305,16 @@ class Checkpointer:
                 self._created = None
                 return
             here = here.parent
+
+    # ---- healing (replica groups) -------------------------------------------------------------
+    def heal_state(self) -> dict[str, int]:
+        """The count a replica group that heals from this one takes over (not a checkpoint)."""
+        return {"steps": self._steps}
+
+    def load_heal_state(self, state: dict[str, int]) -> None:
+        """Take over a live replica group's count (``heal_state``); the next save is due by it."""
+        self._steps = int(state["steps"])
+        self._saved_step = None  # this group's own directory may hold no save of this step
 
     # ---- lifetime -------------------------------------------------------------------------------
     def _install_sigterm(self) -> None:

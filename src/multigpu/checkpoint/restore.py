@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +108,13 @@ def restore_checkpoint(
     shared: Mapping[str, Any],
     per_rank: Mapping[str, Any],
     adapter: StateAdapter,
+    optional: Collection[str] = (),
 ) -> int:
     """Load ``path`` into the tracked objects and this rank's RNGs; return the saved step.
 
-    Collective. A tracked object missing from the checkpoint is an error, never a warning.
+    Collective. A tracked object missing from the checkpoint is an error, never a warning —
+    except the ``optional`` ones (what multigpu itself adds, e.g. a replica group's job step,
+    absent from checkpoints saved without it): left as they are.
     """
     manifest = read_manifest(path)
     state = load_part(path / STATE_FILE)
@@ -123,6 +126,7 @@ def restore_checkpoint(
     per_rank_saved = (mine or {}).get("objects", {})
     in_state = state.get("objects", {})
     available = saved_names(manifest, in_state)
+    shared = {k: v for k, v in shared.items() if k in available or k not in optional}
     missing = [n for n in shared if n not in available]
     if mine is not None or not per_rank_files:
         missing += [n for n in per_rank if n not in per_rank_saved]

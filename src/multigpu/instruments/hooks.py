@@ -29,6 +29,29 @@ class Hook:
         """What ``ctx.backward(loss, **kwargs)`` runs instead of ``backward`` (made once)."""
         return backward
 
+    def before_step(
+        self, ctx: Any, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> bool:
+        """``ctx.step(*optimizers)`` is about to step them (the last micro-batch of a step):
+        False stops it (``ctx.step`` then returns False and leaves every gradient to the hook),
+        as a replica group does for a share that is not the step's last, or a step the groups
+        did not commit."""
+        return True
+
+    def counts_step(self, ctx: Any) -> bool:
+        """Whether the optimizer step just taken counts (a ``Checkpointer.step()`` counts it):
+        False after a step the hook stopped (see ``before_step``), when the loop still calls
+        ``ckpt.step()``."""
+        return True
+
+    def writes_outputs(self, ctx: Any) -> bool:
+        """Whether this rank 0 is the one ``ctx.is_main`` names (False: another process of the
+        job writes the user's files and prints, e.g. another replica group's rank 0)."""
+        return True
+
+    def on_checkpointer(self, ctx: Any, checkpointer: Any) -> None:
+        """``ctx.checkpointer`` made ``checkpointer`` (a ``Checkpointer``), before it resumes."""
+
     def on_step(self, ctx: Any) -> None:
         """An optimizer step ended (``ctx.step`` stepped: also the last micro-batch of an
         accumulated step, and after a pipeline's ``forward_backward``)."""

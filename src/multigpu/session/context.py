@@ -66,7 +66,12 @@ class Context(RankTools, Checkpointing, Metering):
         self.seed = seed
         self.precision = precision or Precision("32", device)
         self._hooks = tuple(hooks)  # instruments chosen by init() (verify, bench, hang tools)
-        self._steps = StepControl(strategy, self.precision, self._comm_device)
+        self._steps = StepControl(
+            strategy,
+            self.precision,
+            self._comm_device,
+            lambda optimizers: all(hook.before_step(self, optimizers) for hook in self._hooks),
+        )
         self._meter = StepMeter(device, env.world_size, flops_per_token=flops_per_token)
         self._backward = self._steps.backward
         for hook in self._hooks:

@@ -97,11 +97,14 @@ class Checkpointing:
             describe=self.strategy.describe,
             lock_timeout=lock_timeout,
             before_save=self._before_save,
+            counts_step=lambda: all(hook.counts_step(self) for hook in self._hooks),
         )
         ckpt.track(**objects)
         if self.precision.scaler is not None and "grad_scaler" not in objects:
             ckpt.track(grad_scaler=self.precision.scaler)
         self._checkpointers.append(ckpt)
+        for hook in self._hooks:
+            hook.on_checkpointer(self, ckpt)
         return ckpt
 
     def save(self, path: str | Path, state: Mapping[str, Any]) -> Path:

@@ -21,6 +21,7 @@ from multigpu.errors import UsageError
 from multigpu.runtime import dist
 
 if TYPE_CHECKING:
+    from multigpu.instruments.hooks import Hook
     from multigpu.strategies import Strategy
 
 T = TypeVar("T")
@@ -33,6 +34,7 @@ class RankTools:
     backend: str | None
     device: torch.device
     strategy: Strategy
+    _hooks: tuple[Hook, ...]
 
     @property
     def rank(self) -> int:
@@ -75,8 +77,10 @@ class RankTools:
 
     @property
     def is_main(self) -> bool:
-        """True on global rank 0 (the one that prints and writes files)."""
-        return self.env.rank == 0
+        """True on global rank 0 (the one that prints and writes files). Under replica groups
+        (``multigpu run --replicas``) on one process of the whole job: rank 0 of the group that
+        writes (see docs/fault-tolerance.md)."""
+        return self.env.rank == 0 and all(hook.writes_outputs(self) for hook in self._hooks)
 
     @property
     def is_distributed(self) -> bool:

@@ -85,9 +85,15 @@ class StepControl:
     """Accumulation state, precision and loss weighting, shared by Context's step methods."""
 
     def __init__(
-        self, strategy: Strategy, precision: Precision, comm_device: Callable[[], torch.device]
+        self,
+        strategy: Strategy,
+        precision: Precision,
+        comm_device: Callable[[], torch.device],
+        before_step: Callable[[Sequence[torch.optim.Optimizer]], bool] = lambda _: True,
     ) -> None:
         self.strategy = strategy
+        self.before_step = before_step
+        """Asked before the optimizers step: False stops the step (the Context's hooks)."""
         self.precision = precision
         self.comm_device = comm_device
         """Where the count's all-reduce runs (the GPU under NCCL, else the CPU)."""
@@ -259,13 +265,15 @@ class StepControl:
         if not self.sync_step:
             return False
         self._step_ended = False
+        # Under replica groups a share that is not the step's last, or a step the groups did
+        # not commit, stops here (multigpu.replicas.step_gate): the hook keeps the gradients.
+        if not self.before_step(optimizers):
+            return False
         self.precision.step(*optimizers)
         if zero_grad:
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
-        # Under replica groups an optimizer's step waits for the step's last micro-batch and
-        # for the groups' commit (multigpu.replicas.hook.gate_optimizer): it says if it skipped.
-        return not any(getattr(o, "multigpu_skipped_step", False) for o in optimizers)
+        return True
 
     def clip_grad_norm(
         self,
