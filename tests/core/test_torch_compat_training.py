@@ -174,3 +174,31 @@ def test_ddp_imports_what_the_fork_server_preloads() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == f"[] {list(torch_compat.DDP_IMPORTS)}", done.stdout
+
+
+def test_a_grad_scalers_per_optimizer_record_is_what_the_replica_groups_read_and_set() -> None:
+    """replicas/step_gate.py: forget an unscale (a share set aside), then make the found infs
+    agree (the groups' summed gradients decide skip or step, and the scale's update)."""
+    from multigpu.torch_compat import scaler_forget_unscale, scaler_set_found_inf, scaler_unscaled
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(torch.ones(()))  # the scale is made lazily, by the first scale()
+    weight.grad = torch.full((3,), 4.0)
+    assert not scaler_unscaled(scaler, optimizer)
+    scaler.unscale_(optimizer)
+    assert scaler_unscaled(scaler, optimizer) and torch.equal(weight.grad, torch.ones(3))
+    scaler_forget_unscale(scaler, optimizer)
+    assert not scaler_unscaled(scaler, optimizer)
+    weight.grad = torch.full((3,), 4.0)
+    scaler.unscale_(optimizer)  # allowed again: torch raised without the forgetting
+    scaler_set_found_inf(scaler, optimizer, True)
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.equal(weight.detach(), torch.ones(3)) and scaler.get_scale() == 2.0  # skipped
+    weight.grad = torch.full((3,), 2.0)
+    scaler.unscale_(optimizer)
+    scaler_set_found_inf(scaler, optimizer, False)
+    scaler.step(optimizer)
+    assert torch.equal(weight.detach(), torch.zeros(3))  # stepped: 1 - 1.0 * 2/2

@@ -80,8 +80,10 @@ def test_the_killed_group_rejoins_by_healing_from_its_peer(killed_run: dict) -> 
     assert "replica group 1: healed from replica group 0 at step" in err
     assert "no checkpoint read" in err
     assert "replica group 0: replica group(s) 1 rejoined the quorum" in err
-    summary = next(line for line in err.splitlines() if "replica group 0: 200 steps" in line)
-    assert "0 run short-handed" not in summary  # group 0 ran group 1's shares meanwhile
+    summary = err.strip().splitlines()[-1]  # the job's, from the launcher
+    assert summary.startswith("multigpu: replica groups: 200 steps; group 0: 1 life, "), summary
+    assert "steps short-handed" in summary  # group 0 ran group 1's shares meanwhile
+    assert "group 1: 2 lives" in summary and "healed 1 time(s)" in summary
 
 
 def _uninterrupted(skip: int | None = None, epochs: int = EPOCHS) -> dict[str, torch.Tensor]:

@@ -295,16 +295,30 @@ def _replicas(
     """``--replicas``: checked here (exit 2, nothing started), then one launcher per group."""
     from multigpu.common.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
-    from multigpu.launch.replicas import check_iface, check_no_rendezvous, plan_replicas, run_groups
+    from multigpu.launch.replicas import (
+        check_iface,
+        check_no_rendezvous,
+        check_one_node_per_group,
+        check_torchft,
+        plan_replicas,
+        run_groups,
+    )
     from multigpu.launch.run import prepare
 
     plan = plan_replicas(ns.replicas, ns.lighthouse, ns.replica_group)
+    check_one_node_per_group(options.torchrun)
     check_no_rendezvous(options.torchrun, plan)
     check_iface(plan, options.iface)
     if command == "train":
         train.check_replica_options(rest)
+    if not options.dry_run:
+        check_torchft()
     with prepare(options) as checked:  # the checks of a plain run: script, devices, variables
         check_worker_environment(checked)
+        if command == "train":  # rest: --model MODEL, then the job's arguments
+            train.check_batch_size(
+                rest[2:], checked.nproc_per_node * plan.groups, rest[1], groups=plan.groups
+            )
         threads = max(1, usable_cores() // (checked.nproc_per_node * len(plan.here)))
         if options.dry_run:
             print(checked.describe(), flush=True)

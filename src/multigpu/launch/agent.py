@@ -85,7 +85,8 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
                 {w.global_rank: w.id for w in worker_group.workers if isinstance(w.id, int)}
             )
             result = super()._monitor_workers(worker_group)
-            if result.state in restarted_on and self._remaining_restarts > 0:
+            remaining = int(getattr(self, "_remaining_restarts"))  # noqa: B009 (untyped in torch)
+            if result.state in restarted_on and remaining > 0:
                 causes = failures_of(result)
                 if causes and causes[0].final:
                     # The same input would be refused again: torch's loop ends the run when no
@@ -93,7 +94,7 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
                     self._remaining_restarts = 0
                     return result
                 # torch's loop restarts the workers next, and counts it: say why, and which.
-                restarts.failed(worker_group, result, self._remaining_restarts - 1)
+                restarts.failed(worker_group, result, remaining - 1)
             return result
 
         def _exit_barrier(self) -> None:

@@ -11,10 +11,14 @@ environment; a child's torchrun agent restarts its group's workers (``--max-rest
 - Several nodes: every node gives ``--lighthouse HOST:PORT`` and ``--replica-group G`` (the
   groups it starts; ``--replicas`` counts the groups of the whole job). The node whose address
   HOST is starts the lighthouse there, on that address only — never on every interface, which
-  torchft's own command does by default.
+  torchft's own command does by default. A group is one node's: ``--nnodes`` above 1 is refused.
+- The job's record (``multigpu.common.replica_record``: its end, its writer, its counts) is a
+  store beside the lighthouse, on the same address: a free port on one node, ``PORT + 1`` of
+  ``--lighthouse`` on several. The launcher that hosts it prints the job's summary at the end.
 
 Environment variables set for the children: ``MULTIGPU_REPLICA_GROUPS``,
 ``MULTIGPU_REPLICA_GROUP``, ``MULTIGPU_LIGHTHOUSE``, ``MULTIGPU_REPLICA_HOST``,
+``MULTIGPU_REPLICA_STORE``,
 ``PET_MAX_RESTARTS`` (unless set), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (unless set: the
 cores shared by every worker of this node's groups), ``RUST_LOG`` (``warn`` unless set:
 torchft's servers log every quorum at ``info``). Read: ``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
@@ -22,7 +26,9 @@ torchft's servers log every quorum at ``info``). Read: ``MULTIGPU_REPLICA_HEARTB
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import socket
@@ -34,9 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from multigpu.common.host import local_addresses
+from multigpu.common.replica_record import JobRecord, job_summary
 from multigpu.errors import UsageError
 from multigpu.launch.failure_summary import say
+from multigpu.launch.replica_output import GroupOutput, ending_line
 from multigpu.launch.worker_guard import die_with_parent
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RESTARTS = "3"
 OUR_FLAGS = ("--replicas", "--lighthouse", "--replica-group")
@@ -158,6 +168,33 @@ def _is_loopback(host: str) -> bool:
         return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
 
 
+def check_one_node_per_group(torchrun: Any) -> None:
+    """A replica group runs on one node: its workers' store and gloo stay on that node, and the
+    groups of several nodes meet through ``--lighthouse``."""
+    nnodes = str(torchrun.get("nnodes", "1"))
+    if nnodes not in ("1", "1:1"):
+        raise UsageError(
+            f"--nnodes {nnodes} with --replicas: a replica group runs on one node; to train on "
+            "several nodes start one group per node with --replica-group G --lighthouse "
+            "HOST:PORT --iface NAME on each (docs/fault-tolerance.md), or leave --replicas out"
+        )
+
+
+def check_torchft() -> None:
+    """Every node's groups need torchft (not only the lighthouse's node): refuse before any
+    group starts, rather than fail in each worker and restart."""
+    # torchft's servers log every quorum at info; its logger reads this process's environment
+    # when torchft is first imported (the children get the same default in theirs).
+    os.environ.setdefault("RUST_LOG", "warn")
+    try:
+        import torchft  # noqa: F401
+    except ImportError as e:
+        raise UsageError(
+            f"--replicas needs torchft, which is not installed here ({e}); install it with: "
+            "pip install 'multigpu[ft]'"
+        ) from e
+
+
 def check_no_rendezvous(torchrun: Any, plan: ReplicaPlan) -> None:
     """Several groups on one node each need their own rendezvous: refuse one given for all."""
     given = [f"--{d.replace('_', '-')}" for d in ("rdzv_endpoint", "master_port") if d in torchrun]
@@ -180,7 +217,8 @@ def _outward_address(host: str, port: int) -> str:
 
 
 def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
-    """(the lighthouse server or None, its ``host:port``, the groups' listen address here)."""
+    """(the lighthouse server or None, its ``host:port``, the groups' listen address here).
+    Where the lighthouse is ours, the job's record is made beside it (``host_record``)."""
     if plan.lighthouse is None:
         host, port = "127.0.0.1", 0
     else:
@@ -189,9 +227,7 @@ def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
     replica_host = _outward_address(host, port or 1)
     server = None
     if ours:
-        # torchft's servers log every quorum at info; its logger reads this process's
-        # environment when torchft is imported (the children get the same default in theirs).
-        os.environ.setdefault("RUST_LOG", "warn")
+        check_torchft()
         try:
             from torchft.coordination import LighthouseServer
         except ImportError as e:
@@ -216,17 +252,64 @@ def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
     return server, f"{host}:{port}", replica_host
 
 
+def host_record(lighthouse: str, plan: ReplicaPlan) -> tuple[Any, str]:
+    """The job's record, hosted here beside the lighthouse ``host:port``: (its store, its
+    ``host:port``) — a free port on one node, the lighthouse's port + 1 on several (the other
+    nodes' launchers find it there)."""
+    from torch.distributed import TCPStore
+
+    from multigpu.common.store_listen import listening_store
+
+    host, _, port = lighthouse.rpartition(":")
+    host = host.strip("[]")
+    wanted = 0 if plan.lighthouse is None else int(port) + 1
+    try:
+        store = listening_store(
+            TCPStore, host_name=host, port=wanted, is_master=True, wait_for_workers=False,
+            many_nodes=plan.lighthouse is not None and not _is_loopback(host),
+        )  # fmt: skip
+    except Exception as e:  # a taken port: torch's RuntimeError, or our socket's OSError
+        raise UsageError(
+            f"the replica groups' record cannot listen on {host}:{wanted} ({e}); it takes the "
+            "port after --lighthouse's: choose a lighthouse port whose next one is free too"
+        ) from e
+    JobRecord.hosted(store, first_group=0)
+    address = f"[{host}]" if ":" in host else host
+    return store, f"{address}:{int(store.port)}"
+
+
+def record_address(lighthouse: tuple[str, int]) -> str:
+    """Where another node's launcher finds the record: the lighthouse's port + 1."""
+    host, port = lighthouse
+    return f"[{host}]:{port + 1}" if ":" in host else f"{host}:{port + 1}"
+
+
 def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads: int) -> int:
-    """Start the lighthouse (where it is ours) and this node's groups; wait for every group.
-    ``threads``: each worker's ``OMP_NUM_THREADS`` (unless set): the groups share the cores."""
+    """Start the lighthouse and the job's record (where they are ours) and this node's groups;
+    wait for every group. ``threads``: each worker's ``OMP_NUM_THREADS`` (unless set): the
+    groups share the cores."""
+    check_torchft()
     server, lighthouse, replica_host = start_lighthouse(plan)
-    say(
-        f"{len(plan.here)} replica group(s) ({', '.join(map(str, plan.here))} of {plan.groups}); "
-        f"lighthouse {lighthouse}" + (" (started here)" if server is not None else "")
-    )
+    hosted: Any = None
+    try:
+        if server is not None:
+            hosted, address = host_record(lighthouse, plan)
+        else:
+            assert plan.lighthouse is not None  # no lighthouse of ours: --lighthouse names it
+            address = record_address(plan.lighthouse)
+    except BaseException:
+        if server is not None:
+            server.shutdown()
+        raise
+    log.debug(
+        "%d replica group(s) (%s of %d); lighthouse %s%s", len(plan.here),
+        ", ".join(map(str, plan.here)), plan.groups, lighthouse,
+        " (started here)" if server is not None else "",
+    )  # fmt: skip
     child_argv = [sys.executable, "-m", "multigpu", command, *strip_our_flags(argv)]
     train = command == "train"
     children: list[tuple[int, subprocess.Popen[bytes]]] = []
+    output = GroupOutput()
     base = dict(os.environ)
     base.setdefault("PET_MAX_RESTARTS", DEFAULT_RESTARTS)
     base.setdefault("RUST_LOG", "warn")
@@ -238,32 +321,73 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads:
             "MULTIGPU_REPLICA_GROUP": str(group),
             "MULTIGPU_LIGHTHOUSE": lighthouse,
             "MULTIGPU_REPLICA_HOST": replica_host,
+            "MULTIGPU_REPLICA_STORE": address,
         }
         args = group_outputs(child_argv, group) if train else child_argv
-        children.append((group, subprocess.Popen(args, env=env, preexec_fn=die_with_parent)))
-    return _wait(children, server)
+        child = subprocess.Popen(
+            args, env=env, preexec_fn=die_with_parent, stderr=subprocess.PIPE
+        )
+        assert child.stderr is not None
+        output.follow(group, child.stderr)
+        children.append((group, child))
+    record = JobRecord(hosted) if hosted is not None else _record_client(address)
+    codes = _wait(children, server, record)
+    if hosted is not None:  # the job's summary, then its ending (a failed run's last line)
+        summary = job_summary(record, plan.groups)
+        if not summary.startswith("replica groups: 0 steps"):
+            say(summary)
+    endings = output.endings()
+    said = {g for _, groups in endings for g in groups}
+    for line, groups in endings:
+        sys.stderr.write(ending_line(line, groups, len(plan.here)) + "\n")
+    for group, code in sorted(codes.items()):
+        if code and group not in said:
+            say(f"replica group {group} ended with exit code {code}")
+    sys.stderr.flush()
+    failed = [code for _, code in sorted(codes.items()) if code]
+    return failed[0] if failed else 0
 
 
-def _wait(children: list[tuple[int, subprocess.Popen[bytes]]], server: Any) -> int:
+def _record_client(address: str) -> JobRecord:
+    """Another node's launcher: a client of the record (None-backed when it cannot be
+    reached: the groups then find out by themselves, and say so)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host, _, port = address.rpartition(":")
+    try:
+        return JobRecord(
+            TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+        )  # fmt: skip
+    except Exception:
+        return JobRecord(None)
+
+
+def _wait(
+    children: list[tuple[int, subprocess.Popen[bytes]]], server: Any, record: JobRecord
+) -> dict[int, int]:
+    """Every group's exit code, once all ended (signals passed on to them meanwhile)."""
     def forward(signum: int, _frame: Any) -> None:
         for _, child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    codes: dict[int, int] = {}
     try:
-        codes: dict[int, int] = {}
         while len(codes) < len(children):
             for group, child in children:
                 if group not in codes and child.poll() is not None:
                     codes[group] = child.returncode
-                    if child.returncode:
-                        say(f"replica group {group} ended with exit code {child.returncode}")
+                    # None of its lives comes back: another group may take over its outputs.
+                    with contextlib.suppress(Exception):
+                        record.mark_exited(group, child.returncode)
             time.sleep(0.1)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if server is not None:
             server.shutdown()
-    failed = [code for _, code in sorted(codes.items()) if code]
-    return failed[0] if failed else 0
+    return codes

@@ -128,10 +128,13 @@ def option_value(job_args: Sequence[str], name: str) -> str | None:
     return value
 
 
-def check_batch_size(job_args: Sequence[str], processes: int, model: str = DEFAULT_MODEL) -> None:
+def check_batch_size(
+    job_args: Sequence[str], processes: int, model: str = DEFAULT_MODEL, *, groups: int = 1
+) -> None:
     """Refuse, before anything starts, a global ``--batch-size`` the processes cannot share.
 
     Without ``--batch-size`` in ``job_args`` it checks ``model``'s default batch size.
+    ``groups``: replica groups of ``processes / groups`` processes each (``--replicas``).
     """
     value = option_value(job_args, "--batch-size")
     try:
@@ -140,10 +143,14 @@ def check_batch_size(job_args: Sequence[str], processes: int, model: str = DEFAU
         return  # the job's own parser says what is wrong with it
     if batch > 0 and batch % processes:
         low = max(processes, batch - batch % processes)
+        among = (
+            f"{groups} replica groups x {processes // groups} process(es)"
+            if groups > 1
+            else f"{processes} processes"
+        )
         raise UsageError(
-            f"--batch-size {batch} is not divisible by the {processes} processes (it is the "
-            f"global batch, split evenly); use a multiple of {processes}, e.g. {low} or "
-            f"{low + processes}"
+            f"--batch-size {batch} is not divisible by the {among} (it is the global batch, "
+            f"split evenly); use a multiple of {processes}, e.g. {low} or {low + processes}"
         )
 
 

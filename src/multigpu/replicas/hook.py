@@ -1,51 +1,101 @@
 """``ReplicaHook``: how a worker of one replica group attaches to its Context, script unchanged.
 
-``init()`` adds it when the launcher set the replica variables (``multigpu.replicas.settings``).
+``init()`` adds it when the launcher set the replica variables (``multigpu.replicas.settings``);
+a life that starts after the job ended exits at once there, one that starts after it failed ends
+with its line (``Coordinator.check_job_state``).
 
-- ``ctx.setup(model, optimizer)``: the model's and optimizers' state become what a healing group
-  receives, torchft's manager starts, and each optimizer is gated (``gate_optimizer``): its
-  ``step()`` runs only at the last micro-batch of a step and only when the groups commit it,
-  after the gradients were summed over the groups; its ``zero_grad()`` does nothing between the
-  micro-batches of one step (the survivors' extra shares accumulate).
+- ``ctx.setup(model, optimizer)``: the model and optimizers join what a healing group receives
+  (``multigpu.replicas.heal_state``, with the LR schedulers found on them and the GradScaler),
+  torchft's manager starts, and the steps are decided by ``multigpu.replicas.step_gate``
+  through the Context's ``before_step`` hook and each optimizer's step pre-hook — the user's
+  objects are not patched.
 - ``ctx.loader(...)`` with whole global batches (training; ``drop_last``) reads this group's
   shares of each step (``multigpu.replicas.shares``); a loader that keeps the last partial batch
-  (evaluation) is read whole by every group, its results reduced inside the group.
-- The Context's teardown says the summary and stops the manager.
+  (evaluation) is read whole by every group, its results reduced inside the group. Every loader's
+  position heals.
+- ``ctx.checkpointer(...)``: its step count heals, it counts only the steps that stepped, and it
+  saves the job's step with the checkpoint (``JobStep``): after a restart of every group, the
+  groups heal from the one whose checkpoint is furthest ahead.
+- ``ctx.is_main``: true on rank 0 of the one group that writes (``Coordinator.writes``).
+- The Context's end: a clean end of the loop is the job's end; the counts go to the job's record.
 
 Refused with one line: strategies other than single/ddp/fsdp (pipeline and tensor parallel split
-the model, not the data), ``precision="16-mixed"`` (the GradScaler skips steps on its own, which
-the groups would not agree on) and ``ctx.backward(num_items=...)`` (its count is a group's only).
+the model, not the data) and ``ctx.backward(num_items=...)`` (its count is a group's only).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from multigpu.common.replica_record import JobRecord
 from multigpu.common.store_listen import listening_store
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.instruments.hooks import Hook
 from multigpu.replicas.coordinator import Coordinator
+from multigpu.replicas.heal_state import HealState
 from multigpu.replicas.settings import ReplicaSettings
 from multigpu.replicas.shares import ReplicaSteps, replica_sampler
+from multigpu.replicas.step_gate import StepGate
 from multigpu.runtime import dist
 
 STRATEGIES = ("single", "ddp", "fsdp")
 
 
+def _record(settings: ReplicaSettings, rank: int, timeout_s: float) -> JobRecord:
+    """Rank 0's client of the job's record (the other ranks hear from it: ``Coordinator``)."""
+    if rank != 0 or settings.store is None:
+        return JobRecord(None)
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host, _, port = settings.store.rpartition(":")
+    store = TCPStore(
+        host.strip("[]"),
+        int(port),
+        is_master=False,
+        timeout=timedelta(seconds=min(timeout_s, 60.0)),
+        wait_for_workers=False,
+    )
+    return JobRecord(store)
+
+
 def replica_hook(
     settings: ReplicaSettings, env: ClusterEnv, device: torch.device, timeout_s: float
 ) -> ReplicaHook:
-    """The hook of a worker of replica group ``settings.group`` (rank ``env.rank`` in it)."""
+    """The hook of a worker of replica group ``settings.group`` (rank ``env.rank`` in it); exits
+    at once when the job already ended (see the module doc)."""
     coordinator = Coordinator(
-        settings, rank=env.rank, world_size=env.world_size, device=device, timeout_s=timeout_s
+        settings,
+        rank=env.rank,
+        world_size=env.world_size,
+        device=device,
+        timeout_s=timeout_s,
+        record=_record(settings, env.rank, timeout_s),
     )
+    coordinator.check_job_state()
     return ReplicaHook(coordinator, many_nodes=not ipaddress.ip_address(settings.host).is_loopback)
+
+
+class JobStep:
+    """The job's committed steps, saved with each checkpoint of a replica group (optional: a
+    checkpoint written without replica groups resumes too)."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def state_dict(self) -> dict[str, int]:
+        return self.coordinator.job_step()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.coordinator.job_step_loaded(state)
 
 
 class ReplicaHook(Hook):
@@ -54,8 +104,26 @@ class ReplicaHook(Hook):
     def __init__(self, coordinator: Coordinator, *, many_nodes: bool) -> None:
         self.coordinator = coordinator
         self.many_nodes = many_nodes
+        self.state = HealState()
+        self.gate = StepGate(coordinator)
         self._store: Any = None  # the cross-group store this group's rank 0 hosts: kept alive
         self._model: nn.Module | None = None
+        coordinator.set_state(self.state.save, self._healed)
+        coordinator.watch_parameters(
+            lambda: [p for m in self.state.models for p in m.parameters()]
+        )
+        # A clean end of the loop is the job's end. Without `with multigpu.init()` the Context
+        # ends at exit, after an uncaught exception too: Python's excepthook runs first.
+        self._clean: bool | None = None
+        self._excepthook = sys.excepthook
+        sys.excepthook = self._uncaught
+
+    def _uncaught(self, *info: Any) -> None:
+        self._clean = False
+        self._excepthook(*info)
+
+    def _healed(self, state: Any, source: int) -> list[str]:
+        return self.state.load(state, source)
 
     def on_setup(
         self, ctx: Any, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]
@@ -67,24 +135,16 @@ class ReplicaHook(Hook):
                 f"model; inside a group use one of {', '.join(STRATEGIES)}, or run without "
                 "--replicas"
             )
-        if ctx.precision.scaler is not None:
-            raise UsageError(
-                "precision='16-mixed' under --replicas: its GradScaler skips steps on its own, "
-                "which the replica groups would not agree on; use precision='bf16-mixed' or '32'"
-            )
         if self._model is not None:
             raise UsageError(
                 "ctx.setup ran twice under --replicas; give every optimizer of the model to one "
                 "ctx.setup(model, *optimizers): its state is what a rejoining group heals from"
             )
         self._model = plain = ctx.strategy.unwrap(model)
-        c = self.coordinator
-        c.add_state(plain.state_dict, plain.load_state_dict)
-        parameters = _parameters(plain, optimizers)
-        for optimizer in optimizers:
-            c.add_state(optimizer.state_dict, optimizer.load_state_dict)
-            gate_optimizer(optimizer, c, parameters)
-        c.start(self._make_store)
+        self.state.add_setup(plain, optimizers)
+        self.state.scaler = self.gate.scaler = ctx.precision.scaler
+        self.gate.attach(_parameters(plain, optimizers), optimizers)
+        self.coordinator.start(self._make_store)
 
     def _make_store(self, host: str) -> tuple[str, int]:
         if self.coordinator.rank == 0:
@@ -98,15 +158,38 @@ class ReplicaHook(Hook):
         return host, int(port)
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
-        if not loader.sampler.drop_last:
-            return  # evaluation: every group reads all of it
-        c = self.coordinator
-        loader.sampler = replica_sampler(
-            loader.sampler, groups=c.settings.groups, group=c.settings.group
-        )
-        width = loader.sampler.world_size // c.settings.groups
-        loader.replica_steps = ReplicaSteps(loader, c, width=width)
-        c.add_state(loader.state_dict, loader.load_state_dict)
+        if loader.sampler.drop_last:  # training: this group's shares of each step
+            c = self.coordinator
+            sampler, groups = loader.sampler, c.settings.groups
+            try:
+                loader.sampler = replica_sampler(sampler, groups=groups, group=c.settings.group)
+            except UsageError as e:
+                parts = groups * sampler.world_size * sampler.accumulation_steps
+                batch = sampler.global_batch_size
+                low, high = (batch // parts) * parts, (batch // parts + 1) * parts
+                raise UsageError(
+                    f"batch_size={batch} does not split into {groups} replica groups x "
+                    f"{sampler.world_size} process(es) x accumulation_steps="
+                    f"{sampler.accumulation_steps}: each process's share would be "
+                    f"{batch / parts:.2f} samples; use a multiple of {parts}, e.g. "
+                    + (f"{low} or {high}" if low else f"{high}")
+                ) from e
+            width = loader.sampler.world_size // c.settings.groups
+            loader.replica_steps = ReplicaSteps(loader, c, self.gate, self.state, width=width)
+        self.state.add_loader(loader)  # evaluation's too: its epoch count (a shuffle) heals
+
+    def on_checkpointer(self, ctx: Any, checkpointer: Any) -> None:
+        checkpointer.track_optional(multigpu_replica_job=JobStep(self.coordinator))
+        self.state.add_checkpointer(checkpointer)
+
+    def before_step(self, ctx: Any, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
+        return self.gate.decide(optimizers)
+
+    def counts_step(self, ctx: Any) -> bool:
+        return self.gate.counts
+
+    def writes_outputs(self, ctx: Any) -> bool:
+        return self.coordinator.writes
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
         def refusing_num_items(loss: torch.Tensor, num_items: Any = None, **kwargs: Any) -> None:
@@ -119,8 +202,14 @@ class ReplicaHook(Hook):
 
         return refusing_num_items
 
+    def on_exit(self, ctx: Any, error: BaseException | None) -> None:
+        self._clean = error is None
+
     def on_teardown(self, ctx: Any) -> None:
-        self.coordinator.close()
+        if sys.excepthook == self._uncaught:
+            sys.excepthook = self._excepthook
+        self.gate.detach()
+        self.coordinator.close(clean=self._clean is not False)
 
 
 def _parameters(
@@ -132,46 +221,3 @@ def _parameters(
             for p in group["params"]:
                 seen.setdefault(id(p), p)
     return list(seen.values())
-
-
-def gate_optimizer(
-    optimizer: torch.optim.Optimizer, c: Coordinator, parameters: Sequence[torch.Tensor]
-) -> None:
-    """Make ``optimizer.step()`` / ``zero_grad()`` follow the replica groups' steps (in place:
-    the user's object, so ``optimizer.step()`` in the loop is gated as ``ctx.step`` is)."""
-    step, zero_grad = optimizer.step, optimizer.zero_grad
-    stepped = [-1]  # the step (Coordinator.serial) this optimizer last stepped in
-
-    def gated_step(*args: Any, **kwargs: Any) -> Any:
-        if not c.in_step and not optimizer.state:
-            # Before any step, with no state yet: a checkpoint restore making the optimizer's
-            # state (torch.distributed.checkpoint steps it with zero gradients), not training.
-            return step(*args, **kwargs)
-        if not c.in_step:
-            raise UsageError(
-                "optimizer.step() under --replicas outside a step of ctx.loader(...): the "
-                "groups agree on each step at its first batch; iterate a training loader made "
-                "by ctx.loader (drop_last) and step inside the loop"
-            )
-        optimizer.multigpu_skipped_step = True  # type: ignore[attr-defined]
-        if not c.ends_step:
-            c.step_waits = True  # ctx.step's zero_grad, next, must keep the gradient
-            return None  # an extra share or micro-batch of the step follows
-        if c.decided is None:
-            c.finish_step(parameters)
-        if not c.decided:
-            zero_grad(set_to_none=True)
-            return None
-        if stepped[0] == c.serial:
-            return None  # stepped already in this step (a second call must not step again)
-        stepped[0] = c.serial
-        optimizer.multigpu_skipped_step = False  # type: ignore[attr-defined]
-        return step(*args, **kwargs)
-
-    def gated_zero_grad(set_to_none: bool = True) -> None:
-        if c.in_step and c.decided is None and (c.micro_index > 0 or c.step_waits):
-            return  # between the micro-batches of one step: the gradients add up
-        zero_grad(set_to_none=set_to_none)
-
-    optimizer.step = gated_step  # type: ignore[method-assign]
-    optimizer.zero_grad = gated_zero_grad  # type: ignore[method-assign]

@@ -6,7 +6,10 @@ group's index, 0..R-1), ``MULTIGPU_LIGHTHOUSE`` (``host:port`` of torchft's ligh
 ``MULTIGPU_REPLICA_HOST`` (the address this group's manager server and store listen on: loopback
 on one node, the cluster interface on several), ``MULTIGPU_REPLICA_HEARTBEAT_S`` (how long the
 lighthouse waits for a silent group before it forms a quorum without it; the same number bounds
-a step's collectives across groups).
+a step's collectives across groups), ``MULTIGPU_REPLICA_STORE`` (``host:port`` of the job's
+record, a store the lighthouse's launcher hosts: ``multigpu.common.replica_record``),
+``MULTIGPU_REPLICA_CHECK_EVERY`` (the groups compare their parameters every that many steps,
+and after every change of quorum; default 50).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ GROUP_ENV = "MULTIGPU_REPLICA_GROUP"
 LIGHTHOUSE_ENV = "MULTIGPU_LIGHTHOUSE"
 HOST_ENV = "MULTIGPU_REPLICA_HOST"
 HEARTBEAT_ENV = "MULTIGPU_REPLICA_HEARTBEAT_S"
+STORE_ENV = "MULTIGPU_REPLICA_STORE"
+CHECK_EVERY_ENV = "MULTIGPU_REPLICA_CHECK_EVERY"
+DEFAULT_CHECK_EVERY = 50
 DEFAULT_HEARTBEAT_S = 2.0
 """The lighthouse's wait for a silent group: short enough for a pause of a few seconds, long
 enough that a loaded machine's late heartbeat does not drop a live group."""
@@ -41,6 +47,12 @@ class ReplicaSettings:
     """The address this group's manager server and cross-group store listen on."""
     heartbeat_s: float
     """The lighthouse's heartbeat timeout (seconds)."""
+    store: str | None = None
+    """``host:port`` of the job's record (``multigpu.common.replica_record``); None: none (a
+    group started by hand): the job's end then stays unknown to the groups."""
+    check_every: int = DEFAULT_CHECK_EVERY
+    """The groups compare a checksum of their parameters every that many steps (and whenever
+    their quorum changes)."""
 
 
 def _number(environ: Mapping[str, str], name: str, low: int) -> int:
@@ -88,12 +100,24 @@ def read_replicas(environ: Mapping[str, str]) -> ReplicaSettings | None:
         heartbeat = 0.0
     if not heartbeat > 0:
         raise UsageError(f"{HEARTBEAT_ENV}={environ.get(HEARTBEAT_ENV)!r}: expected seconds > 0")
+    store = environ.get(STORE_ENV, "").strip() or None
+    if store is not None and ":" not in store:
+        raise UsageError(
+            f"{STORE_ENV}={store!r} is not host:port; it is set by `multigpu run --replicas R`"
+        )
+    check_every = (
+        _number(environ, CHECK_EVERY_ENV, 1)
+        if environ.get(CHECK_EVERY_ENV, "").strip()
+        else DEFAULT_CHECK_EVERY
+    )
     return ReplicaSettings(
         groups=groups,
         group=group,
         lighthouse=lighthouse,
         host=environ.get(HOST_ENV, "").strip() or "127.0.0.1",
         heartbeat_s=heartbeat,
+        store=store,
+        check_every=check_every,
     )
 
 

@@ -9,9 +9,17 @@ P of the R groups are in a step's quorum, the participant of quorum rank ``r`` r
 the global batch, and the gradients, summed over the groups and divided by R
 (``Coordinator.finish_step``), are those of an uninterrupted run.
 
+Each share runs as its own group would run it: it begins with the RNG streams of the step's start,
+its last micro-batch ends the share (DDP syncs it; ``ctx.step`` or ``optimizer.step()`` asks
+``multigpu.replicas.step_gate``, which sets the share's gradients aside until the step's last
+share), and before the last share the LR schedulers go back to the step's start, so that a loop
+that steps its scheduler on every batch steps it once a step (``multigpu.replicas.heal_state``).
+
 The cursor moves when the step is committed (``Coordinator.on_decided``); a step that failed
-(a group died inside it) leaves it where it was, so the same global batch runs again. A step the
-loop ended without an optimizer step (no decision) moves on, as a plain loader would.
+(a group died inside it) leaves it where it was, so the same global batch runs again, from the
+same snapshot. A step the loop ended without an optimizer step (no decision) moves on, as a plain
+loader would. Once the job's end is reached (``JobOver``) the loader yields nothing more, in this
+pass or any later one: a loop bounded by its own counter ends where the job did.
 
 Batches are read in this process (``num_workers`` is not used): which shares a group reads is
 known only once the step's quorum is, and a DataLoader's workers would have fetched ahead.
@@ -26,7 +34,9 @@ from typing import Any
 from multigpu.common.log import warn_once
 from multigpu.data import DistributedLoader
 from multigpu.data.sampler import ShardSampler
-from multigpu.replicas.coordinator import Coordinator
+from multigpu.replicas.coordinator import Coordinator, JobOver
+from multigpu.replicas.heal_state import HealState
+from multigpu.replicas.step_gate import StepGate
 from multigpu.runtime.device import move_to_device
 
 log = logging.getLogger(__name__)
@@ -63,9 +73,18 @@ def replica_sampler(sampler: ShardSampler, *, groups: int, group: int) -> ShardS
 class ReplicaSteps:
     """The iteration of one training loader under replica groups (``loader.replica_steps``)."""
 
-    def __init__(self, loader: DistributedLoader, coordinator: Coordinator, width: int) -> None:
+    def __init__(
+        self,
+        loader: DistributedLoader,
+        coordinator: Coordinator,
+        gate: StepGate,
+        state: HealState,
+        width: int,
+    ) -> None:
         self.loader = loader
         self.coordinator = coordinator
+        self.gate = gate
+        self.state = state
         self.width = width
         """W: the ranks of a group."""
         self.local_rank = loader.sampler.rank % width
@@ -89,14 +108,15 @@ class ReplicaSteps:
         if committed:
             self._advance()
 
-    def _batches(self) -> list[list[int]]:
+    def _shares(self) -> list[list[list[int]]]:
+        """This participant's shares of the step: each its micro-batches' sample indices."""
         sampler, c = self.loader.sampler, self.coordinator
         order = sampler._order(sampler.epoch)
-        batches = []
+        shares = []
         for share in shares_of(c.participant_rank, c.participants, c.settings.groups):
             spans = sampler._spans(share * self.width + self.local_rank, sampler.cursor)
-            batches += [order[a:b].tolist() for a, b, _ in spans[: sampler.accumulation_steps]]
-        return batches
+            shares.append([order[a:b].tolist() for a, b, _ in spans[: sampler.accumulation_steps]])
+        return shares
 
     def __iter__(self) -> Iterator[Any]:
         loader, sampler, c = self.loader, self.loader.sampler, self.coordinator
@@ -105,23 +125,38 @@ class ReplicaSteps:
         if sampler.cursor + sampler.global_batch_size > sampler.num_samples:
             sampler._epoch, sampler._cursor = epoch + 1, 0  # resumed at the end of an epoch
             return
+        again = False
         while True:
-            c.begin_step()  # may heal: the position is the live groups' from here on
+            try:
+                c.begin_step()  # may heal: the position is the live groups' from here on
+            except JobOver:
+                return  # the job ended at this step: nothing more, in this pass or any other
             c.on_decided = self._decided
+            self.gate.new_step()
+            # The step's start, for each share (its RNG draws) and the last one (schedulers);
+            # a step run again after a failure starts from the same snapshot.
+            self.state.begin_step(again=again)
             if sampler.epoch != epoch:  # healed into a later epoch: this pass runs that one
                 epoch = sampler.epoch
-            batches = self._batches()
-            for i, indices in enumerate(batches):
-                batch = collate([loader.dataset[k] for k in indices])
-                if loader.device is not None:
-                    batch = move_to_device(batch, loader.device)
-                c.micro_index = i
-                loader.ends_step = c.ends_step = i == len(batches) - 1
-                if loader.on_batch is not None:
-                    loader.on_batch(loader)
-                yield batch
+            shares = self._shares()
+            for t, micro_batches in enumerate(shares):
+                last_share = t == len(shares) - 1
+                if t:  # another group's share: its draws, and no scheduler step of the others
+                    self.state.restore(schedulers=last_share)
+                for i, indices in enumerate(micro_batches):
+                    batch = collate([loader.dataset[k] for k in indices])
+                    if loader.device is not None:
+                        batch = move_to_device(batch, loader.device)
+                    ends_share = i == len(micro_batches) - 1
+                    self.gate.new_batch(ends_share=ends_share, ends_step=ends_share and last_share)
+                    loader.ends_step = ends_share  # DDP syncs each share; ctx.step asks the gate
+                    if loader.on_batch is not None:
+                        loader.on_batch(loader)
+                    yield batch
+            again = c.decided is False
             if c.decided is None:  # the loop did not step: move on as a plain loader does
                 self._advance()
             c.on_decided = None
+            c.end_step()
             if sampler.epoch != epoch:
                 return

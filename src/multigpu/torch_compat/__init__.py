@@ -56,6 +56,10 @@ when a torch release changes it, so upgrading torch is this package and those te
   the second call of a module ``name@1`` (``unflattened_name`` maps it back); schedules scale
   the gradients by the micro-batches themselves since 2.7 (``unscaled_schedule_kwargs`` turns
   that off where it exists: the pipeline scales once, a tensor shared by two stages included).
+- **A GradScaler's per-optimizer record** (``GradScaler._per_optimizer_states``, ``OptState``,
+  ``_refresh_per_optimizer_state``): a replica group forgets the unscaling of a share it set
+  aside and makes every group's found-inf agree after the groups summed their gradients
+  (``scaler_unscaled``, ``scaler_forget_unscale``, ``scaler_set_found_inf``).
 - **What DDP imports** (``DDP_IMPORTS``): ``torch._dynamo``, on the first construction; a fork
   server preloads it so that its forked DDP workers do not each pay for it.
 - **torch.compile's counters and the partitioner's budget** (``compile``): the seconds spent
@@ -113,6 +117,9 @@ from multigpu.torch_compat.training import (
     grad_norm,
     mean_over_ignored,
     powersgd_hook_for,
+    scaler_forget_unscale,
+    scaler_set_found_inf,
+    scaler_unscaled,
     unflattened_name,
     unscaled_schedule_kwargs,
     without_cuda,
@@ -155,6 +162,9 @@ __all__ = [
     "own_tensor_tables",
     "powersgd_hook_for",
     "quiet_sequential_redistribution",
+    "scaler_forget_unscale",
+    "scaler_set_found_inf",
+    "scaler_unscaled",
     "store_servers_made_by",
     "unflattened_name",
     "unscaled_schedule_kwargs",

@@ -114,3 +114,35 @@ def unscaled_schedule_kwargs(schedule: type) -> dict[str, Any]:
     """Arguments that keep ``schedule`` from dividing the gradients by the micro-batches
     (``scale_grads=False``, 2.7+); a schedule without the option (before 2.7) never divides."""
     return {"scale_grads": False} if "scale_grads" in inspect.signature(schedule).parameters else {}
+
+
+# ---- a GradScaler's record of one optimizer's step (replica groups) --------------------------
+# GradScaler keeps, per optimizer, whether its gradients were unscaled and the infs it found
+# (``_per_optimizer_states[id(optimizer)]``: ``stage`` and ``found_inf_per_device``), and has no
+# public way to forget or set them. A replica group needs both (``multigpu.replicas.step_gate``):
+# a share that is not its step's last was unscaled by a clip and is set aside (the next share's
+# clip unscales again), and after the groups sum their gradients every group must skip or step
+# alike, whatever inf its own share held.
+
+
+def scaler_unscaled(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``scaler.unscale_(optimizer)`` ran since its last ``update()``."""
+    from torch.amp.grad_scaler import OptState
+
+    state = scaler._per_optimizer_states.get(id(optimizer))
+    return state is not None and state["stage"] is OptState.UNSCALED
+
+
+def scaler_forget_unscale(scaler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Forget that ``optimizer``'s gradients were unscaled (they were set aside): the next
+    ``unscale_`` of it is allowed again."""
+    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+    scaler._per_optimizer_states[id(optimizer)] = _refresh_per_optimizer_state()
+
+
+def scaler_set_found_inf(scaler: Any, optimizer: torch.optim.Optimizer, found: bool) -> None:
+    """Make the infs ``scaler`` found in ``optimizer``'s unscaled gradients ``found`` on every
+    device (``scaler.step`` then skips or steps by it, ``update`` backs off or grows by it)."""
+    for flag in scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+        flag.fill_(1.0 if found else 0.0)
