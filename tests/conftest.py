@@ -12,8 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# --fast and --record-durations; --summary
-pytest_plugins = ["tests.fast_subset", "tests.progress_summary"]
+# --fast and --record-durations; --summary; a test process that dies, hangs past its timeout or
+# leaves processes running fails the run with the test named
+pytest_plugins = ["tests.fast_subset", "tests.progress_summary", "tests.worker_guard"]
 
 
 def _condition(name: str) -> tuple[bool, str]:

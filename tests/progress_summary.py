@@ -58,7 +58,9 @@ class Summary:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed and not hasattr(report, "wasxfail"):
             self.failed += 1
-            where = "" if report.when == "call" else f" (in {report.when})"
+            where = {"call": "", "???": " (its test process died)"}.get(
+                report.when, f" (in {report.when})"
+            )
             self._write(f"FAILED {report.nodeid}{where} after {report.duration:.1f} s")
         if report.when != "teardown":
             return
