@@ -7,7 +7,7 @@ import pytest
 
 from multigpu.cli.main import main
 from multigpu.errors import UsageError
-from multigpu.launch.replicas import group_outputs, parse_lighthouse, plan_replicas, strip_our_flags
+from multigpu.launch.replicas import parse_lighthouse, plan_replicas, strip_our_flags
 from multigpu.replicas.settings import read_replicas
 from multigpu.replicas.shares import shares_of
 
@@ -43,10 +43,6 @@ def test_shares_cover_the_global_batch_once() -> None:
 def test_child_arguments() -> None:
     argv = ["--replicas", "2", "--lighthouse=h:1", "--cpu", "1", "--replica-group", "0", "job.py"]
     assert strip_our_flags(argv) == ["--cpu", "1", "job.py"]
-    assert group_outputs(["--out", "runs/x", "--checkpoint-dir=c"], 1) == [
-        "--out", "runs/x/group-1", "--checkpoint-dir=c"
-    ]  # fmt: skip
-    assert group_outputs(["--out=o"], 0) == ["--out=o/group-0"]
     assert parse_lighthouse("[::1]:29510") == ("::1", 29510)
     assert plan_replicas(3, None, None).here == (0, 1, 2)
     assert plan_replicas(3, "10.0.0.1:29510", "2,0").here == (0, 2)

@@ -24,7 +24,7 @@ import torch
 
 from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, scan, step_dir_name
 from multigpu.checkpoint.lock import DirectoryLock
-from multigpu.checkpoint.objects import check_trackable, epoch_of
+from multigpu.checkpoint.objects import check_trackable, epoch_of, kind_of
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
 from multigpu.checkpoint.saving import PendingSave, SaveJob, decided_by_rank0, save
 from multigpu.checkpoint.snapshot import StateAdapter
@@ -307,14 +307,24 @@ class Checkpointer:
             here = here.parent
 
     # ---- healing (replica groups) -------------------------------------------------------------
-    def heal_state(self) -> dict[str, int]:
-        """The count a replica group that heals from this one takes over (not a checkpoint)."""
-        return {"steps": self._steps}
+    def heal_state(self) -> dict[str, Any]:
+        """What a replica group that heals from this one takes over (not a checkpoint): the
+        count, and the state of the tracked objects of kind ``object`` (a loop's own state,
+        e.g. a history of epochs; models, optimizers, schedulers, loaders heal on their own)."""
+        objects = {**self._shared, **self._per_rank}
+        own = {
+            k: o for k, o in objects.items() if kind_of(o) == "object" and k not in self._optional
+        }
+        return {"steps": self._steps, "objects": {k: o.state_dict() for k, o in own.items()}}
 
-    def load_heal_state(self, state: dict[str, int]) -> None:
-        """Take over a live replica group's count (``heal_state``); the next save is due by it."""
+    def load_heal_state(self, state: dict[str, Any]) -> None:
+        """Take over a live replica group's ``heal_state``; the next save is due by its count."""
         self._steps = int(state["steps"])
         self._saved_step = None  # this group's own directory may hold no save of this step
+        objects = {**self._shared, **self._per_rank}
+        for name, part in state.get("objects", {}).items():
+            if name in objects and name not in self._optional:
+                objects[name].load_state_dict(part)
 
     # ---- lifetime -------------------------------------------------------------------------------
     def _install_sigterm(self) -> None:

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -265,7 +266,8 @@ def _train(argv: Sequence[str]) -> int:
         one_process=train.wants_one_process(job_argv),
     )
     if _wants_replicas(ns):
-        return _replicas("train", ns, launch_argv, ["--model", model, *job_argv], options)
+        rest = ["--model", model, *job_argv]
+        return _replicas("train", ns, launch_argv, rest, options, chosen=chosen)
     # Imported only now: a refused flag above costs no more than torchrun's parser.
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.run import multigpu_run
@@ -290,9 +292,16 @@ def _wants_replicas(ns: argparse.Namespace) -> bool:
 
 
 def _replicas(
-    command: str, ns: argparse.Namespace, own: list[str], rest: list[str], options: LaunchOptions
+    command: str,
+    ns: argparse.Namespace,
+    own: list[str],
+    rest: list[str],
+    options: LaunchOptions,
+    *,
+    chosen: Path | None = None,
 ) -> int:
-    """``--replicas``: checked here (exit 2, nothing started), then one launcher per group."""
+    """``--replicas``: checked here (exit 2, nothing started), then one launcher per group
+    (``chosen``: ``multigpu train``'s output directory when it chose one)."""
     from multigpu.common.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.replicas import (
@@ -325,6 +334,10 @@ def _replicas(
             print(f"replicas:  {plan.groups} group(s), {len(plan.here)} started here, each as "
                   f"above with {threads} thread(s) per process", flush=True)  # fmt: skip
             return 0
+        if command == "train":  # the groups write to one place: said once, here
+            if chosen is not None:
+                train_outputs.claim_run_dir(chosen, shared=False)
+            train_outputs.announce(rest[2:], chosen)
     return run_groups(command, own + rest, plan, threads=threads)
 
 

@@ -160,31 +160,30 @@ class JobRecord:
 
 
 def job_summary(record: JobRecord, groups: int) -> str:
-    """The launcher's last line: the job's steps and what happened to each group.
+    """The launcher's last line: where the job ended and what happened to each group (its
+    lives, the steps it committed over them, how many it ran short-handed, retried, healed).
 
     Example:
         >>> r = JobRecord(None)
         >>> r.add_counts(0, {"steps": 200, "short": 16})
         >>> r.add_counts(1, {"steps": 153, "healed": 1})
-        >>> _ = r.start_life(0), r.start_life(1), r.start_life(1)
-        >>> print(job_summary(r, 2).replace("; g", ";\ng"))
-        replica groups: 200 steps;
-        group 0: 1 life, 16 steps short-handed;
+        >>> _ = r.start_life(0), r.start_life(1), r.start_life(1), r.announce_end(200, 0)
+        >>> print(job_summary(r, 2).replace("; g", ";\\ng"))
+        replica groups: the job ended at step 200;
+        group 0: 1 life, 200 steps, 16 short-handed;
         group 1: 2 lives, 153 steps, healed 1 time(s)
     """
-    counts = [record.counts(g) for g in range(groups)]
-    total = max((c["steps"] for c in counts), default=0)
+    end = record.end()
+    head = f"the job ended at step {end[0]}" if end is not None else "the job did not end"
     parts = []
-    for group, c in enumerate(counts):
-        lives = f"{c['lives']} li{'ves' if c['lives'] != 1 else 'fe'}"
-        said = [lives]
-        if c["steps"] != total:
-            said.append(f"{c['steps']} steps")
+    for group in range(groups):
+        c = record.counts(group)
+        said = [f"{c['lives']} li{'ves' if c['lives'] != 1 else 'fe'}", f"{c['steps']} steps"]
         if c["short"]:
-            said.append(f"{c['short']} steps short-handed")
+            said.append(f"{c['short']} short-handed")
         if c["retried"]:
             said.append(f"{c['retried']} retried")
         if c["healed"]:
             said.append(f"healed {c['healed']} time(s)")
         parts.append(f"group {group}: " + ", ".join(said))
-    return f"replica groups: {total} steps; " + "; ".join(parts)
+    return f"replica groups: {head}; " + "; ".join(parts)

@@ -125,7 +125,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             # an epoch's last step and the run stopped before that epoch was evaluated.
             if loader.epoch == len(run.history):
                 tick = time.perf_counter()
+                handed_out = 0
                 for x, y in loader:
+                    handed_out += 1
                     with ctx.accumulate(model):  # all-reduce once per step, on its last micro
                         # forward + backward (a pipeline runs its schedule; loss on every rank)
                         loss = ctx.forward_backward(model, x, target=y, loss_fn=F.cross_entropy)
@@ -150,6 +152,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         tick = time.perf_counter()
                     if progress is not None and task is not None:
                         progress.update(task, advance=1)
+                if not handed_out:  # replica groups: the job ended (another group finished it)
+                    break
             record = _finish_epoch(ctx, model, test_set, args, run)
             tracked.evaluated(run.train_steps, _epoch_values(record))
             if progress is not None:

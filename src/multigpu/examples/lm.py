@@ -189,7 +189,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         tokens = args.batch_size * args.block_size  # per optimizer step, over every rank
         steps_log = TrackedSteps(ctx, samples_per_step=args.batch_size, tokens_per_step=tokens)
         batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
-        while step < args.steps:
+        # The schedule steps once per optimizer step: its count is the loop's bound, restored by
+        # a resume and healed under replica groups (a local counter would restart at 0 there).
+        while schedule.last_epoch < args.steps:
             x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)
             with ctx.accumulate(model):  # gradients synchronized on the last micro-batch only
                 # forward + backward; a pipeline runs its schedule and gives the loss everywhere
@@ -200,9 +202,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             steps_log.micro_batch(loss)
             if not stepped:
                 continue
-            steps_log.stepped(step + 1, optimizer.param_groups[0]["lr"])  # the lr it used
+            steps_log.stepped(schedule.last_epoch + 1, optimizer.param_groups[0]["lr"])  # its lr
             schedule.step()
-            step += 1
+            step = schedule.last_epoch
             if ckpt is not None:
                 ckpt.step()  # saves every --checkpoint-every steps
             if step % args.eval_every == 0 or step == args.steps:

@@ -20,8 +20,9 @@ Environment variables set for the children: ``MULTIGPU_REPLICA_GROUPS``,
 ``MULTIGPU_REPLICA_GROUP``, ``MULTIGPU_LIGHTHOUSE``, ``MULTIGPU_REPLICA_HOST``,
 ``MULTIGPU_REPLICA_STORE``,
 ``PET_MAX_RESTARTS`` (unless set), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (unless set: the
-cores shared by every worker of this node's groups), ``RUST_LOG`` (``warn`` unless set:
-torchft's servers log every quorum at ``info``). Read: ``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
+cores shared by every worker of this node's groups), ``RUST_LOG`` (``error`` unless set:
+torchft's servers log every quorum at ``info``; its logger takes a level name only, and ``off``
+is not one). Read: ``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
 """
 
 from __future__ import annotations
@@ -126,25 +127,6 @@ def strip_our_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def group_outputs(argv: Sequence[str], group: int) -> list[str]:
-    """A built-in job's ``--out`` made the group's own (``DIR/group-G``): the groups write their
-    logs and models apart (their checkpoints go to ``CHECKPOINT_DIR/group-G`` by themselves:
-    ``multigpu.replicas.settings.group_directory``)."""
-    out: list[str] = []
-    follows = False
-    for token in argv:
-        name, eq, value = token.partition("=")
-        if follows:
-            token, follows = f"{token}/group-{group}", False
-        elif name == "--out":
-            if eq:
-                token = f"{name}={value}/group-{group}"
-            else:
-                follows = True
-        out.append(token)
-    return out
-
-
 def check_iface(plan: ReplicaPlan, iface: str | None) -> None:
     """Groups on several nodes meet over the cluster interface, which ``--iface`` names: without
     it a one-node group's gloo would use loopback (``GLOO_SOCKET_IFNAME=lo``), out of reach."""
@@ -185,7 +167,7 @@ def check_torchft() -> None:
     group starts, rather than fail in each worker and restart."""
     # torchft's servers log every quorum at info; its logger reads this process's environment
     # when torchft is first imported (the children get the same default in theirs).
-    os.environ.setdefault("RUST_LOG", "warn")
+    os.environ.setdefault("RUST_LOG", "error")
     try:
         import torchft  # noqa: F401
     except ImportError as e:
@@ -307,12 +289,11 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads:
         " (started here)" if server is not None else "",
     )  # fmt: skip
     child_argv = [sys.executable, "-m", "multigpu", command, *strip_our_flags(argv)]
-    train = command == "train"
     children: list[tuple[int, subprocess.Popen[bytes]]] = []
     output = GroupOutput()
     base = dict(os.environ)
     base.setdefault("PET_MAX_RESTARTS", DEFAULT_RESTARTS)
-    base.setdefault("RUST_LOG", "warn")
+    base.setdefault("RUST_LOG", "error")
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         base.setdefault(name, str(threads))
     for group in plan.here:
@@ -323,19 +304,17 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads:
             "MULTIGPU_REPLICA_HOST": replica_host,
             "MULTIGPU_REPLICA_STORE": address,
         }
-        args = group_outputs(child_argv, group) if train else child_argv
         child = subprocess.Popen(
-            args, env=env, preexec_fn=die_with_parent, stderr=subprocess.PIPE
+            child_argv, env=env, preexec_fn=die_with_parent, stderr=subprocess.PIPE
         )
         assert child.stderr is not None
         output.follow(group, child.stderr)
         children.append((group, child))
     record = JobRecord(hosted) if hosted is not None else _record_client(address)
     codes = _wait(children, server, record)
-    if hosted is not None:  # the job's summary, then its ending (a failed run's last line)
-        summary = job_summary(record, plan.groups)
-        if not summary.startswith("replica groups: 0 steps"):
-            say(summary)
+    # The job's summary (where a step was taken), then its ending (a failed run's last line).
+    if hosted is not None and any(record.counts(g)["steps"] for g in range(plan.groups)):
+        say(job_summary(record, plan.groups))
     endings = output.endings()
     said = {g for _, groups in endings for g in groups}
     for line, groups in endings:

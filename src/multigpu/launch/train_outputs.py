@@ -12,6 +12,7 @@ user's ``--out``.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,7 +97,10 @@ def claim_run_dir(directory: Path, *, shared: bool) -> None:
 
 
 def announce(job_args: Sequence[str], chosen: Path | None) -> None:
-    """One line, before the workers start: where this run writes."""
+    """One line, before the workers start: where this run writes (said by the launcher of the
+    replica groups, not by each group's: ``MULTIGPU_REPLICA_GROUP`` is set in those)."""
+    if os.environ.get("MULTIGPU_REPLICA_GROUP"):
+        return
     out = option_value(job_args, "--out")
     if chosen is not None:
         log.info("writing to %s/ (model.pt, metrics.json, checkpoints/); --out DIR to choose", out)

@@ -133,6 +133,8 @@ class Coordinator:
         """Called with the outcome when a step is decided (the loader moves its cursor)."""
         self.over = False
         """The job's end is reached (its step, announced by a group whose loop ended)."""
+        self.end_step: int | None = None
+        """The step the job ended at, once known."""
         self.aligned = True
         """This life's loop began where the script put it (the job's start, or its own
         checkpoint), not where a heal put it."""
@@ -427,7 +429,7 @@ class Coordinator:
             raise ReplicaError(failed)
         if end is not None:
             step, by = end
-            self.over = True
+            self.over, self.end_step = True, step
             self.in_step = False
             if by != self.settings.group:
                 self.say(
@@ -561,7 +563,7 @@ class Coordinator:
             self.on_decided(committed)
         return committed
 
-    def end_step(self) -> None:
+    def leave_step(self) -> None:
         """The loop left the step (its batches are handed out and it was decided, or not)."""
         self.in_step = False
 

@@ -9,8 +9,9 @@ the loop to go on as the live group's does, every piece of state the loop depend
   an optimizer (``gc.get_referrers``), the children of a ``SequentialLR``/``ChainedScheduler``
   through their parent, in an order both groups compute alike;
 - the GradScaler of ``precision="16-mixed"``;
-- every ``ctx.loader``'s position and epoch, and each ``Checkpointer``'s step count, in the order
-  the script made them (one the healing group has not made yet is given its state when it is);
+- every ``ctx.loader``'s position and epoch, and each ``Checkpointer``'s step count and the
+  loop's own objects it tracks (``Checkpointer.heal_state``), in the order the script made them
+  (one the healing group has not made yet is given its state when it is);
 - this rank's RNG streams (Python, NumPy, torch, CUDA): every group's are the same at a step
   (``multigpu.init`` seeds every rank alike, and each group draws for one share a step).
 
@@ -165,7 +166,7 @@ class HealState:
             names.append("GradScaler")
         names.append("data position")
         if self.checkpointers:
-            names.append("Checkpointer step count")
+            names.append("Checkpointer state")
         return [*names, "RNG"]
 
     # ---- a step's snapshot -----------------------------------------------------------------------

@@ -34,12 +34,17 @@ from typing import Any
 from multigpu.common.log import warn_once
 from multigpu.data import DistributedLoader
 from multigpu.data.sampler import ShardSampler
+from multigpu.errors import ReplicaError
 from multigpu.replicas.coordinator import Coordinator, JobOver
 from multigpu.replicas.heal_state import HealState
 from multigpu.replicas.step_gate import StepGate
 from multigpu.runtime.device import move_to_device
 
 log = logging.getLogger(__name__)
+
+EMPTY_PASSES = 1_000_000
+"""Passes after the job's end that a loop may ask for (each yields nothing at once) before it is
+taken for one that never ends."""
 
 
 def shares_of(participant_rank: int, participants: int, groups: int) -> list[int]:
@@ -88,12 +93,26 @@ class ReplicaSteps:
         self.width = width
         """W: the ranks of a group."""
         self.local_rank = loader.sampler.rank % width
+        self.empty_passes = 0
         if getattr(loader.dataloader, "num_workers", 0):
             warn_once(
                 log,
                 "multigpu: under --replicas a training loader reads its batches in the training "
                 "process (num_workers is not used): a group's shares are known only once each "
                 "step's quorum is",
+            )
+
+    def _after_the_end(self) -> None:
+        """A pass after the job's end yields nothing: a loop that counts its passes ends; one
+        that asks again and again (``itertools.cycle(loader)`` bounded by its own counter)
+        would spin for ever — ended in one line instead."""
+        self.empty_passes += 1
+        if self.empty_passes > EMPTY_PASSES:
+            raise ReplicaError(
+                f"the loop asked for {EMPTY_PASSES:,} more passes of a training loader after the "
+                f"job ended at step {self.coordinator.end_step}: it is bounded by a counter of "
+                "its own, which a heal put behind; end it when a pass of the loader yields "
+                "nothing, or bound it by the loader (loader.epoch) or a Checkpointer (ckpt.steps)"
             )
 
     def _advance(self) -> None:
@@ -130,6 +149,7 @@ class ReplicaSteps:
             try:
                 c.begin_step()  # may heal: the position is the live groups' from here on
             except JobOver:
+                self._after_the_end()
                 return  # the job ended at this step: nothing more, in this pass or any other
             c.on_decided = self._decided
             self.gate.new_step()
@@ -157,6 +177,6 @@ class ReplicaSteps:
             if c.decided is None:  # the loop did not step: move on as a plain loader does
                 self._advance()
             c.on_decided = None
-            c.end_step()
+            c.leave_step()
             if sampler.epoch != epoch:
                 return
