@@ -63,3 +63,45 @@ def test_a_dead_node_leaves_the_other_training(tmp_path: Path, monkeypatch) -> N
         assert addresses
         beyond = [a for a in addresses if a != own and not ipaddress.ip_address(a).is_loopback]
         assert not beyond, (own, listeners)
+
+
+def test_the_lighthouses_node_dying_ends_the_other_in_one_line_within_its_timeout(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """node0 hosts the lighthouse (and the job's record): killed whole, node1's group can agree
+    on no step; it ends within --timeout with one line naming what died, and restarts nothing."""
+    reason = hosts_available()
+    if reason is not None:
+        pytest.skip(reason)
+    timeout = 30
+    monkeypatch.setenv("JOB_SLEEP", "0.04")
+    with virtual_hosts(2) as (node0, node1):
+        lighthouse = f"{node0.name}:29510"
+        procs = [
+            start(host, ["run", "--replicas", "2", "--replica-group", str(i), "--lighthouse",
+                         lighthouse, "--iface", host.interface, "--cpu", "1", "--timeout",
+                         str(timeout), str(JOB), str(tmp_path), str(EPOCHS)],
+                  tmp_path / f"node{i}.log")
+            for i, host in enumerate((node0, node1))
+        ]  # fmt: skip
+        deadline = time.monotonic() + 120
+        while len(_lines(tmp_path / "steps-1-0")) < KILL_AT:
+            logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("node*.log"))
+            assert all(p.poll() is None for p in procs), logs
+            assert time.monotonic() < deadline, logs
+            time.sleep(0.05)
+        before = (tmp_path / "node1.log").read_text()
+        node0.kill_all()
+        killed = time.monotonic()
+        code = procs[1].wait(timeout=timeout + 90)
+        took = time.monotonic() - killed
+    log = (tmp_path / "node1.log").read_text()
+    after = log[len(before) :].strip().splitlines()
+    assert code == 1, log
+    # The product's bound: --timeout (the quorum's or the record's wait), and the group's end.
+    assert took <= timeout + 30, (took, log)
+    assert "restarting the workers" not in log[len(before) :]
+    assert after[-1].startswith("multigpu: error: "), after
+    assert "lighthouse" in after[-1] or "record" in after[-1], after[-1]
+    assert "lost a peer" not in after[-1]  # the line names the cause itself
+    assert len(after) <= 3, after  # the group's own line, at most its summary, the ending

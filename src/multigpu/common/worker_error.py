@@ -112,5 +112,9 @@ def launched_by_multigpu() -> bool:
 
 
 def is_consequence(error: BaseException | None) -> bool:
-    """True for a collective that failed because its peer went away (another rank's failure)."""
-    return error is not None and any(marker in str(error) for marker in PEER_GONE_MARKERS)
+    """True for a collective that failed because its peer went away (another rank's failure);
+    never for an error whose message is the whole story (``said_in_full``: it names the cause,
+    whatever words of a lost connection it quotes)."""
+    if error is None or getattr(error, "said_in_full", False):
+        return False
+    return any(marker in str(error) for marker in PEER_GONE_MARKERS)

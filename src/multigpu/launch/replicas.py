@@ -18,11 +18,13 @@ environment; a child's torchrun agent restarts its group's workers (``--max-rest
 
 Environment variables set for the children: ``MULTIGPU_REPLICA_GROUPS``,
 ``MULTIGPU_REPLICA_GROUP``, ``MULTIGPU_LIGHTHOUSE``, ``MULTIGPU_REPLICA_HOST``,
-``MULTIGPU_REPLICA_STORE``,
-``PET_MAX_RESTARTS`` (unless set), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (unless set: the
-cores shared by every worker of this node's groups), ``RUST_LOG`` (``error`` unless set:
-torchft's servers log every quorum at ``info``; its logger takes a level name only, and ``off``
-is not one). Read: ``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
+``MULTIGPU_REPLICA_STORE``, ``PET_MAX_RESTARTS`` (unless set), ``OMP_NUM_THREADS`` /
+``MKL_NUM_THREADS`` (unless set: the cores shared by every worker of this node's groups),
+``TORCH_CPP_LOG_LEVEL`` (``ERROR`` unless set: a group that loses a peer's store or the job's
+record would print torch's C++ warning with a 20-frame stack for each call; the group's own line
+says it), ``RUST_LOG`` (``error`` unless set: torchft's servers log every quorum at ``info``;
+its logger takes a level name only, and ``off`` is not one). Read:
+``MULTIGPU_REPLICA_HEARTBEAT_S`` (passed on).
 """
 
 from __future__ import annotations
@@ -294,6 +296,7 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads:
     base = dict(os.environ)
     base.setdefault("PET_MAX_RESTARTS", DEFAULT_RESTARTS)
     base.setdefault("RUST_LOG", "error")
+    base.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         base.setdefault(name, str(threads))
     for group in plan.here:

@@ -144,6 +144,8 @@ class Coordinator:
         """The group whose rank 0 is ``ctx.is_main``."""
         self.resumed_checkpoint = False
         """This life's script read a checkpoint (a Checkpointer's resume)."""
+        self.record_lost = False
+        """The job's record stopped answering (its line said so): nothing more is written."""
         self.life = 0
         """This life's number among its group's (the record's ``life/G``)."""
         self._aligned_members = 1
@@ -188,6 +190,7 @@ class Coordinator:
                 facts = (self.record.failed(), self.record.end(), None)
             except Exception as e:  # the record's node is gone
                 facts = (None, None, f"{type(e).__name__}: {e}")
+                self.record_lost = True
         if self.world_size > 1:
             facts = dist.broadcast(facts)
         failed, end, broken = facts
@@ -265,6 +268,9 @@ class Coordinator:
         if self.manager is None:
             return
         manager, self.manager = self.manager, None
+        if self.record_lost:
+            manager.shutdown(wait=False)
+            return
         try:
             if clean and not self.over and self.rank == 0:
                 self.record.announce_end(int(manager.current_step()), self.settings.group)
