@@ -4,8 +4,9 @@ Each group is a launcher of its own (``multigpu.launch.replicas``), which ends a
 its one line (``multigpu: error: ...``). When every group refuses the same input (a batch the
 groups cannot share, a strategy they cannot replicate) or ends with the same ``ReplicaError``,
 R identical lines would follow each other; here each group's stderr is read line by line and
-passed on whole (lines of different groups never mix), its ending lines held back, and at the
-end each distinct ending is said once, naming the groups that ended with it.
+passed on whole (lines of different groups never mix; multigpu's own lines get the group's
+name), its ending lines held back, and at the end each distinct ending is said once, naming the
+groups that ended with it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import IO
 
 ENDINGS = ("multigpu: error: ", "multigpu: stopped by ")
 """How a group's launcher begins its last line (a failure, or a signal that stopped it)."""
+OURS, NAMED = "multigpu: ", "multigpu: replica group "
+"""multigpu's own lines, and those that already name their group (the others get its name)."""
 
 
 class GroupOutput:
@@ -42,6 +45,9 @@ class GroupOutput:
                 with self._lock:
                     self._held.setdefault(line.rstrip("\n"), []).append(group)
                 continue
+            if line.startswith(OURS) and not line.startswith(NAMED):
+                # the group's launcher (a restart, a rendezvous round): which group's
+                line = f"{NAMED}{group}: {line[len(OURS):]}"
             with self._lock:
                 sys.stderr.write(line if line.endswith("\n") else line + "\n")
                 sys.stderr.flush()
