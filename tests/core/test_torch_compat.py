@@ -112,6 +112,62 @@ def test_torch_still_creates_optimizer_state_when_asked_for_it() -> None:
     assert opt.state and float(opt.state[net.weight]["step"]) == 1.0  # torch stepped it
 
 
+def test_an_optimizer_steps_without_its_hooks_through_the_function_torch_wrapped() -> None:
+    """``step_without_hooks`` calls the ``__wrapped__`` of the class's ``hooked`` step: torch
+    must still wrap it so, run the hooks only in the wrapper, and an LR scheduler must still
+    count steps through the instance's own ``step``."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    net = nn.Linear(2, 2)
+    opt = torch.optim.Adam(net.parameters())
+    step = type(opt).step
+    assert step.hooked and step.__wrapped__ is not step  # type: ignore[attr-defined]
+    called: list[str] = []
+    handles = [
+        opt.register_step_pre_hook(lambda *_: called.append("pre")),
+        opt.register_step_post_hook(lambda *_: called.append("post")),
+        register_optimizer_step_pre_hook(lambda *_: called.append("global pre")),
+        register_optimizer_step_post_hook(lambda *_: called.append("global post")),
+    ]
+    try:
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        assert "step" in vars(opt)  # the scheduler's counting wrapper, on the instance
+        opt._opt_called = False  # type: ignore[attr-defined]
+        for p in net.parameters():
+            p.grad = torch.ones_like(p)
+        torch_compat.step_without_hooks(opt)
+        assert called == [] and float(opt.state[net.weight]["step"]) == 1.0
+        assert not opt._opt_called  # type: ignore[attr-defined]
+        opt.step()
+        assert called == ["global pre", "pre", "post", "global post"]
+        assert opt._opt_called  # type: ignore[attr-defined]
+        del scheduler
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_a_dtensor_made_from_a_local_piece_is_laid_out_as_the_one_it_is_like(group: None) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    net = nn.Linear(5, 3)
+    torch_compat.fully_shard(net, mesh=mesh)
+    local = torch.zeros(net.weight.to_local().shape)
+    made = torch_compat.dtensor_from_local_like(local, net.weight)
+    assert torch_compat.is_dtensor(made)
+    assert made.to_local().data_ptr() == local.data_ptr()  # no copy: the piece itself
+    assert (made.shape, made.stride(), made.placements) == (
+        net.weight.shape,
+        net.weight.stride(),
+        net.weight.placements,
+    )
+    net.weight.grad = made  # accepted as the parameter's gradient
+
+
 def test_a_modules_own_tensor_tables_are_the_live_ones() -> None:
     net = nn.BatchNorm1d(3)
     tables = torch_compat.own_tensor_tables(net)

@@ -19,6 +19,9 @@ when a torch release changes it, so upgrading torch is this package and those te
   with plain ``pickle.load`` (any code in it runs). ``DCP_METADATA_GLOBALS`` lists the globals a
   metadata file written by torch names — some private (``_StorageInfo``, ``_get_layout``,
   ``_MEM_FORMAT_ENCODING``) — so that multigpu can read one with an allow-list instead.
+- **An optimizer step without hooks** (``Optimizer.profile_hook_step``'s ``hooked`` wrapper and
+  its ``__wrapped__``): ``step_without_hooks`` makes an optimizer's state before a checkpoint is
+  loaded into it, unseen by what counts steps through hooks.
 - **Where store servers are made**: the module name ``TCPStore`` of the c10d and static
   rendezvous backends and of ``torch.distributed.rendezvous`` (``env://``, ``tcp://``), and
   ``DynamicRendezvousHandler._create_tcp_store_server``: for the time of a block they make their
@@ -76,6 +79,7 @@ from __future__ import annotations
 from multigpu.torch_compat.checkpoint import (
     DCP_METADATA_GLOBALS,
     dcp_metadata_global_allowed,
+    step_without_hooks,
 )
 from multigpu.torch_compat.compile import (
     activation_memory_budget,
@@ -101,6 +105,7 @@ from multigpu.torch_compat.sharding import (
     distribute_like,
     drop_fsdp_process_groups,
     drop_mesh_process_groups,
+    dtensor_from_local_like,
     fsdp_module_class,
     fully_shard,
     fully_shard_takes_module_lists,
@@ -147,6 +152,7 @@ __all__ = [
     "distribute_like",
     "drop_fsdp_process_groups",
     "drop_mesh_process_groups",
+    "dtensor_from_local_like",
     "elastic_agent_class",
     "fsdp_module_class",
     "fully_shard",
@@ -165,6 +171,7 @@ __all__ = [
     "scaler_forget_unscale",
     "scaler_set_found_inf",
     "scaler_unscaled",
+    "step_without_hooks",
     "store_servers_made_by",
     "unflattened_name",
     "unscaled_schedule_kwargs",

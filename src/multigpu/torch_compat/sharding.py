@@ -93,6 +93,23 @@ def distribute_like(full: torch.Tensor, like: Any) -> torch.Tensor:
     return old_distribute(full, like.device_mesh, like.placements).to_local()
 
 
+def dtensor_from_local_like(local: torch.Tensor, like: Any) -> Any:
+    """A DTensor whose piece on this rank is ``local``, laid out as the DTensor ``like`` (its
+    mesh, placements, global shape and stride; no communication, no check)."""
+    if TORCH_VERSION >= (2, 5):
+        from torch.distributed.tensor import DTensor
+    else:
+        from torch.distributed._tensor import DTensor
+    return DTensor.from_local(
+        local,
+        like.device_mesh,
+        like.placements,
+        run_check=False,
+        shape=like.shape,
+        stride=like.stride(),
+    )
+
+
 def own_tensor_tables(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """``{"param": ..., "buffer": ...}``: the live tables of ``module``'s own parameters and
     buffers (``nn.Module._parameters``, ``_buffers``); entries may be None."""
