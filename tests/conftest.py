@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,11 +66,30 @@ _SET_BY_TOOLS = frozenset(
 )
 
 
+# What a child inherits across exec: an ignored signal stays ignored there (a worker that ignores
+# SIGINT cannot be stopped by Ctrl-C, nor by the tests that send it one).
+_INHERITED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_state():
-    """Fail a test that leaves environment variables changed or a process group alive."""
+    """Fail a test that leaves environment variables changed, a process group alive or a signal
+    ignored."""
     before = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in _INHERITED_SIGNALS}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
+    ignored = sorted(
+        s.name
+        for s in _INHERITED_SIGNALS
+        if signal.getsignal(s) == signal.SIG_IGN and handlers[s] != signal.SIG_IGN
+    )
+    ignored += sorted(f"{s.name} (blocked)" for s in _INHERITED_SIGNALS if s in (
+        signal.pthread_sigmask(signal.SIG_BLOCK, []) - blocked))  # fmt: skip
+    for s, handler in handlers.items():
+        if handler is not None:
+            signal.signal(s, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     after = dict(os.environ)
     changed = sorted(
         k
@@ -85,6 +105,7 @@ def _no_leaked_state():
         dist.destroy_process_group()
     assert not changed, f"test leaked environment variables: {changed}"
     assert not leaked_pg, "test leaked an initialised process group"
+    assert not ignored, f"test left {ignored} ignored (the processes it starts inherit that)"
 
 
 @pytest.fixture(autouse=True)
