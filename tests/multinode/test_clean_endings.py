@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from multigpu.testing.hosts import Host
-from tests.multinode._util import SCRIPTS, c10d_args, start, wait_all
+from tests.multinode._util import HUNG, SCRIPTS, c10d_args, start, wait_all
 
 CPP_LOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ |recvVector|TCPStore|^frame #\d+", re.M)
 RUNS = int(os.environ.get("MULTIGPU_CLEAN_RUNS", "1"))  # more: MULTIGPU_CLEAN_RUNS=20
@@ -29,7 +29,7 @@ def test_successful_two_node_runs_print_no_cpp_trace(two_hosts: list[Host], tmp_
                   tmp_path / f"run{run}-node{r}.log")
             for r, host in enumerate(two_hosts)
         ]  # fmt: skip
-        ended = wait_all(procs, timeout=90)
+        ended = wait_all(procs, timeout=HUNG)
         logs = [(tmp_path / f"run{run}-node{r}.log").read_text() for r in range(2)]
         assert None not in ended and [p.returncode for p in procs] == [0, 0], logs
         for log in logs:

@@ -15,23 +15,38 @@ import time
 from pathlib import Path
 
 from multigpu.testing.hosts import Host
-from tests.multinode._util import PORT, TRAIN, c10d_args, host_env, start, wait_all
+from tests.multinode._util import (
+    HUNG,
+    PORT,
+    TRAIN,
+    c10d_args,
+    host_env,
+    last_line,
+    start,
+    start_timed,
+    wait_all,
+    wait_timed,
+)
+
+GRACE = 5  # the launcher's bound: --timeout + 5 s from its start (test_launcher_waits.py)
 
 
 def test_nodes_started_with_different_nnodes_end_within_the_timeout_saying_so(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
     node0, node1 = two_hosts
+    logs = [tmp_path / f"{host.name}.log" for host in two_hosts]
     procs = [
-        start(host, ["run", "--cpu", "1", *c10d_args(node0, nnodes=n), "--timeout", "8", TRAIN,
-                     str(tmp_path / "x.pt")], tmp_path / f"{host.name}.log")
-        for host, n in ((node0, "2"), (node1, "3"))
+        start_timed(host, ["run", "--cpu", "1", *c10d_args(node0, nnodes=n), "--timeout", "8",
+                           TRAIN, str(tmp_path / "x.pt")], log)
+        for host, n, log in ((node0, "2", logs[0]), (node1, "3", logs[1]))
     ]  # fmt: skip
-    ended = wait_all(procs, timeout=8 + 30)
-    out0, out1 = ((tmp_path / f"{h.name}.log").read_text() for h in two_hosts)
+    ended = [wait_timed(proc, log, timeout=HUNG) for proc, log in zip(procs, logs, strict=True)]
+    out0, out1 = (log.read_text() for log in logs)
     assert None not in ended, (out0, out1)
+    assert max(ended) <= 8 + GRACE, (ended, out0, out1)  # type: ignore[type-var]
     assert not (tmp_path / "x.pt").exists() and "step 1 " not in out0 + out1
-    last0, last1 = (out.strip().splitlines()[-1] for out in (out0, out1))
+    last0, last1 = (last_line(log) for log in logs)
     if [p.returncode for p in procs] == [2, 2]:
         # The round completed with 2 nodes (node0's count): both agents stop before any worker.
         for last in (last0, last1):
@@ -63,7 +78,7 @@ def _wait_for_store(node0: Host, node1: Host) -> None:
     probe = f"import socket; socket.create_connection(('{node0.name}', {PORT}), 1).close()"
     began = time.monotonic()
     while node1.run([sys.executable, "-c", probe], host_env(), stderr=subprocess.DEVNULL).wait():
-        assert time.monotonic() - began < 60, "node0's store never answered"
+        assert time.monotonic() - began < HUNG, "node0's store never answered"
         time.sleep(0.2)
 
 
@@ -71,18 +86,24 @@ def test_a_round_completed_with_different_nnodes_stops_every_node_before_any_wor
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
     # node0 (the store) joins first expecting 3; node1, expecting 2, completes the round as the
-    # second node: torch would start both nodes' workers, node0's --nnodes ignored.
+    # second node: torch would start both nodes' workers, node0's --nnodes ignored. A timeout
+    # well past node1's start (its imports took over 10 s under load: node0's join ran out).
     node0, node1 = two_hosts
-    argv = ["--cpu", "1", "--timeout", "10", TRAIN, str(tmp_path / "x.pt")]
-    first = start(node0, ["run", *c10d_args(node0, nnodes="3"), *argv], tmp_path / "node0.log")
+    argv = ["--cpu", "1", "--timeout", "60", TRAIN, str(tmp_path / "x.pt")]
+    logs = [tmp_path / f"{host.name}.log" for host in two_hosts]
+    first = start_timed(node0, ["run", *c10d_args(node0, nnodes="3"), *argv], logs[0])
     _wait_for_store(node0, node1)
     time.sleep(1)
-    second = start(node1, ["run", *c10d_args(node0, nnodes="2"), *argv], tmp_path / "node1.log")
-    ended = wait_all([first, second], timeout=10 + 30)
-    outs = [(tmp_path / f"{h.name}.log").read_text() for h in two_hosts]
+    second = start_timed(node1, ["run", *c10d_args(node0, nnodes="2"), *argv], logs[1])
+    procs = [first, second]
+    ended = [wait_timed(proc, log, timeout=HUNG) for proc, log in zip(procs, logs, strict=True)]
+    outs = [log.read_text() for log in logs]
     assert None not in ended and [first.returncode, second.returncode] == [2, 2], outs
-    for out in outs:
-        assert out.strip().splitlines()[-1] == (
+    # At once, after the round: node1's launcher nowhere near a wait of the 60 s timeout.
+    # (node0's time counts its wait for node1 to be started, too.)
+    assert ended[1] < 30, (ended, outs)  # type: ignore[operator]
+    for log, out in zip(logs, outs, strict=True):
+        assert last_line(log) == (
             "multigpu: error: the nodes were started with different --nnodes: 3 on node 0 "
             "(node0), 2 on node 1 (node1); start `multigpu run` with the same --nnodes on every "
             "node, and a new --rdzv-id"
@@ -102,13 +123,14 @@ def test_a_node_with_another_torch_stops_every_node_before_any_worker_starts(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
     node0, node1 = two_hosts
-    argv = ["run", "--cpu", "1", *c10d_args(node0), "--timeout", "10", TRAIN,
+    # A timeout well past node1's start, as above: node0's join must not run out before it.
+    argv = ["run", "--cpu", "1", *c10d_args(node0), "--timeout", "60", TRAIN,
             str(tmp_path / "x.pt")]  # fmt: skip
     first = start(node0, argv, tmp_path / "node0.log")
     with (tmp_path / "node1.log").open("wb") as fh:
         other = node1.run([sys.executable, "-c", OTHER_TORCH, *argv], host_env(),
                           cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
-    ended = wait_all([first, other], timeout=10 + 30)
+    ended = wait_all([first, other], timeout=HUNG)
     outs = [(tmp_path / f"{h.name}.log").read_text() for h in two_hosts]
     assert None not in ended and [first.returncode, other.returncode] == [1, 1], outs
     for out in outs:

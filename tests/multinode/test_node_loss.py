@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from multigpu.testing.hosts import Host
-from tests.multinode._util import c10d_args, start, wait_all
+from tests.multinode._util import HUNG, c10d_args, start, wait_all
 
 TIMEOUT = 15
 
@@ -29,7 +29,7 @@ def _train_argv(store: Host, out: Path) -> list[str]:
 def _wait_for_checkpoint(out: Path, logs: list[Path], procs: list) -> None:
     began = time.monotonic()
     while not list((out / "checkpoints").glob("step-*/COMMITTED")):
-        assert time.monotonic() - began < 90, [log.read_text()[-2000:] for log in logs]
+        assert time.monotonic() - began < HUNG, [log.read_text()[-2000:] for log in logs]
         assert all(p.poll() is None for p in procs), [log.read_text()[-2000:] for log in logs]
         time.sleep(0.1)
 
@@ -42,7 +42,7 @@ def test_killed_node_the_survivor_resumes_alone(two_hosts: list[Host], tmp_path:
     _wait_for_checkpoint(out, logs, procs)
     killed = node1.kill_all()
     assert killed
-    ended = wait_all(procs[:1], timeout=150)
+    ended = wait_all(procs[:1], timeout=HUNG)
     text = logs[0].read_text()
     assert ended[0] is not None and procs[0].returncode == 0, text[-4000:]
     print(f"node1 killed -> node0 finished alone after {ended[0]:.1f} s")

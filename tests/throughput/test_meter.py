@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -14,49 +13,75 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.examples.lm import build_model
 from multigpu.throughput import StepMeter
+from multigpu.throughput import meter as meter_module
+from multigpu.throughput import wait as wait_module
 from multigpu.throughput.wait import WaitClock
 
 CPU = torch.device("cpu")
 
 
-def test_a_step_lasts_from_the_previous_end_and_a_read_starts_a_new_window() -> None:
+class Clock:
+    """A stand-in for the ``time`` module of the meter and the wait clock: their arithmetic on
+    exact spans. With real sleeps the bounds were about the scheduler, not the meter: on a
+    loaded machine a sleeper waits for a core after its 10 ms, tens of ms more."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(meter_module, "time", fake)
+    monkeypatch.setattr(wait_module, "time", fake)
+    return fake
+
+
+def test_a_step_lasts_from_the_previous_end_and_a_read_starts_a_new_window(clock: Clock) -> None:
     meter = StepMeter(CPU, 1)
     meter.batch()  # the first step starts at its batch
-    time.sleep(0.02)
+    clock.sleep(0.02)
     meter.work()
     meter.stepped(8)
-    time.sleep(0.03)  # between two steps (loading the next batch): counted
+    clock.sleep(0.03)  # between two steps (loading the next batch): counted
     meter.work()
     meter.stepped(8)
     first = meter.read("32")
     assert first["steps"] == 2
-    assert 0.025 <= first["step_seconds"] < 0.05
-    assert first["samples_per_second"] == pytest.approx(16 / (2 * first["step_seconds"]))
+    assert first["step_seconds"] == pytest.approx(0.025)
+    assert first["samples_per_second"] == pytest.approx(16 / 0.05)
     assert first["tokens_per_second"] is None and first["mfu"] is None
     assert first["collective_wait_share"] == 0.0  # one process waits on nobody
     assert first["peak_memory_bytes"] > 10 * 2**20  # this process's peak resident set
-    time.sleep(0.05)  # an evaluation after the read: not training time
+    clock.sleep(0.05)  # an evaluation after the read: not training time
     meter.batch()  # (the evaluation's batches, then the next training batch)
-    time.sleep(0.01)
+    clock.sleep(0.01)
     meter.batch()
     meter.work()
+    clock.sleep(0.004)  # the step itself
     meter.stepped(4, tokens_per_sample=64)
     second = meter.read("32")
-    assert second["steps"] == 1 and second["step_seconds"] < 0.04
+    assert second["steps"] == 1 and second["step_seconds"] == pytest.approx(0.004)
     assert second["tokens_per_second"] == pytest.approx(64 * second["samples_per_second"])
     assert meter.read("32")["step_seconds"] is None  # no step since
 
 
-def test_the_wait_clock_counts_the_main_thread_once_per_call() -> None:
-    clock = WaitClock()
-    sleep = clock.timed(time.sleep)
-    nested = clock.timed(lambda: sleep(0.02))  # all_gather_object calls all_gather: once
+def test_the_wait_clock_counts_the_main_thread_once_per_call(clock: Clock) -> None:
+    waits = WaitClock()
+    sleep = waits.timed(clock.sleep)
+    nested = waits.timed(lambda: sleep(0.02))  # all_gather_object calls all_gather: once
     nested()
-    assert 0.02 <= clock.seconds < 0.04
+    assert waits.seconds == pytest.approx(0.02)
     other = threading.Thread(target=sleep, args=(0.05,))  # another thread: not the step's wait
     other.start()
     other.join()
-    assert clock.seconds < 0.04
+    assert clock.now == pytest.approx(1000.07) and waits.seconds == pytest.approx(0.02)
 
 
 def test_flops_per_token_defaults_to_six_per_parameter_of_the_whole_model() -> None:

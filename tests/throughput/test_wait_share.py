@@ -15,6 +15,9 @@ from torch.utils.data import TensorDataset
 import multigpu
 from multigpu.testing import run_distributed
 
+BARRIER_WAIT_S = 3.0
+"""Rank 1 arrives this late at a barrier between two windows."""
+
 
 def _fsdp_steps() -> dict[str, Any]:
     torch.set_num_threads(1)
@@ -29,8 +32,8 @@ def _fsdp_steps() -> dict[str, Any]:
             ctx.step(optimizer)
         steps = ctx.throughput()
         if ctx.rank == 1:
-            time.sleep(0.5)
-        ctx.barrier()  # rank 0 waits 0.5 s here, outside any step: not the next window's wait
+            time.sleep(BARRIER_WAIT_S)
+        ctx.barrier()  # rank 0 waits here, outside any step: not the next window's wait
         x, y = next(iter(loader))
         ctx.backward(F.cross_entropy(model(x), y))
         ctx.step(optimizer)
@@ -44,5 +47,8 @@ def test_fsdp_steps_wait_on_their_gathers_and_a_barrier_between_steps_does_not_c
         assert steps["steps"] == 6 and steps["samples_per_second"] > 0
         assert 0 < steps["collective_wait_share"] < 1, steps
         after = rank["after"]
-        assert after["steps"] == 1 and after["step_seconds"] < 0.4, after
-        assert after["collective_wait_share"] < 0.9, after  # the barrier's 0.5 s left out
+        # The barrier's wait is in neither the step's time nor its wait (a share of 1 when
+        # waits outlast their step). Against a wait of seconds, not 0.5 s with a bound of 0.4 s:
+        # the step's own time grows with the machine's load, the wait's does not.
+        assert after["steps"] == 1 and after["step_seconds"] < BARRIER_WAIT_S, after
+        assert after["collective_wait_share"] < 1, after
