@@ -21,6 +21,7 @@ outcome that must never happen.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -163,7 +164,9 @@ def run(schedule: Schedule, out: Path, *, timeout_s: float = 300.0) -> Outcome:
         for kill in schedule.kills:
             steps = out / f"steps-{kill.group}-0"
             # (a second kill of one group: its next life heals, then passes the step)
-            if not _wait_for(lambda: _position(steps) >= kill.at, proc, deadline):
+            if not _wait_for(
+                lambda steps=steps, at=kill.at: _position(steps) >= at, proc, deadline
+            ):
                 notes.append(f"{kill}: not reached")
                 continue
             if kill.kind == "launcher":
@@ -173,7 +176,9 @@ def run(schedule: Schedule, out: Path, *, timeout_s: float = 300.0) -> Outcome:
                 continue
             if kill.kind == "save":
                 tmp = out / "ckpt" / f"group-{kill.group}"
-                _wait_for(lambda: any(tmp.glob(".tmp-*")), proc, time.monotonic() + 2.0)
+                _wait_for(
+                    lambda tmp=tmp: any(tmp.glob(".tmp-*")), proc, time.monotonic() + 2.0
+                )
             lives = _lives(out, kill.group)
             if lives:
                 try:
@@ -207,7 +212,7 @@ def _pauses(out: Path, group: int) -> float:
         parts = line.split()
         if len(parts) == 2:
             times.append(float(parts[0]))
-    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 def judge(outcome: Outcome, reference: dict[str, torch.Tensor], out: Path) -> Outcome:
@@ -233,8 +238,13 @@ def judge(outcome: Outcome, reference: dict[str, torch.Tensor], out: Path) -> Ou
     last = outcome.err.strip().splitlines()[-1:] or [""]
     close = outcome.worst is not None and outcome.worst <= TOLERANCE
     finished = {g for g in (0, 1) if (out / f"params-{g}-0.pt").exists()}
-    if outcome.code == 0 or (lost and outcome.code != 0 and finished == {0, 1} - lost):
-        ok = close and len(writers) == 1 and finished >= {0, 1} - lost
+    # A group that came back after the job ended exits at once, saying so: it ends nothing.
+    late = {
+        g for g in (0, 1)
+        if f"replica group {g}: the job already ended at step" in outcome.err
+    }  # fmt: skip
+    if outcome.code == 0 or (lost and outcome.code != 0 and finished >= {0, 1} - lost - late):
+        ok = close and len(writers) == 1 and finished >= {0, 1} - lost - late
         outcome.verdict = "exact" if ok else "OFF"
         if not ok:
             outcome.notes.append(f"writers {writers}, finished {sorted(finished)}")

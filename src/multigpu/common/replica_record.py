@@ -1,4 +1,4 @@
-"""The record of a replica-group job that outlives every group: its end, its writer, its counts.
+"""The record of a replica-group job that outlives every group: its end, its lives, its counts.
 
 ``multigpu run --replicas R`` runs R groups, each restarted by its own agent; a group's process
 knows only its own life. What the whole job needs to know lives in a small store that the
@@ -11,9 +11,6 @@ the cluster interface on several); its address reaches the workers as
   that comes back later exits at once (``multigpu.replicas.coordinator``).
 - ``failed``: the one line of an error no restart can help (``errors.ReplicaError``), written
   once: every group, and every group that comes back, ends with it.
-- ``writer``: the group whose rank 0 is ``ctx.is_main`` (the user's files and prints); the
-  launcher writes the job's first group. It stays the writer through its restarts (each life
-  of it writes), and the lowest live group takes over only once its launcher exited.
 - ``exited/G``: group G's launcher ended (its exit code): none of its lives will come back.
 - ``life/G``: ``"N STATE"``: group G's current life (its N-th process start) and whether its loop
   is ``aligned`` (it began where the script put it), ``healed`` (a heal put it later: its loop
@@ -45,13 +42,6 @@ class JobRecord:
     def __init__(self, store: Any) -> None:
         self._store = store
         self._local: dict[str, str] = {}  # without a store: this process's own view
-
-    @classmethod
-    def hosted(cls, store: Any, first_group: int) -> JobRecord:
-        """The launcher's: a new store; ``first_group`` writes the outputs until it leaves."""
-        record = cls(store)
-        record._set("writer", str(first_group))
-        return record
 
     # ---- keys ------------------------------------------------------------------------------------
     def _get(self, key: str) -> str | None:
@@ -94,19 +84,6 @@ class JobRecord:
     def announce_failure(self, line: str) -> str:
         """The job ends with ``line`` (unless another ended it first: that one is returned)."""
         return self._first("failed", line)
-
-    # ---- the writer ------------------------------------------------------------------------------
-    def writer(self) -> int:
-        """The group whose rank 0 writes the user's outputs (0 without a store)."""
-        found = self._get("writer")
-        return int(found) if found else 0
-
-    def take_writer(self, was: int, group: int) -> int:
-        """``group`` writes from now on, if ``was`` still did; the writer after the call."""
-        if self._store is None:
-            self._local["writer"] = str(group)
-            return group
-        return int(bytes(self._store.compare_set("writer", str(was), str(group))).decode())
 
     def mark_exited(self, group: int, code: int) -> None:
         """``group``'s launcher ended with ``code``: no life of it comes back (its node's

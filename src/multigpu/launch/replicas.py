@@ -12,7 +12,7 @@ environment; a child's torchrun agent restarts its group's workers (``--max-rest
   groups it starts; ``--replicas`` counts the groups of the whole job). The node whose address
   HOST is starts the lighthouse there, on that address only — never on every interface, which
   torchft's own command does by default. A group is one node's: ``--nnodes`` above 1 is refused.
-- The job's record (``multigpu.common.replica_record``: its end, its writer, its counts) is a
+- The job's record (``multigpu.common.replica_record``: its end, its lives, its counts) is a
   store beside the lighthouse, on the same address: a free port on one node, ``PORT + 1`` of
   ``--lighthouse`` on several. The launcher that hosts it prints the job's summary at the end.
 
@@ -257,7 +257,6 @@ def host_record(lighthouse: str, plan: ReplicaPlan) -> tuple[Any, str]:
             f"the replica groups' record cannot listen on {host}:{wanted} ({e}); it takes the "
             "port after --lighthouse's: choose a lighthouse port whose next one is free too"
         ) from e
-    JobRecord.hosted(store, first_group=0)
     address = f"[{host}]" if ":" in host else host
     return store, f"{address}:{int(store.port)}"
 
@@ -363,7 +362,7 @@ def _wait(
             for group, child in children:
                 if group not in codes and child.poll() is not None:
                     codes[group] = child.returncode
-                    # None of its lives comes back: another group may take over its outputs.
+                    # None of its lives comes back: a group waiting for it stops waiting.
                     with contextlib.suppress(Exception):
                         record.mark_exited(group, child.returncode)
             time.sleep(0.1)

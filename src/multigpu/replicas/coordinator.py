@@ -25,9 +25,9 @@ What holds the groups to one result, beyond the step itself:
 - **One result.** After every change of quorum and every ``check_every`` steps the groups
   compare a checksum of their parameters; a difference ends the run in one line naming the
   groups and the step.
-- **One writer.** ``ctx.is_main`` is true on rank 0 of one group of the job (the record's
-  writer), through that group's restarts; when its launcher exits (it will not come back), the
-  lowest live group takes over.
+- **One writer.** ``ctx.is_main`` is true on rank 0 of one group of the job: group 0 (through
+  its restarts) while it is in the quorum, else the lowest group of the quorum — unless group 0
+  ended the job (then it wrote).
 - **The lighthouse.** A quorum that fails because the lighthouse no longer answers ends the run
   in one line naming it, within ``--timeout``, instead of restarts that cannot reach it either.
 
@@ -56,6 +56,9 @@ from multigpu.runtime import dist
 
 REPLICA_ID = "multigpu_group_{group}"
 """torchft replica ids: the trailing digits are the group index (torchft reads them so too)."""
+
+WRITER = 0
+"""The group whose rank 0 is ``ctx.is_main`` while it takes part (see ``Coordinator.writes``)."""
 
 STARTUP_WAIT_S = 60.0
 """How long a life's first step waits for every group to join its quorum (bounded by --timeout)."""
@@ -135,15 +138,17 @@ class Coordinator:
         """The job's end is reached (its step, announced by a group whose loop ended)."""
         self.end_step: int | None = None
         """The step the job ended at, once known."""
+        self.ended_by: int | None = None
+        """The group whose loop ended first (the job's end), once known."""
         self.aligned = True
         """This life's loop began where the script put it (the job's start, or its own
         checkpoint), not where a heal put it."""
         self.origin = 0
         """The job step this life's loop began at (its checkpoint's, else 0)."""
-        self.writer = record.writer()
-        """The group whose rank 0 is ``ctx.is_main``."""
         self.resumed_checkpoint = False
         """This life's script read a checkpoint (a Checkpointer's resume)."""
+        self.healed_once = False
+        """This life took a live group's state (its loop state is the job's)."""
         self.record_lost = False
         """The job's record stopped answering (its line said so): nothing more is written."""
         self.life = 0
@@ -166,16 +171,9 @@ class Coordinator:
             raise ReplicaError(failed)
         if end is not None:
             step, by = end
-            lost = (
-                "; it was to write the job's outputs (ctx.is_main) and died before it did: "
-                "they are missing"
-                if self.rank == 0 and self.record.writer() == self.settings.group
-                and by != self.settings.group
-                else ""
-            )
             self.say(
                 f"the job already ended at step {step} (replica group {by} finished it) while "
-                f"this group was away: nothing left to train here; exiting{lost}"
+                "this group was away: nothing left to train here; exiting"
             )
             raise SystemExit(0)
         if self.rank == 0:
@@ -308,6 +306,7 @@ class Coordinator:
         names = self._load(state["state"], source)
         step = int(self.manager.current_step())
         self._healed = (source, step, names)
+        self.healed_once = True
         if step > self.origin and self.aligned:
             self.aligned = False
             if self.rank == 0:
@@ -347,7 +346,6 @@ class Coordinator:
         self.participant_rank = int(self.manager.participating_rank() or 0)
         self._check_record()  # a group that left may have ended the job: not a step beyond it
         self._note_members(self._pg.members, time.monotonic() - started)
-        self._keep_writer()
         self._agree()
         if not self.aligned and not self._aligned_members:
             self._wait_for_an_aligned_group()
@@ -402,7 +400,6 @@ class Coordinator:
             self.participant_rank = int(self.manager.participating_rank() or 0)
             self._check_record()
             self._note_members(self._pg.members, time.monotonic() - started)
-            self._keep_writer()
             self._agree()
             if self._aligned_members:
                 return
@@ -435,7 +432,13 @@ class Coordinator:
             raise ReplicaError(failed)
         if end is not None:
             step, by = end
-            self.over, self.end_step = True, step
+            if not self.serial and not self.healed_once:  # this life took no part in the job
+                self.say(
+                    f"the job already ended at step {step} (replica group {by} finished it) "
+                    "while this group was away: nothing left to train here; exiting"
+                )
+                raise SystemExit(0)
+            self.over, self.end_step, self.ended_by = True, step, by
             self.in_step = False
             if by != self.settings.group:
                 self.say(
@@ -474,24 +477,6 @@ class Coordinator:
             if came:
                 self._count(joined=len(came))
                 self.say(f"replica group(s) {_names(came)} rejoined the quorum at step {step}")
-
-    def _keep_writer(self) -> None:
-        """The writer's launcher ended (no life of it comes back) and the job goes on: the
-        lowest group of the quorum takes over (after the record said the job did not end:
-        a writer that ended the job wrote its outputs)."""
-        members = self.members
-        if self.rank != 0 or self.writer in members or not members:
-            return  # only rank 0 writes (ctx.is_main): only it asks the record
-        self.writer = self.record.writer()
-        if self.writer in members or not self.record.exited(self.writer):
-            return  # the writer is here, or away but coming back (each of its lives writes)
-        if min(members) == self.settings.group:
-            was, self.writer = self.writer, self.record.take_writer(self.writer, min(members))
-            if self.writer != was:
-                self.say(
-                    f"writes the job's outputs from now on (ctx.is_main): group {was}, which "
-                    "wrote them, ended"
-                )
 
     def _agree(self) -> None:
         """After a change of quorum, and every ``check_every`` steps: the groups compare their
@@ -585,8 +570,13 @@ class Coordinator:
     # ---- telling ---------------------------------------------------------------------------------
     @property
     def writes(self) -> bool:
-        """This group writes the user's outputs (its rank 0 is ``ctx.is_main``)."""
-        return self.writer == self.settings.group
+        """This group writes the user's outputs (its rank 0 is ``ctx.is_main``): group 0 while
+        it is in the quorum (and before any), else the lowest group of the quorum — unless
+        group 0 ended the job, which it did after writing them."""
+        members, group = self.members, self.settings.group
+        if not members or WRITER in members:
+            return group == WRITER
+        return self.ended_by != WRITER and group == min(members)
 
     def say(self, message: str) -> None:
         """One whole line on stderr, from the group's rank 0."""

@@ -15,7 +15,8 @@ the loop to go on as the live group's does, every piece of state the loop depend
 - this rank's RNG streams (Python, NumPy, torch, CUDA): every group's are the same at a step
   (``multigpu.init`` seeds every rank alike, and each group draws for one share a step).
 
-The same object also keeps a step's snapshot (the schedulers and the RNG streams at its start):
+The same object also keeps a step's snapshot (the schedulers, the optimizers' learning rates and
+other settings a scheduler changes, and the RNG streams at its start):
 a survivor that runs an absent group's share first runs it with the RNG streams of the step's
 start, and when the step's last share begins the schedulers go back to the snapshot, so that a
 loop that steps its scheduler on every batch steps it once a step, as an uninterrupted run does;
@@ -72,6 +73,14 @@ def find_schedulers(optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
     return [s for _, s in outer]
 
 
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (``lr``, ``momentum``, ...: what a scheduler changes)."""
+    return [
+        copy.deepcopy({k: v for k, v in group.items() if k != "params"})
+        for group in optimizer.param_groups
+    ]
+
+
 def _base_lrs(scheduler: Any) -> tuple[float, ...]:
     lrs = getattr(scheduler, "base_lrs", None) or getattr(scheduler, "min_lrs", None) or ()
     return tuple(float(x) for x in lrs)
@@ -88,7 +97,8 @@ class HealState:
         self.scaler: Any = None
         self._pending: dict[str, list[Any]] = {"loaders": [], "checkpointers": []}
         self._schedulers: list[Any] | None = None  # found at the first step (and at each heal)
-        self._snapshot: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
+        # (schedulers' states, optimizers' group settings, RNG streams) at the step's start
+        self._snapshot: tuple[list[Any], list[list[dict[str, Any]]], dict[str, Any]] | None = None
 
     # ---- what there is --------------------------------------------------------------------------
     def add_setup(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -178,6 +188,7 @@ class HealState:
             return
         self._snapshot = (
             [copy.deepcopy(s.state_dict()) for s in self.schedulers()],
+            [_hyperparameters(o) for o in self.optimizers],
             capture_rng(),
         )
 
@@ -185,8 +196,13 @@ class HealState:
         """Back to the step's start: the RNG streams, and the schedulers when ``schedulers``."""
         if self._snapshot is None:
             return
-        states, rng = self._snapshot
+        states, hyperparameters, rng = self._snapshot
         restore_rng(rng)
         if schedulers:
             for scheduler, part in zip(self.schedulers(), states, strict=False):
                 scheduler.load_state_dict(copy.deepcopy(part))
+            # A scheduler's state is its count; what it set is the optimizer's learning rate
+            # (and momentum, ...), which its load_state_dict leaves as it is.
+            for optimizer, groups in zip(self.optimizers, hyperparameters, strict=True):
+                for group, values in zip(optimizer.param_groups, groups, strict=True):
+                    group.update(copy.deepcopy(values))

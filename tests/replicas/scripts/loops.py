@@ -16,7 +16,10 @@ Writes under OUT: ``pid-<group>-<rank>-<restart>`` at start, a line per stepped 
 ``params-<group>-<rank>.pt`` (whole, from ``ctx.full_state_dict`` under FSDP) and, from the
 process that is ``ctx.is_main``, its group to ``writers``. ``JOB_SLEEP`` paces a step;
 ``JOB_CKPT_EVERY=N`` checkpoints every N steps into OUT/ckpt and resumes from there (always on for
-``ckpt``: every 10 steps by default).
+``ckpt``: every 10 steps by default). ``JOB_WAIT_AT=S`` and ``JOB_WAIT_FOR=PATH``: the groups of
+``JOB_WAIT_GROUPS`` (default ``0``) stop at global step S until PATH exists (up to 180 s): a
+test holds the survivor there until the killed group's next life has started, so that its heal
+lands mid-run whatever the machine's speed.
 """
 
 import os
@@ -65,11 +68,19 @@ with multigpu.init(seed=0, strategy=strategy) as ctx:
         ckpt.resume()
     steps = open(out / f"steps-{tag}", "a")  # noqa: SIM115 - written at every step of the loop
 
+    wait_at = int(os.environ.get("JOB_WAIT_AT", "-1"))
+    wait_for = Path(os.environ.get("JOB_WAIT_FOR", "/nonexistent"))
+    waits = group in os.environ.get("JOB_WAIT_GROUPS", "0").split(",")
+
     def stepped() -> None:
         position = loader.epoch * STEPS_PER_EPOCH + loader.state_dict()["cursor"] // BATCH
         steps.write(f"{time.time()} {position}\n")
         steps.flush()
         time.sleep(pause)
+        if waits and position == wait_at:
+            deadline = time.monotonic() + 180
+            while not wait_for.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     if shape == "readme":
         for epoch in range(EPOCHS):

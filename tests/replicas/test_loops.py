@@ -1,0 +1,66 @@
+"""The loops people write, under `multigpu run --replicas 2 --cpu 1`, one worker killed by kill -9.
+
+README's `for epoch in range(E)` with a StepLR stepped per epoch (its counter restarts at 0 in the
+restarted group), and a Checkpointer-bounded `while ckpt.steps < N` with a StepLR stepped when
+`ctx.step` returns True (its count and the scheduler heal): both groups end with the parameters
+of the uninterrupted run, exactly one process writes the user's `ctx.is_main` output, and torch
+says nothing of an overridden `optimizer.step()`. The survivor waits at step 40 until the killed
+group's next life has started (`JOB_WAIT_*` of scripts/loops.py), so the heal lands mid-run on a
+machine of any speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.launch._util import popen_multigpu
+from tests.replicas.chaos import LOOPS, TOLERANCE, _position, uninterrupted
+
+pytest.importorskip("torchft", reason="torchft (pip install multigpu[ft]) is not installed")
+
+KILL_AT = 15
+
+
+def _difference(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    return max(
+        ((got[k] - r).abs().max() / r.abs().max().clamp_min(1e-12)).item() for k, r in ref.items()
+    )
+
+
+@pytest.mark.parametrize(("shape", "lr"), [("readme", "epoch"), ("ckpt", "step")])
+def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_one_writer(
+    shape: str, lr: str, tmp_path: Path
+) -> None:
+    reference = uninterrupted(shape, lr, "ddp", tmp_path / "reference")
+    assert (tmp_path / "reference" / "writers").read_text().split() == ["0"]
+    out = tmp_path / "killed"
+    out.mkdir()
+    proc = popen_multigpu(
+        ["run", "--replicas", "2", "--cpu", "1", str(LOOPS), str(out), shape, lr], out,
+        JOB_SLEEP="0.02", JOB_WAIT_AT="40", JOB_WAIT_FOR=str(out / "pid-1-0-1"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while _position(out / "steps-1-0") < KILL_AT:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "group 1 did not reach its step in 180 s"
+            time.sleep(0.02)
+        os.kill(int((out / "pid-1-0-0").read_text()), signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "replica group 1: healed from replica group 0 at step" in err
+    assert "overridden" not in err  # no torch warning about a wrapper the user did not write
+    for group in (0, 1):
+        got = torch.load(out / f"params-{group}-0.pt")
+        assert _difference(got, reference) <= TOLERANCE, (group, err)
+    assert (out / "writers").read_text().split() == ["0"]  # one ctx.is_main in the whole job
