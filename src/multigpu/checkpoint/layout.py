@@ -14,6 +14,8 @@
                             multigpu versions, creation time, each object's kind and where it is
                             stored, each file's size and SHA-256
         COMMITTED           written last; holds the manifest's SHA-256
+    DIR/step-00000100.1/    a further save at the same step count (a loop that saved without
+                            counting steps), ordered after step-00000100, before step-00000101
     DIR/.tmp-step-00000100-<nonce>/    a save in progress, renamed to step-... once committed
 
 Format version 1 (before DCP) kept the models and optimizers, whole, in ``state.pt``; such
@@ -48,14 +50,20 @@ METADATA_FILE = ".metadata"
 """DCP's index of every tensor piece, written by rank 0."""
 COMMIT_FILE = "COMMITTED"
 TMP_PREFIX = ".tmp-"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
-_TMP_DIR = re.compile(r"^\.tmp-step-(\d{8,})-")
+_STEP_DIR = re.compile(r"^step-(\d{8,})(?:\.([1-9]\d*))?$")
+_TMP_DIR = re.compile(r"^\.tmp-step-(\d{8,})(?:\.([1-9]\d*))?-")
 _CHUNK = 1 << 20
 
 
-def step_dir_name(step: int) -> str:
-    """The directory name of the checkpoint of ``step``."""
-    return f"step-{step:08d}"
+def step_dir_name(step: int, index: int = 0) -> str:
+    """The directory name of the checkpoint of ``step``; ``index``: the how-manieth further save
+    at that same step count (0: the first).
+
+    Example:
+        >>> step_dir_name(100), step_dir_name(100, 2)
+        ('step-00000100', 'step-00000100.2')
+    """
+    return f"step-{step:08d}" if index == 0 else f"step-{step:08d}.{index}"
 
 
 def rank_file_name(rank: int) -> str:
@@ -64,9 +72,21 @@ def rank_file_name(rank: int) -> str:
 
 
 def parse_step(name: str) -> int | None:
-    """The step of a checkpoint directory name (``step-XXXXXXXX``), or None when it is not one."""
+    """The step of a checkpoint directory name (``step-XXXXXXXX[.K]``), or None when it is not
+    one."""
+    order = parse_order(name)
+    return order[0] if order is not None else None
+
+
+def parse_order(name: str) -> tuple[int, int] | None:
+    """``(step, index)`` of a checkpoint directory name, the order of the saves (None: not one).
+
+    Example:
+        >>> parse_order("step-00000100"), parse_order("step-00000100.2"), parse_order("x")
+        ((100, 0), (100, 2), None)
+    """
     match = _STEP_DIR.match(name)
-    return int(match.group(1)) if match else None
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def file_sha256(path: Path) -> str:
@@ -84,10 +104,11 @@ class CheckpointStatus:
 
     Attributes:
         path: the directory.
-        step: the step in its name (None when the name is not ``step-XXXXXXXX``).
+        step: the step in its name (None when the name is not ``step-XXXXXXXX[.K]``).
         complete: marker present, manifest ours, every listed file of the listed size and checksum.
         problems: what is wrong, one readable line each (empty when complete).
         manifest: the parsed manifest, when it could be read.
+        index: ``K`` of a ``step-XXXXXXXX.K`` name (a further save at that step), else 0.
     """
 
     path: Path
@@ -95,6 +116,12 @@ class CheckpointStatus:
     complete: bool
     problems: tuple[str, ...]
     manifest: dict[str, Any] | None
+    index: int = 0
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """``(step, index)``: the order of the saves (a name that is not a step's first)."""
+        return (self.step if self.step is not None else -1, self.index)
 
 
 def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -> CheckpointStatus:
@@ -107,9 +134,9 @@ def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -
         ('not a directory',)
     """
     directory = Path(path)
-    step = parse_step(directory.name)
+    step, index = parse_order(directory.name) or (None, 0)
     if not directory.is_dir():
-        return CheckpointStatus(directory, step, False, ("not a directory",), None)
+        return CheckpointStatus(directory, step, False, ("not a directory",), None, index)
     problems: list[str] = []
     manifest = _check_manifest(directory, problems)
     commit = directory / COMMIT_FILE
@@ -121,7 +148,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -
             problems.append(f"{MANIFEST_FILE} does not match the checksum in {COMMIT_FILE}")
     if manifest is not None:
         _check_files(directory, manifest, problems, checksums)
-    return CheckpointStatus(directory, step, not problems, tuple(problems), manifest)
+    return CheckpointStatus(directory, step, not problems, tuple(problems), manifest, index)
 
 
 def usable(path: str | os.PathLike[str]) -> Path:
@@ -187,16 +214,17 @@ def _check_files(
 def list_checkpoints(
     directory: str | os.PathLike[str], *, checksums: bool = True
 ) -> list[CheckpointStatus]:
-    """Every ``step-*`` directory under ``directory``, ascending by step (temp dirs ignored)."""
+    """Every ``step-*`` directory under ``directory``, in the order of the saves (by step, then
+    ``step-XXXXXXXX.K``'s K; temp dirs ignored)."""
     return [verify_checkpoint(p, checksums=checksums) for _, p in _step_dirs(Path(directory))]
 
 
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """The ``step-*`` directories under ``root`` with their steps, ascending."""
+def _step_dirs(root: Path) -> list[tuple[tuple[int, int], Path]]:
+    """The ``step-*`` directories under ``root`` with their ``(step, index)``, ascending."""
     if not root.is_dir():
         return []
     return sorted(
-        (s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None
+        (o, p) for p in root.iterdir() if p.is_dir() and (o := parse_order(p.name)) is not None
     )
 
 
@@ -216,8 +244,14 @@ def scan(
 
 def unfinished_step(path: Path) -> int | None:
     """The step of a temp dir's save (``.tmp-step-00000100-ab12`` -> 100), or None."""
+    order = unfinished_order(path)
+    return order[0] if order is not None else None
+
+
+def unfinished_order(path: Path) -> tuple[int, int] | None:
+    """``(step, index)`` of a temp dir's save (``.tmp-step-00000100.2-ab12`` -> (100, 2))."""
     match = _TMP_DIR.match(path.name)
-    return int(match.group(1)) if match else None
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def find_latest(directory: str | os.PathLike[str]) -> CheckpointStatus | None:
@@ -250,9 +284,9 @@ def warn_skipped(
     """Warn of each checkpoint ``skipped``, each unfinished save of ``temp_dirs`` newer than
     ``chosen`` (``said``: its fate, formatted with its path, step and the marker's name) and, if
     any, that ``chosen`` is used instead."""
-    newest = chosen.step if chosen is not None and chosen.step is not None else -1
+    newest = chosen.order if chosen is not None else (-1, 0)
     unfinished = [
-        p for p in temp_dirs if (step := unfinished_step(p)) is not None and step > newest
+        p for p in temp_dirs if (order := unfinished_order(p)) is not None and order > newest
     ]
     for status in skipped:
         logger.warning("skipping checkpoint %s: %s", status.path, "; ".join(status.problems))

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, scan, step_dir_name
+from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, parse_order, scan, step_dir_name
 from multigpu.checkpoint.lock import DirectoryLock
 from multigpu.checkpoint.objects import check_trackable, epoch_of, kind_of
+from multigpu.checkpoint.progress import LastSave, Progress
 from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
 from multigpu.checkpoint.saving import PendingSave, SaveJob, decided_by_rank0, save
 from multigpu.checkpoint.snapshot import StateAdapter
@@ -54,9 +55,10 @@ def _last_saved_note(ref: weakref.ref[Checkpointer]) -> Callable[[], str | None]
 
     def note() -> str | None:
         checkpointer = ref()
-        step = checkpointer._saved_step if checkpointer is not None else None
-        if step is not None and (directory / step_dir_name(step)).is_dir():
-            return f"last checkpoint: {directory / step_dir_name(step)} (step {step})"
+        last = checkpointer._last if checkpointer is not None else None
+        saved = checkpointer is not None and last is not None and checkpointer._here(last.path)
+        if saved and last is not None and last.path.is_dir():
+            return f"last checkpoint: {last.path} (step {last.step})"
         chosen = scan(directory)[0]  # an asynchronous save not yet committed: the one before
         if chosen is None:
             return f"no checkpoint in {directory} yet"
@@ -116,8 +118,13 @@ class Checkpointer:
         self._per_rank: dict[str, Any] = {}
         self._optional: set[str] = set()  # tracked, but a checkpoint without them still resumes
         self._steps = 0
-        self._saved_step: int | None = None
+        # The checkpoint saved last (or resumed from): a save with nothing moved since is not
+        # written again, and one at the same step count is named after it (see progress.py).
+        self._last: LastSave | None = None
+        self._progress = Progress()
+        self._said_uncounted = False
         self._pending: PendingSave | None = None
+        self._before_pending: LastSave | None = None  # restored when the background save fails
         self._group: Any = None  # the background saves' own gloo group, made at the first one
         self._sigterm = False
         self._previous_handler: Any = None
@@ -141,6 +148,7 @@ class Checkpointer:
         for name, obj in objects.items():
             check_trackable(name, obj, {**self._shared, **self._per_rank})
             self._shared[name] = obj
+        self._progress.watch(objects)
         return self
 
     def track_optional(self, **objects: Any) -> Checkpointer:
@@ -202,17 +210,38 @@ class Checkpointer:
             self._created = self._created or created
 
     def save(self) -> Path:
-        """Save now (collective: every rank calls it). Returns the checkpoint's final path.
+        """Save the state as it is now (collective: every rank calls it), whether ``step()``
+        counted the steps or not. Returns the checkpoint's final path: ``step-XXXXXXXX``, or
+        ``step-XXXXXXXX.K`` for the K-th further save at the same step count.
+
+        Not written again when nothing moved since the last save or resume (the step count,
+        every tracked loader's place and every tracked optimizer's steps as they were, e.g. a
+        ``save()`` right after ``step()`` saved): that checkpoint's path is returned.
 
         With ``async_save`` it returns once the state is copied to CPU memory; the files are
         written in the background (``wait()`` ends that).
         """
         self.wait()
         self._hold()  # given up by a refused resume
-        step = self._steps
-        final = self.directory / step_dir_name(step)
-        if self._saved_step == step:
-            return final  # this step is already saved (e.g. a SIGTERM right after a due save)
+        step, mark = self._steps, self._progress.mark(self._steps, self._shared)
+        last = self._last if self._last is not None and self._here(self._last.path) else None
+        # Rank 0's view, on every rank: a rank that skipped the save alone would hang the others.
+        if decided_by_rank0(self.rank, lambda: last is not None and last.unmoved(mark)):
+            assert last is not None
+            if self.rank == 0:
+                log.info("nothing moved since %s: not saved again", last.path)
+            return last.path
+        index = last.index + 1 if last is not None and last.step == step else 0
+        final = self.directory / step_dir_name(step, index)
+        if index == 1 and not self._said_uncounted and self.rank == 0:
+            self._said_uncounted = True
+            log.warning(
+                "saving %s: the state moved on since the save of step %d, but the step count "
+                "did not; call ckpt.step() once per optimizer step so that checkpoints are "
+                "named by it (resume takes the newest either way)",
+                final.name,
+                step,
+            )
         if self._before_save is not None:
             self._before_save()
         job = SaveJob(
@@ -230,10 +259,15 @@ class Checkpointer:
         )
         if self.async_save:
             self._pending = PendingSave(job, self._async_group(), self._timeout)
+            self._before_pending = last
         else:
             save(job)
-        self._saved_step = step
+        self._last = LastSave(path=final, step=step, index=index, mark=mark)
         return final
+
+    def _here(self, path: Path) -> bool:
+        """Whether ``path`` is a checkpoint of this checkpointer's directory."""
+        return path.parent.resolve() == self.directory.resolve()
 
     def _async_group(self) -> Any:
         if self._group is None and dist.is_initialized():
@@ -249,7 +283,7 @@ class Checkpointer:
         try:
             pending.wait()
         except CheckpointError:
-            self._saved_step = None
+            self._last = self._before_pending  # the last save that is on disk
             raise
 
     # ---- resuming -------------------------------------------------------------------------------
@@ -285,12 +319,19 @@ class Checkpointer:
         except (CheckpointError, UsageError):
             self._undo_directory()
             raise
-        self._steps = self._saved_step = step
+        self._steps = step
+        order = parse_order(Path(choice).name)
+        self._last = LastSave(
+            path=Path(choice),
+            step=step,
+            index=order[1] if order is not None and order[0] == step else 0,
+            mark=self._progress.mark(step, self._shared),
+        )
         return step
 
     def _undo_directory(self) -> None:
         """Remove the directories this checkpointer created, while nothing is saved in them."""
-        if self._created is None or self._saved_step is not None:
+        if self._created is None or self._last is not None:
             return
         if self._lock is not None:
             self._lock.release()
@@ -320,7 +361,7 @@ class Checkpointer:
     def load_heal_state(self, state: dict[str, Any]) -> None:
         """Take over a live replica group's ``heal_state``; the next save is due by its count."""
         self._steps = int(state["steps"])
-        self._saved_step = None  # this group's own directory may hold no save of this step
+        self._last = None  # this group's own directory may hold no save of this step
         objects = {**self._shared, **self._per_rank}
         for name, part in state.get("objects", {}).items():
             if name in objects and name not in self._optional:
@@ -348,6 +389,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._progress.close()
             self._group = None  # its gloo threads end with the process group, not at exit
             if self._lock is not None:
                 self._lock.release()

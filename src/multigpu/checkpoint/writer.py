@@ -154,10 +154,10 @@ def prune(root: Path, keep: int | None, protect: Path) -> None:
     statuses = list_checkpoints(root, checksums=False)  # sizes + marker: cheap
     complete = [s for s in statuses if s.complete]
     keep_paths = {s.path for s in complete[-keep:]} | {protect}
-    newest = complete[-1].step if complete else None
+    newest = complete[-1].order if complete else None
     removed = []
     for status in statuses:
-        older = newest is not None and status.step is not None and status.step < newest
+        older = newest is not None and status.step is not None and status.order < newest
         if status.path in keep_paths or not (status.complete or older):
             continue
         shutil.rmtree(status.path, ignore_errors=True)
