@@ -49,6 +49,27 @@ def test_fsdp_shards_each_parameter_dim0_and_gathers_the_root_and_the_largest_un
     assert fsdp.device == fsdp.total
 
 
+def test_a_resume_holds_params_optimizer_and_the_largest_parameter_within_the_training() -> None:
+    est = estimate_memory(_net(), world_size=2)
+    p, largest = 4 * (BIG + SMALL), 4 * 1000 * 1000
+    assert est.of("ddp").resume == p + 2 * p + largest  # no gradients, no second copy
+    fsdp = est.of("fsdp")
+    assert fsdp.resume == fsdp.params + fsdp.optimizer + largest
+    with torch.device("meta"):
+        one = nn.Linear(4096, 4096, bias=False)  # the largest parameter is the whole model
+    models = (_net(), one, nn.Embedding(50, 8, device="meta"))
+    for model in models:
+        for world_size in (1, 2, 8):
+            for device in ("cpu", "cuda"):
+                for optimizer in ("adamw", "sgd", "sgd-momentum"):
+                    est = estimate_memory(
+                        model, world_size=world_size, device=device, optimizer=optimizer
+                    )
+                    for s in est.strategies:
+                        trained = s.params + s.grads + s.optimizer + s.buffers
+                        assert 0 < s.resume <= trained == s.total, (s, world_size, device)
+
+
 def test_fsdp_pads_a_dim0_that_does_not_divide() -> None:
     with torch.device("meta"):
         net = nn.Linear(3, 10, bias=False)  # weight (10, 3): ceil(10 / 4) = 3 rows per rank
@@ -142,7 +163,7 @@ def test_to_json_and_table_say_every_strategy_and_what_is_left_out() -> None:
     data = est.to_json()
     assert set(data["strategies"]) == {"ddp", "fsdp", "fsdp+offload"}
     assert set(data["strategies"]["fsdp"]) == {
-        "params", "grads", "optimizer", "buffers", "total", "device", "host", "fits"
+        "params", "grads", "optimizer", "buffers", "total", "device", "host", "resume", "fits"
     }  # fmt: skip
     assert data["choice"]["strategy"] == "ddp" and data["capacity"]["source"] == "test"
     assert data["strategies"]["fsdp+offload"]["fits"] is None

@@ -25,6 +25,14 @@ there they are a whole copy of the rank's parameters; on CPUs torch's per-tensor
 copies of one tensor at a time, within the slack, and a device not given leaves them out (said
 in ``notes``).
 
+**Resume** (``resume``): loading a checkpoint holds the parameters, the optimizer state (made by
+one step, its temporaries included) and one buffer as large as the largest parameter — the zero
+gradients that step reads, then the piece of a tensor DCP reads before copying it into place;
+no gradients, no second copy of the model or the optimizer (DCP loads into the live tensors).
+That is less than training holds, so each strategy's ``total`` covers a resume too; measured on
+2 CPU processes at 67M (DDP) and 200M (FSDP) parameters, a resume and 3 steps peaked at 0.999x
+and 1.001x the training's RSS (``benchmarks/resume_memory.py``, ``benchmarks/RESULTS.md``).
+
 Not included: activations (they grow with the batch, not the model), the framework's own
 memory (CUDA context, torch's libraries: about 0.2–0.3 GiB of RAM for a CPU process), and the
 allocator's slack. The formulas were checked against the peak RSS of 2 CPU processes training
@@ -97,11 +105,16 @@ class StrategyMemory:
     """Of the above, what sits in CPU RAM rather than on the GPU (offload)."""
     gpu_only: bool = False
     """True for a strategy that means nothing on CPU processes (offload)."""
+    resume: int = 0
+    """What this rank holds at most while a checkpoint loads: the parameters, the optimizer
+    state and one buffer as large as the largest parameter (see the module doc); below the
+    training's sum for every model, and counted in ``total`` if it were not."""
 
     @property
     def total(self) -> int:
-        """Everything this rank holds for the model's training state."""
-        return self.params + self.grads + self.optimizer + self.buffers
+        """Everything this rank holds for the model's training state, or to resume it from a
+        checkpoint when that were more."""
+        return max(self.params + self.grads + self.optimizer + self.buffers, self.resume)
 
     @property
     def device(self) -> int:
@@ -267,6 +280,10 @@ def estimate_memory(
     units = tuple(plan.sizes)
     per_element = stored / count if count else 4.0
     compute = 2.0 if precision == "bf16-mixed" else per_element
+    # A resume's one extra buffer: the zero gradients of the largest parameter (one buffer
+    # for all, strategies.state), then the largest piece DCP reads (a whole tensor when the
+    # checkpoint was saved unsharded).
+    largest_param = max((p.numel() * p.element_size() for p in params), default=0)
     ddp = StrategyMemory(
         strategy="ddp",
         params=stored + model_buffers,
@@ -274,6 +291,7 @@ def estimate_memory(
         optimizer=stored * copies,
         buffers=(0 if gradient_as_bucket_view or n == 1 else stored)
         + (2 * count if precision == "bf16-mixed" else 0),
+        resume=stored + model_buffers + stored * copies + largest_param,
     )
     shard = sum(_shard_bytes(p, n) for p in params)
     root, largest = units[-1][1], max((size for _, size in units[:-1]), default=0)
@@ -281,7 +299,12 @@ def estimate_memory(
     gathered = math.ceil(2 * compute * root + largest * (UNIT_BUFFERS * compute + reduce_bytes))
     held = shard + model_buffers
     fsdp = StrategyMemory(
-        strategy="fsdp", params=held, grads=shard, optimizer=shard * copies, buffers=gathered
+        strategy="fsdp",
+        params=held,
+        grads=shard,
+        optimizer=shard * copies,
+        buffers=gathered,
+        resume=held + shard * copies + largest_param,
     )
     # The same as fsdp, with the optimizer stepping in CPU RAM: no GPU step temporaries there.
     offload = replace(
@@ -290,6 +313,7 @@ def estimate_memory(
         optimizer=shard * states,
         host=shard * (2 + states),
         gpu_only=True,
+        resume=held + shard * states + largest_param,
     )
     resident = [p for p in params if p.device.type != "meta"]
     notes = [ACTIVATIONS_NOTE]

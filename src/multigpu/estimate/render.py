@@ -158,7 +158,7 @@ def as_json(estimate: MemoryEstimate) -> dict[str, Any]:
         "fsdp_unit_warning": estimate.unit_warning,
         "strategies": {
             s.strategy: {name: getattr(s, name) for name in BYTES}
-            | {"fits": estimate.fits(s.strategy)}
+            | {"resume": s.resume, "fits": estimate.fits(s.strategy)}
             for s in estimate.strategies
         },
         "capacity": None,
