@@ -151,13 +151,16 @@ def _wait_for(check, proc: subprocess.Popen[str], deadline: float) -> bool:
     return True
 
 
-def run(schedule: Schedule, out: Path, *, timeout_s: float = 300.0) -> Outcome:
-    """Run ``schedule`` in ``out`` (made empty first) and return what it did (not yet judged)."""
+def run(
+    schedule: Schedule, out: Path, *, timeout_s: float = 300.0, **job_env: str
+) -> Outcome:
+    """Run ``schedule`` in ``out`` and return what it did (not yet judged); ``job_env``: more of
+    loops.py's variables (``JOB_PRECISION``, ``JOB_CLIP``, ``JOB_WAIT_*``)."""
     out.mkdir(parents=True, exist_ok=True)
     argv = ["run", "--replicas", "2", "--cpu", "1", "--timeout", "60", str(LOOPS), str(out),
             schedule.shape, schedule.lr, schedule.strategy]  # fmt: skip
     started = time.monotonic()
-    proc = popen_multigpu(argv, out, JOB_SLEEP=PACE_S)
+    proc = popen_multigpu(argv, out, **{"JOB_SLEEP": PACE_S, **job_env})
     deadline = started + timeout_s
     notes: list[str] = []
     try:
@@ -199,9 +202,11 @@ def run(schedule: Schedule, out: Path, *, timeout_s: float = 300.0) -> Outcome:
     return outcome
 
 
-def uninterrupted(shape: str, lr: str, strategy: str, out: Path) -> dict[str, torch.Tensor]:
+def uninterrupted(
+    shape: str, lr: str, strategy: str, out: Path, **job_env: str
+) -> dict[str, torch.Tensor]:
     """The parameters of the same run without any kill (``--replicas 2``)."""
-    done = run(Schedule(-1, shape, lr, strategy, ()), out)
+    done = run(Schedule(-1, shape, lr, strategy, ()), out, **job_env)
     assert done.code == 0, done.err
     return torch.load(out / "params-0-0.pt")
 

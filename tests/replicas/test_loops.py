@@ -2,11 +2,12 @@
 
 README's `for epoch in range(E)` with a StepLR stepped per epoch (its counter restarts at 0 in the
 restarted group), and a Checkpointer-bounded `while ckpt.steps < N` with a StepLR stepped when
-`ctx.step` returns True (its count and the scheduler heal): both groups end with the parameters
+`ctx.step` returns True (its count and the scheduler heal), and a `while loader.epoch < E` loop
+under `precision="16-mixed"` with a clip: both groups end with the parameters
 of the uninterrupted run, exactly one process writes the user's `ctx.is_main` output, and torch
 says nothing of an overridden `optimizer.step()`. The survivor waits at step 40 until the killed
-group's next life has started (`JOB_WAIT_*` of scripts/loops.py), so the heal lands mid-run on a
-machine of any speed.
+group's next life has started, and goes on slowly until that life stepped (`JOB_WAIT_*`,
+`JOB_SLOW_UNTIL` of scripts/loops.py), so the heal lands mid-run on a machine of any speed.
 """
 
 from __future__ import annotations
@@ -33,17 +34,27 @@ def _difference(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> f
     )
 
 
-@pytest.mark.parametrize(("shape", "lr"), [("readme", "epoch"), ("ckpt", "step")])
+@pytest.mark.parametrize(
+    ("shape", "lr", "job_env"),
+    [
+        ("readme", "epoch", {}),
+        ("ckpt", "step", {}),
+        # float16 with a clip: a survivor's shares each unscaled, the groups' infs agreed
+        ("while", "step", {"JOB_PRECISION": "16-mixed", "JOB_CLIP": "0.5"}),
+    ],
+    ids=["readme-steplr-per-epoch", "checkpointer-steplr-per-step", "while-16-mixed-clip"],
+)
 def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_one_writer(
-    shape: str, lr: str, tmp_path: Path
+    shape: str, lr: str, job_env: dict[str, str], tmp_path: Path
 ) -> None:
-    reference = uninterrupted(shape, lr, "ddp", tmp_path / "reference")
+    reference = uninterrupted(shape, lr, "ddp", tmp_path / "reference", **job_env)
     assert (tmp_path / "reference" / "writers").read_text().split() == ["0"]
     out = tmp_path / "killed"
     out.mkdir()
     proc = popen_multigpu(
         ["run", "--replicas", "2", "--cpu", "1", str(LOOPS), str(out), shape, lr], out,
         JOB_SLEEP="0.02", JOB_WAIT_AT="40", JOB_WAIT_FOR=str(out / "pid-1-0-1"),
+        JOB_SLOW_UNTIL=str(out / "rejoined"), **job_env,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -52,6 +63,12 @@ def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_on
             assert time.monotonic() < deadline, "group 1 did not reach its step in 180 s"
             time.sleep(0.02)
         os.kill(int((out / "pid-1-0-0").read_text()), signal.SIGKILL)
+        first_life = len((out / "steps-1-0").read_text().splitlines())
+        while len((out / "steps-1-0").read_text().splitlines()) <= first_life:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline + 180, "group 1 did not come back in time"
+            time.sleep(0.05)
+        (out / "rejoined").touch()  # the survivor goes on at full speed
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

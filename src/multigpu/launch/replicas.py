@@ -30,6 +30,7 @@ its logger takes a level name only, and ``off`` is not one). Read:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -166,17 +167,13 @@ def check_one_node_per_group(torchrun: Any) -> None:
 
 def check_torchft() -> None:
     """Every node's groups need torchft (not only the lighthouse's node): refuse before any
-    group starts, rather than fail in each worker and restart."""
-    # torchft's servers log every quorum at info; its logger reads this process's environment
-    # when torchft is first imported (the children get the same default in theirs).
-    os.environ.setdefault("RUST_LOG", "error")
-    try:
-        import torchft  # noqa: F401
-    except ImportError as e:
+    group starts, rather than fail in each worker and restart. Found, not imported: its logger
+    reads ``RUST_LOG`` when it is first imported (``start_lighthouse`` sets it before)."""
+    if importlib.util.find_spec("torchft") is None:
         raise UsageError(
-            f"--replicas needs torchft, which is not installed here ({e}); install it with: "
+            "--replicas needs torchft, which is not installed here; install it with: "
             "pip install 'multigpu[ft]'"
-        ) from e
+        )
 
 
 def check_no_rendezvous(torchrun: Any, plan: ReplicaPlan) -> None:
@@ -211,7 +208,9 @@ def start_lighthouse(plan: ReplicaPlan) -> tuple[Any, str, str]:
     replica_host = _outward_address(host, port or 1)
     server = None
     if ours:
-        check_torchft()
+        # torchft's servers log every quorum at info; its logger reads this process's
+        # environment when torchft is imported (the children get the same default in theirs).
+        os.environ.setdefault("RUST_LOG", "error")
         try:
             from torchft.coordination import LighthouseServer
         except ImportError as e:

@@ -18,8 +18,13 @@ process that is ``ctx.is_main``, its group to ``writers``. ``JOB_SLEEP`` paces a
 ``JOB_CKPT_EVERY=N`` checkpoints every N steps into OUT/ckpt and resumes from there (always on for
 ``ckpt``: every 10 steps by default). ``JOB_WAIT_AT=S`` and ``JOB_WAIT_FOR=PATH``: the groups of
 ``JOB_WAIT_GROUPS`` (default ``0``) stop at global step S until PATH exists (up to 180 s): a
-test holds the survivor there until the killed group's next life has started, so that its heal
-lands mid-run whatever the machine's speed.
+test holds the survivor there until the killed group's next life has started; from there on,
+while ``JOB_SLOW_UNTIL=PATH2`` does not exist, they sleep 0.3 s a step (still stepping: the
+restarted group can join their quorum), so that its heal lands mid-run whatever the machine's
+speed. ``JOB_PRECISION`` (default ``32``) is ``init``'s
+precision and ``JOB_CLIP=X`` clips the gradient norm to X before ``ctx.step`` (``ckpt``, ``while``).
+``JOB_DRIFT_AT=S``: group 1 nudges a weight after step S (what a bug would do; the groups' checks
+must find it).
 """
 
 import os
@@ -41,7 +46,9 @@ strategy = sys.argv[4] if len(sys.argv) > 4 else "ddp"
 pause = float(os.environ.get("JOB_SLEEP", "0"))
 group = os.environ.get("MULTIGPU_REPLICA_GROUP", "plain")
 every = int(os.environ.get("JOB_CKPT_EVERY", "10" if shape == "ckpt" else "0"))
-with multigpu.init(seed=0, strategy=strategy) as ctx:
+precision = os.environ.get("JOB_PRECISION", "32")
+clip = float(os.environ.get("JOB_CLIP", "0"))
+with multigpu.init(seed=0, strategy=strategy, precision=precision) as ctx:
     tag = f"{group}-{ctx.rank}"
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     (out / f"pid-{tag}-{restart}").write_text(str(os.getpid()))
@@ -71,6 +78,8 @@ with multigpu.init(seed=0, strategy=strategy) as ctx:
     wait_at = int(os.environ.get("JOB_WAIT_AT", "-1"))
     wait_for = Path(os.environ.get("JOB_WAIT_FOR", "/nonexistent"))
     waits = group in os.environ.get("JOB_WAIT_GROUPS", "0").split(",")
+    slow_until = Path(os.environ.get("JOB_SLOW_UNTIL", "/nonexistent"))
+    drift_at = int(os.environ.get("JOB_DRIFT_AT", "-1"))
 
     def stepped() -> None:
         position = loader.epoch * STEPS_PER_EPOCH + loader.state_dict()["cursor"] // BATCH
@@ -81,6 +90,11 @@ with multigpu.init(seed=0, strategy=strategy) as ctx:
             deadline = time.monotonic() + 180
             while not wait_for.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
+        if waits and position >= wait_at >= 0 and not slow_until.exists():
+            time.sleep(0.3)
+        if group == "1" and position == drift_at:
+            with torch.no_grad():
+                next(ctx.unwrap(model).parameters()).view(-1)[0] += 1e-3
 
     if shape == "readme":
         for epoch in range(EPOCHS):
@@ -101,6 +115,8 @@ with multigpu.init(seed=0, strategy=strategy) as ctx:
         while (ckpt.steps < STEPS) if shape == "ckpt" else (loader.epoch < EPOCHS):
             for x, y in loader:
                 ctx.backward(F.mse_loss(model(x), y))
+                if clip:
+                    ctx.clip_grad_norm(model, optimizer, clip)
                 if ctx.step(optimizer):
                     if schedule == "step":
                         scheduler.step()
