@@ -332,13 +332,13 @@ class Coordinator:
         started = time.monotonic()
         self._healed = None
         self._quorum()
-        # A life's first step waits (a bounded while) for every group: one started a few
-        # seconds late would otherwise find the others' quorum formed and heal at once.
-        while (
-            self._first_quorum
-            and self.manager.num_participants() < self.settings.groups
-            and time.monotonic() - started < min(self.timeout_s, STARTUP_WAIT_S)
-        ):
+        # A life's first step waits (a bounded while) for every group that can still come:
+        # one started a few seconds late would otherwise find the others' quorum formed and
+        # heal at once; one whose launcher ended will not come.
+        while self._first_quorum:
+            to_come, waited_out = self._groups_to_come(started)
+            if self.manager.num_participants() >= to_come or waited_out:
+                break
             time.sleep(0.2)
             self._quorum()
         self._first_quorum = False
@@ -403,6 +403,19 @@ class Coordinator:
             self._agree()
             if self._aligned_members:
                 return
+
+    def _groups_to_come(self, started: float) -> tuple[int, bool]:
+        """The groups of the job whose launcher has not ended, and whether the first step
+        waited long enough for them — as rank 0 sees it (every rank of the group waits alike:
+        each quorum is asked for by all of them)."""
+        count, waited_out = self.settings.groups, False
+        if self.rank == 0:
+            with contextlib.suppress(Exception):  # the record gone: said at the next check
+                count -= sum(self.record.exited(g) for g in range(self.settings.groups))
+            waited_out = time.monotonic() - started >= min(self.timeout_s, STARTUP_WAIT_S)
+        if self.world_size > 1:
+            count, waited_out = dist.broadcast((count, waited_out))
+        return max(1, count), waited_out
 
     def _quorum(self) -> None:
         try:
