@@ -329,6 +329,18 @@ class ControllerGuard:
             f"file's remaining tests run on a new worker)\n{self.notes.pop(workerid, '')}"
         )
 
+    # A worker that died outside any test (its tests went to another worker) fails the run too:
+    # xdist alone replaced it and said nothing more.
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for note in self.notes.values():
+            terminalreporter.write_sep("=", "a test process died outside any test", red=True)
+            terminalreporter.write_line(note)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.notes and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 _FRAMEWORK = tuple(
     f"/site-packages/{name}/"
@@ -359,12 +371,14 @@ def _no_rerun(base: type) -> type:
     xdist 3.8's ``remove_node`` puts the dead worker's whole work unit back in the queue with
     the crashed test still pending: a new worker ran it again (13 times for a test that always
     crashes, until xdist stopped the run). Here it is marked done before the rest goes back,
-    at the front of the queue so that the file's remaining tests run next.
+    at the front of the queue so that the file's remaining tests run next, and the dead
+    worker's collection no longer counts as one of the workers' (the new one's does).
     """
 
     class NoRerun(base):  # type: ignore[misc,valid-type]
         def remove_node(self, node: Any) -> str | None:
             workload = self.assigned_work.pop(node)
+            self.registered_collections.pop(node, None)
             pending = [
                 (scope, nodeid)
                 for scope, unit in workload.items()
@@ -382,6 +396,20 @@ def _no_rerun(base: type) -> type:
             for other in self.assigned_work:
                 self._reschedule(other)
             return crashitem
+
+        def _reschedule(self, node: Any) -> None:
+            super()._reschedule(node)
+            # A worker runs a test only once it holds the next one, or the end. Given one test
+            # alone (a crashed file's remainder, on the new worker) it waited for either
+            # forever, and the run with it: xdist 3.8 hands out one unit per completed test and
+            # says the end only when a test completes with the queue empty (or at the first
+            # schedule, which fills each worker to two tests).
+            if node.shutting_down:
+                return
+            while self.workqueue and self._pending_of(self.assigned_work[node]) < 2:
+                self._assign_work_unit(node)
+            if not self.workqueue:
+                node.shutdown()
 
     NoRerun.__name__ = NoRerun.__qualname__ = f"NoRerun{base.__name__}"
     return NoRerun

@@ -14,11 +14,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
 def _pytest(
-    tmp_path: Path, source: str, *options: str
+    tmp_path: Path, source: str, *options: str, workers: int = 2
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run pytest on ``source`` as ``test_subject.py``; its result and its seconds."""
     (tmp_path / "test_subject.py").write_text(textwrap.dedent(source))
@@ -28,7 +30,7 @@ def _pytest(
     env.pop("PYTEST_XDIST_WORKER", None)
     argv = [
         sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-        "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "--summary", "-q",
+        "-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder", "--summary", "-q",
         "--rootdir", str(tmp_path), *options, "test_subject.py",
     ]  # fmt: skip
     began = time.monotonic()
@@ -46,7 +48,12 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def test_a_worker_that_aborts_fails_its_test_once_and_the_file_goes_on(tmp_path: Path) -> None:
+# One worker: the file's last test alone goes to the new worker, which waited for a second one
+# forever (the run hung); three, as ./scripts/test runs.
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_worker_that_aborts_fails_its_test_once_and_the_file_goes_on(
+    tmp_path: Path, workers: int
+) -> None:
     done, _ = _pytest(
         tmp_path,
         f"""
@@ -64,6 +71,7 @@ def test_a_worker_that_aborts_fails_its_test_once_and_the_file_goes_on(tmp_path:
         def test_after():
             pass
         """,
+        workers=workers,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
