@@ -21,14 +21,18 @@ outcome that must never happen.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,7 +147,7 @@ def _launcher_of(top: int, group: int) -> int | None:
     return None
 
 
-def _wait_for(check, proc: subprocess.Popen[str], deadline: float) -> bool:
+def _wait_for(check: Callable[[], bool], proc: Any, deadline: float) -> bool:
     while not check():
         if proc.poll() is not None or time.monotonic() > deadline:
             return False
@@ -152,61 +156,118 @@ def _wait_for(check, proc: subprocess.Popen[str], deadline: float) -> bool:
 
 
 def run(
-    schedule: Schedule, out: Path, *, timeout_s: float = 300.0, **job_env: str
+    schedule: Schedule,
+    out: Path,
+    *,
+    timeout_s: float = 300.0,
+    nodes: int = 1,
+    cpu: int = 1,
+    **job_env: str,
 ) -> Outcome:
-    """Run ``schedule`` in ``out`` and return what it did (not yet judged); ``job_env``: more of
-    loops.py's variables (``JOB_PRECISION``, ``JOB_CLIP``, ``JOB_WAIT_*``)."""
+    """Run ``schedule`` in ``out`` and return what it did (not yet judged). ``nodes=2``: one
+    group per test host (network namespaces, ``multigpu.testing.hosts``; root only), meeting at
+    node0's lighthouse; ``cpu``: processes per group; ``job_env``: more of loops.py's variables
+    (``JOB_PRECISION``, ``JOB_CLIP``, ``JOB_WAIT_*``)."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = ["run", "--replicas", "2", "--cpu", "1", "--timeout", "60", str(LOOPS), str(out),
-            schedule.shape, schedule.lr, schedule.strategy]  # fmt: skip
+    job = [str(LOOPS), str(out), schedule.shape, schedule.lr, schedule.strategy]
+    env = {"JOB_SLEEP": PACE_S, **job_env}
+    if nodes == 1:
+        argv = ["run", "--replicas", "2", "--cpu", str(cpu), "--timeout", "60", *job]
+        proc = popen_multigpu(argv, out, **env)
+        return _drive(
+            schedule, out, [proc], timeout_s, launchers=lambda g: _launcher_of(proc.pid, g)
+        )
+    from multigpu.testing.hosts import virtual_hosts
+    from tests.multinode._util import host_env
+
+    with virtual_hosts(2) as hosts:
+        lighthouse = f"{hosts[0].name}:29510"
+        procs = []
+        for group, host in enumerate(hosts):
+            argv = ["run", "--replicas", "2", "--replica-group", str(group), "--lighthouse",
+                    lighthouse, "--iface", host.interface, "--cpu", str(cpu), "--timeout", "60",
+                    *job]  # fmt: skip
+            command = [sys.executable, "-m", "multigpu", *argv]
+            # files, not pipes: nobody reads one node's while waiting for the other
+            with (out / f"node{group}.err").open("w") as err:
+                procs.append(host.run(command, host_env() | env, cwd=out, stdout=err, stderr=err))
+        outcome = _drive(schedule, out, procs, timeout_s, launchers=lambda g: procs[g].pid)
+        outcome.err = "\n".join((out / f"node{g}.err").read_text() for g in (0, 1))
+        return outcome
+
+
+def _drive(
+    schedule: Schedule,
+    out: Path,
+    procs: list[subprocess.Popen[str]],
+    timeout_s: float,
+    *,
+    launchers: Callable[[int], int | None],
+) -> Outcome:
+    """Make ``schedule``'s kills while ``procs`` (the launchers: one, or one per node) run."""
     started = time.monotonic()
-    proc = popen_multigpu(argv, out, **{"JOB_SLEEP": PACE_S, **job_env})
     deadline = started + timeout_s
     notes: list[str] = []
+    alive = _AnyAlive(procs)
+    errs: list[str] = []
     try:
         for kill in schedule.kills:
             steps = out / f"steps-{kill.group}-0"
             # (a second kill of one group: its next life heals, then passes the step)
             if not _wait_for(
-                lambda steps=steps, at=kill.at: _position(steps) >= at, proc, deadline
+                lambda steps=steps, at=kill.at: _position(steps) >= at, alive, deadline
             ):
                 notes.append(f"{kill}: not reached")
                 continue
             if kill.kind == "launcher":
-                pid = _launcher_of(proc.pid, kill.group)
+                pid = launchers(kill.group)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                 continue
             if kill.kind == "save":
                 tmp = out / "ckpt" / f"group-{kill.group}"
-                _wait_for(
-                    lambda tmp=tmp: any(tmp.glob(".tmp-*")), proc, time.monotonic() + 2.0
-                )
+                _wait_for(lambda tmp=tmp: any(tmp.glob(".tmp-*")), alive, time.monotonic() + 2.0)
             lives = _lives(out, kill.group)
             if lives:
                 try:
                     os.kill(int(lives[-1].read_text()), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     notes.append(f"{kill}: its worker was gone")
-        _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        for proc in procs:
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            errs.append(err or "")  # None where the output went to a file
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
         notes.append(f"ran over {timeout_s:.0f} s")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    outcome = Outcome(schedule, proc.returncode, err, wall_s=time.monotonic() - started)
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.kill()
+                _, err = proc.communicate()
+                errs.append(err or "")
+    codes = [proc.returncode for proc in procs]
+    code = next((c for c in codes if c), 0)
+    outcome = Outcome(schedule, code, "\n".join(errs), wall_s=time.monotonic() - started)
     outcome.notes = notes
     return outcome
 
 
+class _AnyAlive:
+    """``poll()`` like one process: None while any of ``procs`` runs."""
+
+    def __init__(self, procs: list[subprocess.Popen[str]]) -> None:
+        self.procs = procs
+
+    def poll(self) -> int | None:
+        return None if any(p.poll() is None for p in self.procs) else 0
+
+
 def uninterrupted(
-    shape: str, lr: str, strategy: str, out: Path, **job_env: str
+    shape: str, lr: str, strategy: str, out: Path, *, cpu: int = 1, **job_env: str
 ) -> dict[str, torch.Tensor]:
-    """The parameters of the same run without any kill (``--replicas 2``)."""
-    done = run(Schedule(-1, shape, lr, strategy, ()), out, **job_env)
+    """The parameters of the same run without any kill (``--replicas 2`` on one node)."""
+    done = run(Schedule(-1, shape, lr, strategy, ()), out, cpu=cpu, **job_env)
     assert done.code == 0, done.err
     return torch.load(out / "params-0-0.pt")
 

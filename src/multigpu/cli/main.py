@@ -338,7 +338,7 @@ def _replicas(
             if chosen is not None:
                 train_outputs.claim_run_dir(chosen, shared=False)
             train_outputs.announce(rest[2:], chosen)
-    return run_groups(command, own + rest, plan, threads=threads)
+    return run_groups(command, own + rest, plan, threads=threads, timeout_s=checked.timeout_s)
 
 
 NO_GPU = "no GPU found; CPU processes are available with --cpu N"

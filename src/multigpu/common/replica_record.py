@@ -12,6 +12,8 @@ the cluster interface on several); its address reaches the workers as
 - ``failed``: the one line of an error no restart can help (``errors.ReplicaError``), written
   once: every group, and every group that comes back, ends with it.
 - ``exited/G``: group G's launcher ended (its exit code): none of its lives will come back.
+- ``seen/G``: counts group G's looks at the record (one or two a step): while a group still
+  looks, the launcher that hosts the record keeps it (a group on its last step learns the end).
 - ``life/G``: ``"N STATE"``: group G's current life (its N-th process start) and whether its loop
   is ``aligned`` (it began where the script put it), ``healed`` (a heal put it later: its loop
   counter is behind the job's) or ``gone`` (it ended); a life killed keeps its last state until
@@ -89,6 +91,18 @@ class JobRecord:
         """``group``'s launcher ended with ``code``: no life of it comes back (its node's
         launcher says so)."""
         self._set(f"exited/{group}", str(code))
+
+    def seen(self, group: int) -> int:
+        """Count a look of ``group`` at the record; the count (see ``seen/G``)."""
+        if self._store is None:
+            count = int(self._local.get(f"seen/{group}", "0")) + 1
+            self._local[f"seen/{group}"] = str(count)
+            return count
+        return int(self._store.add(f"seen/{group}", 1))
+
+    def looks(self, groups: int) -> list[int]:
+        """Every group's count of looks (``seen/G``), without counting one."""
+        return [int(self._get(f"seen/{g}") or 0) for g in range(groups)]
 
     def exited(self, group: int) -> bool:
         """Whether ``group``'s launcher ended."""

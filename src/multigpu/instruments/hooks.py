@@ -29,9 +29,7 @@ class Hook:
         """What ``ctx.backward(loss, **kwargs)`` runs instead of ``backward`` (made once)."""
         return backward
 
-    def before_step(
-        self, ctx: Any, optimizers: Sequence[torch.optim.Optimizer]
-    ) -> bool:
+    def before_step(self, ctx: Any, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
         """``ctx.step(*optimizers)`` is about to step them (the last micro-batch of a step):
         False stops it (``ctx.step`` then returns False and leaves every gradient to the hook),
         as a replica group does for a share that is not the step's last, or a step the groups

@@ -47,7 +47,7 @@ class GroupOutput:
                 continue
             if line.startswith(OURS) and not line.startswith(NAMED):
                 # the group's launcher (a restart, a rendezvous round): which group's
-                line = f"{NAMED}{group}: {line[len(OURS):]}"
+                line = f"{NAMED}{group}: {line[len(OURS) :]}"
             with self._lock:
                 sys.stderr.write(line if line.endswith("\n") else line + "\n")
                 sys.stderr.flush()
@@ -78,4 +78,4 @@ def ending_line(line: str, groups: Sequence[int], all_groups: int) -> str:
     prefix = next(p for p in ENDINGS if line.startswith(p))
     names = ", ".join(str(g) for g in groups)
     label = f"replica group{'s' if len(groups) > 1 else ''} {names}"
-    return f"{prefix}{label}: {line[len(prefix):]}"
+    return f"{prefix}{label}: {line[len(prefix) :]}"

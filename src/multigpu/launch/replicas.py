@@ -266,10 +266,14 @@ def record_address(lighthouse: tuple[str, int]) -> str:
     return f"[{host}]:{port + 1}" if ":" in host else f"{host}:{port + 1}"
 
 
-def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads: int) -> int:
+def run_groups(
+    command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads: int, timeout_s: float
+) -> int:
     """Start the lighthouse and the job's record (where they are ours) and this node's groups;
     wait for every group. ``threads``: each worker's ``OMP_NUM_THREADS`` (unless set): the
-    groups share the cores."""
+    groups share the cores. The launcher that hosts the lighthouse and the record keeps them
+    until every group of the job ended (the other nodes' launchers say when theirs did), up to
+    ``timeout_s`` (``--timeout``): a group still on its last step learns the job's end there."""
     check_torchft()
     server, lighthouse, replica_host = start_lighthouse(plan)
     hosted: Any = None
@@ -312,7 +316,13 @@ def run_groups(command: str, argv: Sequence[str], plan: ReplicaPlan, *, threads:
         output.follow(group, child.stderr)
         children.append((group, child))
     record = JobRecord(hosted) if hosted is not None else _record_client(address)
-    codes = _wait(children, server, record)
+    try:
+        codes = _wait(children, record)
+        if hosted is not None:
+            _until_every_group_ended(record, plan.groups, timeout_s)
+    finally:
+        if server is not None:
+            server.shutdown()
     # The job's summary (where a step was taken), then its ending (a failed run's last line).
     if hosted is not None and any(record.counts(g)["steps"] for g in range(plan.groups)):
         say(job_summary(record, plan.groups))
@@ -345,10 +355,32 @@ def _record_client(address: str) -> JobRecord:
         return JobRecord(None)
 
 
-def _wait(
-    children: list[tuple[int, subprocess.Popen[bytes]]], server: Any, record: JobRecord
-) -> dict[int, int]:
+QUIET_S = 30.0
+"""A group that has not looked at the job's record for this long is taken for gone (its node
+died with its launcher, which could not say so)."""
+
+
+def _until_every_group_ended(record: JobRecord, groups: int, timeout_s: float) -> None:
+    """Keep the lighthouse and the record (this process's) until every group's launcher ended
+    or the groups left stopped looking at the record for ``QUIET_S``, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last, quiet_since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            running = [g for g in range(groups) if not record.exited(g)]
+            if not running:
+                return
+            looks = record.looks(groups)
+            if looks != last:
+                last, quiet_since = looks, time.monotonic()
+            elif time.monotonic() - quiet_since > QUIET_S:
+                return
+        time.sleep(0.2)
+
+
+def _wait(children: list[tuple[int, subprocess.Popen[bytes]]], record: JobRecord) -> dict[int, int]:
     """Every group's exit code, once all ended (signals passed on to them meanwhile)."""
+
     def forward(signum: int, _frame: Any) -> None:
         for _, child in children:
             if child.poll() is None:
@@ -368,6 +400,4 @@ def _wait(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if server is not None:
-            server.shutdown()
     return codes

@@ -185,6 +185,7 @@ class Coordinator:
         facts: tuple[str | None, tuple[int, int] | None, str | None] = (None, None, None)
         if self.rank == 0:
             try:
+                self.record.seen(self.settings.group)
                 facts = (self.record.failed(), self.record.end(), None)
             except Exception as e:  # the record's node is gone
                 facts = (None, None, f"{type(e).__name__}: {e}")

@@ -65,9 +65,7 @@ def find_schedulers(optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
     found: list[tuple[int, Any]] = []
     for index, optimizer in enumerate(optimizers):
         found += [(index, s) for s in _referrers_of_type(optimizer, SCHEDULER_TYPES)]
-    children = {
-        id(child) for _, s in found for child in getattr(s, "_schedulers", ()) or ()
-    }
+    children = {id(child) for _, s in found for child in getattr(s, "_schedulers", ()) or ()}
     outer = [(i, s) for i, s in found if id(s) not in children]
     outer.sort(key=lambda pair: (pair[0], type(pair[1]).__qualname__, _base_lrs(pair[1])))
     return [s for _, s in outer]

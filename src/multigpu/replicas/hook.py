@@ -109,9 +109,7 @@ class ReplicaHook(Hook):
         self._store: Any = None  # the cross-group store this group's rank 0 hosts: kept alive
         self._model: nn.Module | None = None
         coordinator.set_state(self.state.save, self._healed)
-        coordinator.watch_parameters(
-            lambda: [p for m in self.state.models for p in m.parameters()]
-        )
+        coordinator.watch_parameters(lambda: [p for m in self.state.models for p in m.parameters()])
         # A clean end of the loop is the job's end. Without `with multigpu.init()` the Context
         # ends at exit, after an uncaught exception too: Python's excepthook runs first.
         self._clean: bool | None = None
