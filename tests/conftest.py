@@ -43,6 +43,15 @@ def _condition(name: str) -> tuple[bool, str]:
     raise ValueError(f"unknown requires() condition {name!r}")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`./scripts/test > log &`, and some CI runners) with SIGINT
+    # ignored, and that is inherited across exec: the tests that send a worker Ctrl-C saw it
+    # ignored (exit 0 after its sleep) in such runs only. Python's own handler, as a terminal
+    # gives it, before xdist starts the test processes from this one.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for marker in item.iter_markers("requires"):
