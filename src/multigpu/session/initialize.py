@@ -152,8 +152,11 @@ def init(
             )
         if deterministic is None:
             deterministic = settings.deterministic
-        tracking = choose_tracking(log_to, log_dir, config, settings, env)
         replicas = read_replicas(env_vars)
+        # Under replica groups one group's rank 0 writes the trackers' run (group 0, through
+        # its restarts): the groups log the same steps, into the same directory.
+        writes = replicas is None or replicas.group == 0
+        tracking = choose_tracking(log_to, log_dir, config, settings, env, writes=writes)
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
@@ -212,9 +215,12 @@ def choose_tracking(
     config: Mapping[str, object] | None,
     settings: Settings,
     env: ClusterEnv,
+    *,
+    writes: bool = True,
 ) -> Tracking | None:
-    """Rank 0's trackers (None elsewhere, or with none asked for), checked before anything
-    starts: the names, their packages, ``config``, and a log directory rank 0 can write."""
+    """Rank 0's trackers (None elsewhere, where ``writes`` is false, or with none asked for),
+    checked before anything starts: the names, their packages, ``config``, and a log directory
+    rank 0 can write."""
     names = settings.log_to if log_to is None else parse_trackers(log_to, "log_to=")
     if config is not None and not (
         isinstance(config, Mapping) and all(isinstance(k, str) for k in config)
@@ -223,7 +229,7 @@ def choose_tracking(
             f"config={config!r}: expected a mapping of hyperparameter names (strings) to "
             "values, e.g. config={'lr': 3e-4, 'batch_size': 64}"
         )
-    if not names or env.rank != 0:
+    if not names or env.rank != 0 or not writes:
         return None
     directory = Path(log_dir or settings.log_dir or DEFAULT_LOG_DIR)
     try:
