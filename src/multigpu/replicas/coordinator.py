@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import sys
 import time
@@ -561,8 +562,9 @@ class Coordinator:
         else:
             self._count(retried=1)
             self.say(
-                f"step {self.manager.current_step()} failed in a group ({self.manager.errored()}"
-                "); not committed: its global batch runs again with the next quorum"
+                f"step {self.manager.current_step()} failed in a group "
+                f"({_short(self.manager.errored())}); not committed: its global batch runs "
+                "again with the next quorum"
             )
         if self.on_decided is not None:
             self.on_decided(committed)
@@ -604,6 +606,17 @@ def _sum() -> Any:
     from torch.distributed import ReduceOp
 
     return ReduceOp.SUM
+
+
+def _short(error: Any) -> str:
+    """An error's first line, without gloo's source location (``[.../pair.cc:537] ``).
+
+    Example:
+        >>> _short("[/x/gloo/pair.cc:537] Read error [127.0.0.1]:52422: Connection reset by peer.")
+        'Read error [127.0.0.1]:52422: Connection reset by peer.'
+    """
+    first = (str(error).splitlines() or [""])[0]
+    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", first)[:200]
 
 
 def _names(groups: Sequence[int]) -> str:
