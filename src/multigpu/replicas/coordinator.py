@@ -160,7 +160,6 @@ class Coordinator:
         self._checked_quorum: Any = None
         self._pending_step: dict[str, int] | None = None
         self._first_quorum = True
-        self._retry = False
         self.counts = {"steps": 0, "short": 0, "retried": 0, "left": 0, "joined": 0, "healed": 0}
 
     # ---- lifetime ------------------------------------------------------------------------------
