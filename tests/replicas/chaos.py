@@ -10,7 +10,10 @@ E``), an LR schedule, a strategy inside the groups, and one to three kills, each
 - ``save``: a group's worker while its Checkpointer writes (a temp directory is there);
 - ``launcher``: a group's launcher (the group is gone for good, its workers with it);
 - ``twice``: the same group's worker again, once its next life stepped;
-- ``both``: two groups' workers at the same moment.
+- ``both``: two groups' workers at the same moment;
+- ``after``: a group's worker, and once its next life healed and stepped, the other group's
+  (every group then restarted mid-job: a loop bounded by its own counter cannot end right, and
+  the run must end in one line).
 
 A run is judged against the uninterrupted run of the same script (``--replicas 2``, no kill):
 ``exact`` (every group that finished is within ``TOLERANCE``, and one process wrote the outputs),
@@ -41,7 +44,7 @@ from tests.launch._util import popen_multigpu
 LOOPS = Path(__file__).parent / "scripts" / "loops.py"
 SHAPES = (("readme", "epoch"), ("readme", "step"), ("ckpt", "step"), ("while", "none"),
           ("while", "epoch"), ("ckpt", "none"))  # fmt: skip
-KINDS = ("worker", "save", "launcher", "twice", "both")
+KINDS = ("worker", "save", "launcher", "twice", "both", "after")
 STEPS = 100  # loops.py: 4 epochs of 25 steps
 TOLERANCE = 1e-5
 PACE_S = "0.03"  # a step's sleep: restarts land mid-run
@@ -75,7 +78,7 @@ class Schedule:
 
 
 def draw(seed: int) -> Schedule:
-    """The schedule of ``seed``: every kind comes up (seed % 5 picks it), the rest at random."""
+    """The schedule of ``seed``: every kind comes up (seed % 6 picks it), the rest at random."""
     rng = random.Random(seed)
     shape, lr = SHAPES[rng.randrange(len(SHAPES))]
     strategy = "fsdp" if rng.random() < 0.3 else "ddp"
@@ -91,6 +94,9 @@ def draw(seed: int) -> Schedule:
         kills = [Kill("worker", group, at), Kill("worker", group, min(STEPS - 2, at + 15))]
     elif kind == "both":
         kills = [Kill("worker", 0, at), Kill("worker", 1, at)]
+    elif kind == "after":
+        at = min(at, STEPS // 2)  # room for the heal before the end
+        kills = [Kill("worker", group, at), Kill("after", 1 - group, at)]
     else:
         kills = [Kill(kind, group, at)]
     if kind in ("worker", "launcher") and rng.random() < 0.4:  # then the other group, later
@@ -125,6 +131,13 @@ def _position(path: Path) -> int:
         if len(parts) == 2:
             return int(parts[1])
     return -1
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except FileNotFoundError:
+        return 0
 
 
 def _lives(out: Path, group: int) -> list[Path]:
@@ -210,8 +223,16 @@ def _drive(
     notes: list[str] = []
     alive = _AnyAlive(procs)
     errs: list[str] = []
+    lines_at_kill: dict[int, int] = {}
     try:
         for kill in schedule.kills:
+            if kill.kind == "after":  # the other group's next life stepped: then this one
+                other = out / f"steps-{1 - kill.group}-0"
+                seen = lines_at_kill.get(1 - kill.group, 0)
+                if not _wait_for(lambda other=other, seen=seen: _lines(other) > seen, alive,
+                                 deadline):  # fmt: skip
+                    notes.append(f"{kill}: the other group did not step again")
+                    continue
             steps = out / f"steps-{kill.group}-0"
             # (a second kill of one group: its next life heals, then passes the step)
             if not _wait_for(
@@ -228,6 +249,7 @@ def _drive(
                 tmp = out / "ckpt" / f"group-{kill.group}"
                 _wait_for(lambda tmp=tmp: any(tmp.glob(".tmp-*")), alive, time.monotonic() + 2.0)
             lives = _lives(out, kill.group)
+            lines_at_kill[kill.group] = _lines(steps)
             if lives:
                 try:
                     os.kill(int(lives[-1].read_text()), signal.SIGKILL)

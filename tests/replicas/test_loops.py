@@ -81,3 +81,42 @@ def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_on
         got = torch.load(out / f"params-{group}-0.pt")
         assert _difference(got, reference) <= TOLERANCE, (group, err)
     assert (out / "writers").read_text().split() == ["0"]  # one ctx.is_main in the whole job
+
+
+def test_every_group_restarted_mid_job_ends_in_one_line_before_the_end_is_passed(
+    tmp_path: Path,
+) -> None:
+    """Group 1 killed, healed from group 0 (its loop counter behind the job's); then group 0
+    killed, healed from group 1: no group left knows where README's `for epoch in range(E)`
+    ends, so the run ends in one line, with exit code 1 and no output written as if done."""
+    out = tmp_path / "killed"
+    out.mkdir()
+    proc = popen_multigpu(
+        ["run", "--replicas", "2", "--cpu", "1", str(LOOPS), str(out), "readme", "epoch"], out,
+        JOB_SLEEP="0.02", JOB_WAIT_AT="40", JOB_WAIT_FOR=str(out / "pid-1-0-1"),
+        JOB_SLOW_UNTIL=str(out / "never"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while _position(out / "steps-1-0") < KILL_AT:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "group 1 did not reach its step"
+            time.sleep(0.02)
+        os.kill(int((out / "pid-1-0-0").read_text()), signal.SIGKILL)
+        first_life = len((out / "steps-1-0").read_text().splitlines())
+        while len((out / "steps-1-0").read_text().splitlines()) <= first_life:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "group 1 did not come back"
+            time.sleep(0.05)
+        os.kill(int((out / "pid-0-0-0").read_text()), signal.SIGKILL)  # group 0, aligned
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("multigpu: error: rank 0 on "), last
+    assert "restarted after the job's start and healed into it" in last, last
+    assert "restarting the workers (restart 2" not in err  # no restart of a final error
+    assert not (out / "writers").exists()
