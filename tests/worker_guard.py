@@ -371,14 +371,12 @@ def _no_rerun(base: type) -> type:
     xdist 3.8's ``remove_node`` puts the dead worker's whole work unit back in the queue with
     the crashed test still pending: a new worker ran it again (13 times for a test that always
     crashes, until xdist stopped the run). Here it is marked done before the rest goes back,
-    at the front of the queue so that the file's remaining tests run next, and the dead
-    worker's collection no longer counts as one of the workers' (the new one's does).
+    at the front of the queue so that the file's remaining tests run next.
     """
 
     class NoRerun(base):  # type: ignore[misc,valid-type]
         def remove_node(self, node: Any) -> str | None:
             workload = self.assigned_work.pop(node)
-            self.registered_collections.pop(node, None)
             pending = [
                 (scope, nodeid)
                 for scope, unit in workload.items()

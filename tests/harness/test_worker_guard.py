@@ -18,12 +18,21 @@ import pytest
 
 from tests.conftest import ROOT
 
+# Files the others end normally beside: a worker that finished while another was replaced once
+# left xdist waiting for workers that were all gone (INTERNALERROR, exit 3).
+OTHERS = {
+    f"test_other{i}.py": "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n"
+    for i in range(3)
+}
+
 
 def _pytest(
     tmp_path: Path, source: str, *options: str, workers: int = 2
 ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run pytest on ``source`` as ``test_subject.py``; its result and its seconds."""
+    """Run pytest on ``source`` as ``test_subject.py`` (and ``OTHERS``); its result, seconds."""
     (tmp_path / "test_subject.py").write_text(textwrap.dedent(source))
+    for name, text in OTHERS.items():
+        (tmp_path / name).write_text(text)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
     env.pop("PYTEST_CURRENT_TEST", None)
@@ -31,7 +40,7 @@ def _pytest(
     argv = [
         sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
         "-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder", "--summary", "-q",
-        "--rootdir", str(tmp_path), *options, "test_subject.py",
+        "--rootdir", str(tmp_path), *options, "test_subject.py", *OTHERS,
     ]  # fmt: skip
     began = time.monotonic()
     # The outer limit is the claim "within minutes": a run that hangs fails here.
@@ -82,7 +91,7 @@ def test_a_worker_that_aborts_fails_its_test_once_and_the_file_goes_on(
     # The worker's own fatal-error report, with the test's line, in the test's report.
     assert "Fatal Python error: Aborted" in done.stdout, out
     assert 'test_subject.py", line 11 in test_abort' in done.stdout, out
-    assert "2 passed, 1 error" in done.stdout, out  # test_after ran on the new worker
+    assert "8 passed, 1 error" in done.stdout, out  # test_after ran on the new worker
     assert "maximum crashed workers" not in out, out
     child = int((tmp_path / "child.pid").read_text())
     assert f"pid {child}: " in done.stdout and _gone(child), out  # its orphan was ended
@@ -112,7 +121,7 @@ def test_a_native_hang_past_the_timeout_ends_the_worker_with_its_stacks(tmp_path
     assert out.count("crashed while running 'test_subject.py::test_hangs'") == 1, out
     assert "ran 3 s past its timeout" in done.stdout and "Timeout (0:00:05)!" in done.stdout, out
     assert 'test_subject.py", line 9 in test_hangs' in done.stdout, out
-    assert "1 passed, 1 error" in done.stdout, out
+    assert "7 passed, 1 error" in done.stdout, out
     assert seconds < 240  # (the hang itself was 3600 s)
 
 
@@ -147,4 +156,4 @@ def test_processes_left_running_fail_the_file_naming_the_test_and_are_killed(
     assert "test_subject.py left 1 process(es) running after its last test (killed now)" in out
     assert f"pid {child}, started during test_subject.py::test_leaves_one: " in out, out
     assert "time.sleep(300)" in out and _gone(child), out
-    assert "3 passed, 1 error" in done.stdout, out
+    assert "9 passed, 1 error" in done.stdout, out
