@@ -65,11 +65,14 @@ def test_a_dead_node_leaves_the_other_training(tmp_path: Path, monkeypatch) -> N
         assert not beyond, (own, listeners)
 
 
+@pytest.mark.parametrize("how", ["killed", "silent"])
 def test_the_lighthouses_node_dying_ends_the_other_in_one_line_within_its_timeout(
-    tmp_path: Path, monkeypatch
+    how: str, tmp_path: Path, monkeypatch
 ) -> None:
-    """node0 hosts the lighthouse (and the job's record): killed whole, node1's group can agree
-    on no step; it ends within --timeout with one line naming what died, and restarts nothing."""
+    """node0 hosts the lighthouse (and the job's record): killed whole (its connections reset),
+    or cut off first and then killed (silent: no packet of it arrives, as when a machine loses
+    power), node1's group can agree on no step; it ends within --timeout with one line naming
+    what died, and restarts nothing."""
     reason = hosts_available()
     if reason is not None:
         pytest.skip(reason)
@@ -91,10 +94,13 @@ def test_the_lighthouses_node_dying_ends_the_other_in_one_line_within_its_timeou
             assert time.monotonic() < deadline, logs
             time.sleep(0.05)
         before = (tmp_path / "node1.log").read_text()
+        if how == "silent":
+            node0.cut_link()
         node0.kill_all()
         killed = time.monotonic()
         code = procs[1].wait(timeout=timeout + 90)
         took = time.monotonic() - killed
+    print(f"node1 ended {took:.1f} s after node0 was {how} (--timeout {timeout})")  # -s shows it
     log = (tmp_path / "node1.log").read_text()
     after = log[len(before) :].strip().splitlines()
     assert code == 1, log

@@ -21,10 +21,10 @@ The last row is the trap: when the host of the rendezvous store vanishes (link c
 loss), a store call of torch 2.13's TCPStore client waits for an answer until the kernel gives
 up on the connection — about 15 minutes — whatever its own timeout says, and the agent, stuck in
 native code, ignores SIGTERM (measured here: still waiting after 150 s with a 10 s store
-timeout). A kernel TCP_USER_TIMEOUT on the launcher's store connections, set where the stores
-are made (``store_call_bound``), makes such a call fail after T + 5 s instead, and torch's own
-error path ends the agent. It never cuts a healthy connection: it only counts data that the
-other side has not acknowledged. The 5 s let the
+timeout). A kernel TCP_USER_TIMEOUT on the launcher's store connections, set where the
+stores are made (``multigpu.common.store_bound.store_call_bound``), makes such a call fail after
+T + 5 s instead, and torch's own error path ends the agent. It never cuts a healthy
+connection: it only counts data that the other side has not acknowledged. The 5 s let the
 workers' own timeout (T) fire first, so their report of which rank is lost comes first.
 
 One rule covers the exit barrier too: no node waits for another longer than T. So a node
@@ -46,17 +46,21 @@ Environment variables read: ``MULTIGPU_TIMEOUT`` (the default of ``--timeout``).
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-import socket
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from multigpu.common import variables
 from multigpu.common.settings import DEFAULT_TIMEOUT_S
+from multigpu.common.store_bound import store_call_bound
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "STORE_GRACE_S",
+    "job_timeout_s",
+    "rendezvous_conf",
+    "store_call_bound",
+]
+
 
 # The default bound (300 s) is the workers' default collective timeout (multigpu.common.settings),
 # 10x below torch's 30 minutes yet above any collective of a healthy job (a checkpoint gather).
@@ -110,62 +114,3 @@ def rendezvous_conf(given: str, timeout_s: float, *, static: bool) -> str:
     for key, value in ours.items():
         conf.setdefault(key, str(value))
     return ",".join(f"{k}={v}" if v else k for k, v in conf.items())
-
-
-def store_call_bound(make: Callable[..., Any], timeout_s: float) -> Callable[..., Any]:
-    """``make`` (what builds the agent's ``TCPStore`` servers and clients), with the kernel's
-    ``TCP_USER_TIMEOUT`` of ``timeout_s`` set on the TCP connections each store opens.
-
-    Set where the stores are made: every store connection of the agent (its rendezvous
-    backend's client, and the stores it hosts) is built through ``store_servers_made_by``.
-    torch's ``TCPStore`` connects in its C++ constructor and gives no descriptor back, so the
-    sockets it opened are those ``/proc/self/fd`` lists after the call and not before. A
-    ``make`` unchanged where Linux's option (or ``/proc``) does not exist.
-    """
-    if not hasattr(socket, "TCP_USER_TIMEOUT") or not os.path.isdir("/proc/self/fd"):
-        return make
-    millis = int(timeout_s * 1000)
-
-    def bounded(*args: Any, **kwargs: Any) -> Any:
-        before = set(_sockets().values())
-        store = make(*args, **kwargs)
-        for fd, target in _sockets().items():
-            if target not in before:
-                _bound(fd, millis)
-        return store
-
-    return bounded
-
-
-def _sockets() -> dict[int, str]:
-    """This process's open sockets: descriptor → ``socket:[inode]``."""
-    found = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # closed meanwhile (or the listing's own fd)
-        if target.startswith("socket:"):
-            found[int(fd)] = target
-    return found
-
-
-def _bound(fd: int, millis: int) -> bool:
-    """Set ``TCP_USER_TIMEOUT`` on ``fd`` when it is a TCP socket; True when set."""
-    try:
-        # A duplicate of the descriptor: closing it leaves torch's socket open.
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return False
-    with sock:
-        if sock.type != socket.SOCK_STREAM or sock.family not in (
-            socket.AF_INET,
-            socket.AF_INET6,
-        ):
-            return False
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, millis)
-        except OSError as e:  # never let the bound take the launcher down
-            logger.debug("store call bound: %s", e)
-            return False
-    return True

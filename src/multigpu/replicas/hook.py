@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from multigpu.common.replica_record import JobRecord
+from multigpu.common.store_bound import store_call_bound
 from multigpu.common.store_listen import listening_store
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
@@ -57,11 +58,14 @@ def _record(settings: ReplicaSettings, rank: int, timeout_s: float) -> JobRecord
     from torch.distributed import TCPStore
 
     host, _, port = settings.store.rpartition(":")
-    store = TCPStore(
+    wait = min(timeout_s, 60.0)
+    # A record whose node vanished (no reset, no answer) fails a call after the kernel's bound,
+    # not after ~15 minutes (multigpu.common.store_bound).
+    store = store_call_bound(TCPStore, wait)(
         host.strip("[]"),
         int(port),
         is_master=False,
-        timeout=timedelta(seconds=min(timeout_s, 60.0)),
+        timeout=timedelta(seconds=wait),
         wait_for_workers=False,
     )
     return JobRecord(store)

@@ -19,7 +19,7 @@ process that is ``ctx.is_main``, its group to ``writers``. ``JOB_SLEEP`` paces a
 ``ckpt``: every 10 steps by default). ``JOB_WAIT_AT=S`` and ``JOB_WAIT_FOR=PATH``: the groups of
 ``JOB_WAIT_GROUPS`` (default ``0``) stop at global step S until PATH exists (up to 180 s): a
 test holds the survivor there until the killed group's next life has started; from there on,
-while ``JOB_SLOW_UNTIL=PATH2`` does not exist, they sleep 0.3 s a step (still stepping: the
+while ``JOB_SLOW_UNTIL=PATH2`` does not exist, they sleep 1 s a step (still stepping: the
 restarted group can join their quorum), so that its heal lands mid-run whatever the machine's
 speed. ``JOB_PRECISION`` (default ``32``) is ``init``'s
 precision and ``JOB_CLIP=X`` clips the gradient norm to X before ``ctx.step`` (``ckpt``, ``while``).
@@ -91,7 +91,7 @@ with multigpu.init(seed=0, strategy=strategy, precision=precision) as ctx:
             while not wait_for.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
         if waits and position >= wait_at >= 0 and not slow_until.exists():
-            time.sleep(0.3)
+            time.sleep(1.0)
         if group == "1" and position == drift_at:
             with torch.no_grad():
                 next(ctx.unwrap(model).parameters()).view(-1)[0] += 1e-3
