@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -26,6 +27,22 @@ from tests.replicas.chaos import LOOPS, TOLERANCE, _position, uninterrupted
 pytest.importorskip("torchft", reason="torchft (pip install multigpu[ft]) is not installed")
 
 KILL_AT = 15
+
+
+def _kill_group_1_and_wait_for_its_next_step(proc: subprocess.Popen[str], out: Path) -> None:
+    """kill -9 group 1's worker once it passed step ``KILL_AT``; return once its next life
+    healed and stepped."""
+    deadline = time.monotonic() + 240
+    while _position(out / "steps-1-0") < KILL_AT:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "group 1 did not reach its step"
+        time.sleep(0.02)
+    os.kill(int((out / "pid-1-0-0").read_text()), signal.SIGKILL)
+    first_life = len((out / "steps-1-0").read_text().splitlines())
+    while len((out / "steps-1-0").read_text().splitlines()) <= first_life:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline + 180, "group 1 did not come back in time"
+        time.sleep(0.05)
 
 
 def _difference(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
@@ -57,17 +74,7 @@ def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_on
         JOB_SLOW_UNTIL=str(out / "rejoined"), **job_env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while _position(out / "steps-1-0") < KILL_AT:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "group 1 did not reach its step in 180 s"
-            time.sleep(0.02)
-        os.kill(int((out / "pid-1-0-0").read_text()), signal.SIGKILL)
-        first_life = len((out / "steps-1-0").read_text().splitlines())
-        while len((out / "steps-1-0").read_text().splitlines()) <= first_life:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline + 180, "group 1 did not come back in time"
-            time.sleep(0.05)
+        _kill_group_1_and_wait_for_its_next_step(proc, out)
         (out / "rejoined").touch()  # the survivor goes on at full speed
         _, err = proc.communicate(timeout=300)
     finally:
@@ -97,17 +104,7 @@ def test_every_group_restarted_mid_job_ends_in_one_line_before_the_end_is_passed
         JOB_SLOW_UNTIL=str(out / "never"),
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 240
-        while _position(out / "steps-1-0") < KILL_AT:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "group 1 did not reach its step"
-            time.sleep(0.02)
-        os.kill(int((out / "pid-1-0-0").read_text()), signal.SIGKILL)
-        first_life = len((out / "steps-1-0").read_text().splitlines())
-        while len((out / "steps-1-0").read_text().splitlines()) <= first_life:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "group 1 did not come back"
-            time.sleep(0.05)
+        _kill_group_1_and_wait_for_its_next_step(proc, out)
         os.kill(int((out / "pid-0-0-0").read_text()), signal.SIGKILL)  # group 0, aligned
         _, err = proc.communicate(timeout=300)
     finally:

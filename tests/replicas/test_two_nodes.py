@@ -12,11 +12,12 @@ import ipaddress
 import itertools
 import time
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 import torch
 
-from multigpu.testing.hosts import hosts_available, virtual_hosts
+from multigpu.testing.hosts import Host, hosts_available, virtual_hosts
 from multigpu.testing.listeners import listeners_of
 from tests.multinode._util import start
 from tests.replicas.test_kill import JOB, _lines, _uninterrupted
@@ -27,25 +28,32 @@ EPOCHS = 2
 KILL_AT = 20
 
 
+def _start_both(node0: Host, node1: Host, out: Path, *options: str) -> list[Popen[bytes]]:
+    """One replica group on each node, meeting at node0's lighthouse; returned once group 1
+    passed its step ``KILL_AT``."""
+    lighthouse = f"{node0.name}:29510"
+    procs = [
+        start(host, ["run", "--replicas", "2", "--replica-group", str(i), "--lighthouse",
+                     lighthouse, "--iface", host.interface, "--cpu", "1", *options, str(JOB),
+                     str(out), str(EPOCHS)], out / f"node{i}.log")
+        for i, host in enumerate((node0, node1))
+    ]  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(_lines(out / "steps-1-0")) < KILL_AT:
+        logs = "".join(p.read_text()[-2000:] for p in out.glob("node*.log"))
+        assert all(p.poll() is None for p in procs), logs
+        assert time.monotonic() < deadline, logs
+        time.sleep(0.05)
+    return procs
+
+
 def test_a_dead_node_leaves_the_other_training(tmp_path: Path, monkeypatch) -> None:
     reason = hosts_available()
     if reason is not None:
         pytest.skip(reason)
     monkeypatch.setenv("JOB_SLEEP", "0.04")  # start() passes the test's environment on
     with virtual_hosts(2) as (node0, node1):
-        lighthouse = f"{node0.name}:29510"
-        procs = [
-            start(host, ["run", "--replicas", "2", "--replica-group", str(i), "--lighthouse",
-                         lighthouse, "--iface", host.interface, "--cpu", "1", str(JOB),
-                         str(tmp_path), str(EPOCHS)], tmp_path / f"node{i}.log")
-            for i, host in enumerate((node0, node1))
-        ]  # fmt: skip
-        deadline = time.monotonic() + 120
-        while len(_lines(tmp_path / "steps-1-0")) < KILL_AT:
-            logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("node*.log"))
-            assert all(p.poll() is None for p in procs), logs
-            assert time.monotonic() < deadline, logs
-            time.sleep(0.05)
+        procs = _start_both(node0, node1, tmp_path)
         found = {h.address: listeners_of(p.pid) for h, p in zip((node0, node1), procs, strict=True)}
         node1.kill_all()
         code = procs[0].wait(timeout=120)
@@ -79,20 +87,7 @@ def test_the_lighthouses_node_dying_ends_the_other_in_one_line_within_its_timeou
     timeout = 30
     monkeypatch.setenv("JOB_SLEEP", "0.04")
     with virtual_hosts(2) as (node0, node1):
-        lighthouse = f"{node0.name}:29510"
-        procs = [
-            start(host, ["run", "--replicas", "2", "--replica-group", str(i), "--lighthouse",
-                         lighthouse, "--iface", host.interface, "--cpu", "1", "--timeout",
-                         str(timeout), str(JOB), str(tmp_path), str(EPOCHS)],
-                  tmp_path / f"node{i}.log")
-            for i, host in enumerate((node0, node1))
-        ]  # fmt: skip
-        deadline = time.monotonic() + 120
-        while len(_lines(tmp_path / "steps-1-0")) < KILL_AT:
-            logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("node*.log"))
-            assert all(p.poll() is None for p in procs), logs
-            assert time.monotonic() < deadline, logs
-            time.sleep(0.05)
+        procs = _start_both(node0, node1, tmp_path, "--timeout", str(timeout))
         before = (tmp_path / "node1.log").read_text()
         if how == "silent":
             node0.cut_link()
