@@ -66,3 +66,40 @@ def test_plain_torchrun_workers_are_left_alone(tmp_path: Path) -> None:
     done = _worker("import multigpu\nraise multigpu.UsageError('bad')", tmp_path,
                    MULTIGPU_AGENT_PID="")  # fmt: skip
     assert "Traceback" in done.stderr
+
+
+def test_ctrl_c_names_the_checkpoint_at_once_even_if_the_process_is_killed_before_its_exit(
+    tmp_path: Path,
+) -> None:
+    # A second Ctrl-C: torch's agent leaves while it waits, and the kernel kills the workers
+    # (PR_SET_PDEATHSIG, SIGKILL) before their exit handlers run.
+    code = (
+        "import os, signal, time, multigpu\n"
+        "from multigpu.common import worker_exit\n"
+        "worker_exit.note_checkpoints('ck', lambda: 'last checkpoint: ck/step-00000003 (step 3)')\n"
+        "try:\n    os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+        "finally:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = _worker(code, tmp_path)
+    assert done.returncode == -signal.SIGKILL
+    assert done.stderr == (
+        "multigpu: rank 0 stopped by Ctrl-C (SIGINT); last checkpoint: ck/step-00000003 (step 3)\n"
+    )
+
+
+def test_a_checkpoint_saved_by_the_scripts_own_handling_is_named_again_at_exit(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import os, signal, time, multigpu\n"
+        "from multigpu.common import worker_exit\n"
+        "said = ['last checkpoint: ck/step-00000003 (step 3)']\n"
+        "worker_exit.note_checkpoints('ck', lambda: said[-1])\n"
+        "try:\n    os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+        "except KeyboardInterrupt:\n    said.append('last checkpoint: ck/step-00000004 (step 4)')\n"
+    )
+    done = _worker(code, tmp_path)
+    assert done.stderr.splitlines() == [
+        "multigpu: rank 0 stopped by Ctrl-C (SIGINT); last checkpoint: ck/step-00000003 (step 3)",
+        "multigpu: rank 0 stopped by Ctrl-C (SIGINT); last checkpoint: ck/step-00000004 (step 4)",
+    ]

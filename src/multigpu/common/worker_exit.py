@@ -11,8 +11,11 @@ disk during a save, printed a traceback per rank above the launcher's one-line s
 code caught them (a script's own ``except KeyboardInterrupt`` runs as before):
 
 - ``KeyboardInterrupt``, or any exception once SIGINT came (a collective whose peer was
-  interrupted first fails too): no traceback; at exit rank 0 names the newest complete
-  checkpoint of each checkpoint directory opened in this process (``note_checkpoints``). The
+  interrupted first fails too): no traceback; as SIGINT comes rank 0 names the newest complete
+  checkpoint of each checkpoint directory opened in this process (``note_checkpoints``), and
+  again at exit only if that changed (a script's own ``except KeyboardInterrupt`` saved one).
+  At once, not at exit: a second Ctrl-C makes torch's agent leave while it waits for the
+  workers, and the kernel then kills them (``PR_SET_PDEATHSIG``) before their exit. The
   process still ends by SIGINT, as Python does for an uncaught ``KeyboardInterrupt``; the
   launcher exits 130. SIGINT raises ``KeyboardInterrupt`` as Python's own handler does (ours
   notes it first), and only where the script set no handler of its own.
@@ -28,6 +31,7 @@ Environment variables read: ``MULTIGPU_AGENT_PID`` (set by ``multigpu run``), ``
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -40,6 +44,7 @@ from multigpu.errors import MultiGPUError
 _notes: dict[str, Callable[[], str | None]] = {}
 _installed: list[bool] = []
 _interrupted: list[bool] = []
+_said: list[str] = []  # the lines rank 0 said of a Ctrl-C
 
 
 def note_checkpoints(key: str, describe: Callable[[], str | None]) -> None:
@@ -63,13 +68,27 @@ def interrupted_line() -> str:
 
 
 def _on_sigint(signum: int, frame: object) -> None:
+    first = not _interrupted
     _interrupted.append(True)
+    if first:
+        _say_interrupted()  # now: this process may not live to its exit (module doc)
     raise KeyboardInterrupt
 
 
 def _say_interrupted() -> None:
-    if _interrupted and os.environ.get("RANK", "0") == "0":
-        print(interrupted_line(), file=sys.stderr, flush=True)
+    """Rank 0's line, unless it was said already as it is now."""
+    if not _interrupted or os.environ.get("RANK", "0") != "0":
+        return
+    line = interrupted_line()
+    if _said and _said[-1] == line:
+        return
+    _said.append(line)
+    # os.write, not print: the signal may have come in the middle of a print to stderr, whose
+    # buffer refuses a reentrant write.
+    data = (line + "\n").encode()
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(sys.stderr.fileno(), data) :]
 
 
 def _recorded(error: BaseException) -> bool:

@@ -6,12 +6,20 @@ A continued run is ``wandb.init(id=<the run's id>, resume="allow")``; W&B reject
 than its current one, so the steps the run already has are not sent again. Offline, each job
 of the run is a directory of its own (``offline-run-*-<id>``) that ``wandb sync`` merges.
 
+``wandb.init`` replaces ``sys.excepthook`` (its own prints every uncaught exception's traceback,
+then calls the one before) and ``sys.exit``, and never puts them back: a Ctrl-C ended in 59 lines
+and a traceback ending in ``worker_exit._on_sigint`` where the worker's hook says one line. They
+are put back as they were (the run's exit code is given to ``finish``), and a run that ends by an
+error or Ctrl-C finishes without W&B's summary panel (its 20 lines would follow the error's one).
+
 Environment variables read: ``WANDB_PROJECT`` (and whatever ``wandb`` itself reads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,16 +44,20 @@ class WandbTracker(Tracker):
         run_id = opening.ids.get("wandb") if opening.continuing else None
         config = {**opening.config, "multigpu": dict(opening.environment)}
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or "multigpu",
-            dir=str(self.directory),
-            id=run_id,  # None: wandb makes one (kept in the run file)
-            name=opening.name,
-            resume="allow",
-            config=config,
-            # The launcher owns this process's output: no console capture.
-            settings=wandb.Settings(console="off"),
-        )
+        hook, leave = sys.excepthook, sys.exit
+        try:
+            self._run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT") or "multigpu",
+                dir=str(self.directory),
+                id=run_id,  # None: wandb makes one (kept in the run file)
+                name=opening.name,
+                resume="allow",
+                config=config,
+                # The launcher owns this process's output: no console capture.
+                settings=wandb.Settings(console="off"),
+            )
+        finally:  # the process's ending stays multigpu's (module doc)
+            sys.excepthook, sys.exit = hook, leave
         if run_id:
             self._run.config.update(config, allow_val_change=True)
         return None
@@ -59,5 +71,14 @@ class WandbTracker(Tracker):
 
     def close(self, failed: bool) -> None:
         if self._run is not None:
-            self._run.finish(exit_code=1 if failed else 0)
-            self._run = None
+            run, self._run = self._run, None
+            if not failed:
+                run.finish(exit_code=0)
+                return
+            # W&B prints its panel to stderr as it finishes; after an error, only the error.
+            with (
+                open(os.devnull, "w") as quiet,
+                contextlib.redirect_stderr(quiet),
+                contextlib.redirect_stdout(quiet),
+            ):
+                run.finish(exit_code=1)
