@@ -165,3 +165,46 @@ def test_tensorboard_run_reads_back_once_per_step_after_a_resume(tmp_path: Path)
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == list(range(1, 9))
+
+
+def test_a_value_logged_at_a_step_already_passed_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    with multigpu.init(environ={}, log_to="csv", log_dir=tmp_path) as ctx:
+        ctx.log({"loss": 1.0}, step=5)
+        ctx.log({"loss": 2.0}, step=3)  # lower: not sent
+        ctx.log({"loss": 3.0}, step=5)  # the same key at the same step: not sent
+        ctx.log({"acc": 0.5}, step=5)  # another key at the step: sent
+    said = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert said == [
+        "ctx.log(step=3) of loss not sent: step 5 was logged already, and each tracker keeps "
+        "a step's value once and the steps in order; log each value once, at a step >= the "
+        "last one (said once)"
+    ]
+    assert _rows(tmp_path) == [(5, "loss"), (5, "acc")]
+
+
+def test_a_resumed_job_skips_the_steps_its_run_has_without_a_word(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    _job(tmp_path, range(1, 6))
+    _job(tmp_path, range(3, 8))  # resumed at step 3: steps 3-5 are in the run
+    assert not [r for r in caplog.records if "not sent" in r.getMessage()]
+
+
+def test_the_ranks_that_do_not_write_refuse_a_bad_value_too(tmp_path: Path):
+    # Rank 1 of two: no trackers, but the same refusal as rank 0's, so that both end alike.
+    from multigpu.common.settings import Settings
+    from multigpu.env.types import ClusterEnv
+    from multigpu.instruments.tracking import LogCheck
+    from multigpu.session.initialize import choose_tracking
+
+    env = ClusterEnv(
+        source="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
+        num_nodes=1, master_addr="127.0.0.1", master_port=29500,
+    )  # fmt: skip
+    check = choose_tracking("csv", tmp_path / "logs", None, Settings.read({}), env)
+    assert isinstance(check, LogCheck) and not (tmp_path / "logs").exists()
+    check.on_log(None, {"loss": torch.tensor(0.5)}, step=1)
+    with pytest.raises(UsageError, match=r"ctx\.log: loss='high': expected a number"):
+        check.on_log(None, {"loss": "high"}, step=1)

@@ -366,9 +366,11 @@ class Context(RankTools, Checkpointing, Metering):
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Send ``metrics`` (numbers or one-element tensors) at ``step`` to the trackers of
-        ``init(log_to=...)``, from rank 0; elsewhere (or with no tracker) it does nothing and
-        never communicates, so reduce a value first where every rank's share counts. A resumed
-        run does not send again a step its trackers already have (see docs/api.md)."""
+        ``init(log_to=...)``, from rank 0; elsewhere it only checks the values (with no tracker
+        it does nothing) and never communicates, so reduce a value first where every rank's
+        share counts. A resumed run does not send again a step its trackers already have; a
+        value logged again at its step, or below a step this job logged, is not sent (one
+        warning line says so; see docs/api.md)."""
         for hook in self._hooks:
             hook.on_log(self, metrics, step)
 

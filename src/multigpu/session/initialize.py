@@ -33,7 +33,7 @@ from multigpu.instruments.hang.hooks import HangHook
 from multigpu.instruments.hang.watchdog import start_watchdog
 from multigpu.instruments.hooks import Hook
 from multigpu.instruments.profile_record import ProfileHook
-from multigpu.instruments.tracking import DEFAULT_LOG_DIR, Tracking
+from multigpu.instruments.tracking import DEFAULT_LOG_DIR, LogCheck, Tracking
 from multigpu.instruments.verify_record import VerifyRecorder
 from multigpu.replicas import read_replicas
 from multigpu.replicas.hook import replica_hook
@@ -217,10 +217,10 @@ def choose_tracking(
     env: ClusterEnv,
     *,
     writes: bool = True,
-) -> Tracking | None:
-    """Rank 0's trackers (None elsewhere, where ``writes`` is false, or with none asked for),
-    checked before anything starts: the names, their packages, ``config``, and a log directory
-    rank 0 can write."""
+) -> Tracking | LogCheck | None:
+    """Rank 0's trackers (elsewhere, or where ``writes`` is false, the check of ``ctx.log``'s
+    values alone; None with no tracker asked for), checked before anything starts: the names,
+    their packages, ``config``, and a log directory rank 0 can write."""
     names = settings.log_to if log_to is None else parse_trackers(log_to, "log_to=")
     if config is not None and not (
         isinstance(config, Mapping) and all(isinstance(k, str) for k in config)
@@ -229,8 +229,10 @@ def choose_tracking(
             f"config={config!r}: expected a mapping of hyperparameter names (strings) to "
             "values, e.g. config={'lr': 3e-4, 'batch_size': 64}"
         )
-    if not names or env.rank != 0 or not writes:
+    if not names:
         return None
+    if env.rank != 0 or not writes:
+        return LogCheck()  # a bad value is refused on every rank alike
     directory = Path(log_dir or settings.log_dir or DEFAULT_LOG_DIR)
     try:
         directory.mkdir(parents=True, exist_ok=True)

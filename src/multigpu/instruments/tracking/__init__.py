@@ -11,6 +11,6 @@ The names and the check of a ``log_to`` value are in ``multigpu.common.tracker_n
 
 from __future__ import annotations
 
-from multigpu.instruments.tracking.dispatch import DEFAULT_LOG_DIR, Tracking
+from multigpu.instruments.tracking.dispatch import DEFAULT_LOG_DIR, LogCheck, Tracking
 
-__all__ = ["DEFAULT_LOG_DIR", "Tracking"]
+__all__ = ["DEFAULT_LOG_DIR", "LogCheck", "Tracking"]

@@ -82,6 +82,8 @@ class Tracking(Hook):
         self._sent = Frontier()
         self._flushed_at = time.monotonic()
         self._closed = False
+        self._logged = Frontier()  # what this job logged (a resumed run's earlier steps aside)
+        self._said_late = False
 
     def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
         values = numbers_of(metrics, step)
@@ -89,6 +91,7 @@ class Tracking(Hook):
             raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
         if self._record is None:
             self._open(ctx, step)
+        self._note_late(step, values)
         now = time.time()
         queued = []
         for tracker, frontier in self._trackers:
@@ -100,6 +103,21 @@ class Tracking(Hook):
         self._sent = self._sent.after(step, values)
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
             self._flush()
+
+    def _note_late(self, step: int, values: Mapping[str, Any]) -> None:
+        """Say once that values logged at a step this job already passed are not sent (the
+        trackers keep each step once, in order: W&B refuses a lower step). A resumed job's
+        steps that an earlier job sent are skipped without a word, as the docs say."""
+        late = [k for k in values if self._logged.has(step, k)]
+        self._logged = self._logged.after(step, values)
+        if late and not self._said_late:
+            self._said_late = True
+            log.warning(
+                "ctx.log(step=%d) of %s not sent: step %d was logged already, and "
+                "each tracker keeps a step's value once and the steps in order; log each value "
+                "once, at a step >= the last one (said once)",
+                step, ", ".join(late), self._logged.step,
+            )  # fmt: skip
 
     def on_save(self, ctx: Any) -> None:
         if self._record is not None and not self._closed:
@@ -176,6 +194,15 @@ class Tracking(Hook):
                 log.warning("tracking: closing %s failed: %s", tracker.name, e)
 
 
+class LogCheck(Hook):
+    """``ctx.log``'s check on the ranks that do not write (rank 0 writes: ``Tracking``): a value
+    no tracker takes is refused on every rank alike, so that the job ends in one line, not in
+    rank 0's error and the other ranks' failed collective (it waited for rank 0)."""
+
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+        numbers_of(metrics, step, read=False)
+
+
 def _later(a: Frontier, b: Frontier | None) -> Frontier:
     """The further of two frontiers (a tracker's own store may be ahead of the run file)."""
     if b is None or b.step is None or (a.step is not None and a.step > b.step):
@@ -185,10 +212,12 @@ def _later(a: Frontier, b: Frontier | None) -> Frontier:
     return b
 
 
-def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float | torch.Tensor]:
+def numbers_of(
+    metrics: Mapping[str, Any], step: int, *, read: bool = True
+) -> dict[str, float | torch.Tensor]:
     """``metrics`` as floats (a CPU tensor read once; a GPU one copied, to be read at the
     flush: ``.item()`` here would wait for the GPU at every step); refuses what a tracker
-    cannot plot.
+    cannot plot. ``read=False``: only the refusals (the tensors are returned as given).
 
     Example:
         >>> numbers_of({"loss": torch.tensor(0.5), "n": 3}, step=1)
@@ -205,7 +234,9 @@ def numbers_of(metrics: Mapping[str, Any], step: int) -> dict[str, float | torch
     for key, value in metrics.items():
         if not isinstance(key, str) or not key:
             raise UsageError(f"ctx.log: metric name {key!r}: expected a non-empty string")
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not read:
+            values[key] = value
+        elif isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.detach()
             # A copy: the caller may change its tensor in place before the flush reads it.
             values[key] = float(value.item()) if value.device.type == "cpu" else value.clone()
