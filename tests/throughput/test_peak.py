@@ -80,3 +80,14 @@ def test_bad_windows_say_why_everywhere(text: str, why: str) -> None:
     with pytest.raises(UsageError, match=f"^init\\(profile='{text}'\\): {why}"):
         init(profile=text, environ={})
     assert parse_window("3:5") == (3, 5) and parse_window(" 2:2 ") == (2, 2)
+
+
+def test_a_profile_dir_that_cannot_be_written_is_refused_by_init(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    said = f"^profile directory {blocker}/traces: cannot write there \\(Not a directory\\); "
+    with pytest.raises(UsageError, match=said + ".*MULTIGPU_PROFILE_DIR$"):
+        init(profile="3:5", profile_dir=blocker / "traces", environ={})
+    with pytest.raises(UsageError, match=said):
+        init(environ={"MULTIGPU_PROFILE": "3:5", "MULTIGPU_PROFILE_DIR": str(blocker / "traces")})
+    init(profile_dir=blocker / "traces", environ={}).teardown()  # no window: never written

@@ -143,6 +143,11 @@ def init(
         )
         wait = dist.collective_timeout(timeout, settings.timeout_s)
         window = _profile_window(profile) if profile is not None else settings.profile
+        traces = Path(profile_dir or settings.profile_dir or "profile")
+        if window is not None:
+            writable(
+                traces, "profile directory", "give another profile_dir= or MULTIGPU_PROFILE_DIR"
+            )
         if flops_per_token is not None and not (
             isinstance(flops_per_token, int | float) and flops_per_token > 0
         ):
@@ -178,8 +183,7 @@ def init(
     if replicas is not None:  # `multigpu run --replicas R`: this worker is in one replica group
         hooks.append(replica_hook(replicas, env, device, wait.total_seconds()))
     if window is not None:
-        where = Path(profile_dir or settings.profile_dir or "profile")
-        hooks.append(ProfileHook(window, where, env.rank, env.world_size))
+        hooks.append(ProfileHook(window, traces, env.rank, env.world_size))
     if tracking is not None:
         hooks.append(tracking)
     if chosen_compile is not None:
@@ -234,17 +238,24 @@ def choose_tracking(
     if env.rank != 0 or not writes:
         return LogCheck()  # a bad value is refused on every rank alike
     directory = Path(log_dir or settings.log_dir or DEFAULT_LOG_DIR)
+    writable(directory, "log directory", "give another log_dir= or MULTIGPU_LOG_DIR")
+    return Tracking(names, directory, config=config, restarts=env.restart_count)
+
+
+def writable(directory: Path, what: str, fix: str) -> None:
+    """Make ``directory`` (and its parents) and write a file in it, or refuse in one line: a
+    place found unwritable only when the run writes there fails after the training it records.
+    The rank probes ``.multigpu-write-check.<pid>`` (ranks of one node may share the place)."""
+    probe = directory / f".multigpu-write-check.{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".multigpu-write-check"
         probe.touch()
         probe.unlink()
     except OSError as e:
         raise UsageError(
-            f"log directory {directory}: cannot write there ({e.strerror}); expected a "
-            "directory this user can write; give another log_dir= or MULTIGPU_LOG_DIR"
+            f"{what} {directory}: cannot write there ({e.strerror or e}); expected a "
+            f"directory this user can write; {fix}"
         ) from e
-    return Tracking(names, directory, config=config, restarts=env.restart_count)
 
 
 def choose_hooks(
