@@ -157,9 +157,16 @@ def _loader_reasons(runs: Sequence[RunRecord]) -> list[str]:
 
 
 def _mean_over_ignored(runs: Sequence[RunRecord]) -> str | None:
-    """Losses averaged per micro-batch over the targets that are not ``ignore_index``."""
-    seen = [run.mean_over_ignored for run in runs if run.mean_over_ignored["calls"]]
+    """Losses averaged per micro-batch over the targets that are not ``ignore_index``, where
+    the share ignored varies: a share that is the same in every micro-batch of every run
+    (transformers' one-token label shift of a causal LM ignores one target per sequence) weighs
+    every item alike at any world size, and is not padding."""
+    with_ignored = [run for run in runs if run.mean_over_ignored["calls"]]
+    seen = [run.mean_over_ignored for run in with_ignored]
     if not seen:
+        return None
+    shares = {run.ignored_share for run in with_ignored}
+    if len(shares) == 1 and None not in shares:
         return None
     ignored = sum(s["ignored"] for s in seen) / max(1, sum(s["targets"] for s in seen))
     return (

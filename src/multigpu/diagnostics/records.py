@@ -127,9 +127,46 @@ class RunRecord:
         ``targets`` (all of theirs)."""
         total = {"calls": 0, "ignored": 0, "targets": 0}
         for r in self.ranks:
-            for key, value in dict(r.get("mean_over_ignored") or {}).items():
-                total[key] = total.get(key, 0) + int(value)
+            counts = dict(r.get("mean_over_ignored") or {})
+            for key in total:
+                total[key] += int(counts.get(key, 0))
         return total
+
+    @property
+    def ignored_share(self) -> tuple[int, int] | None:
+        """``(ignored, targets)`` in lowest terms when every one of those calls, on every rank,
+        ignored the same share of its targets (transformers' one-token label shift: one target
+        per sequence); None when the share varied (padding), or no call or record says.
+
+        Example:
+            >>> shift = {"calls": 2, "share": [1, 12], "varies": False}
+            >>> RunRecord(world_size=2, ranks=[{"mean_over_ignored": shift}] * 2).ignored_share
+            (1, 12)
+        """
+        shares = set()
+        for r in self.ranks:
+            counts = dict(r.get("mean_over_ignored") or {})
+            if not counts.get("calls"):
+                continue
+            if counts.get("varies", True) or "share" not in counts:
+                return None
+            shares.add(tuple(int(n) for n in counts["share"]))
+        if len(shares) != 1:
+            return None
+        (ignored, targets) = next(iter(shares))
+        return ignored, targets
+
+    @property
+    def gradient_noise(self) -> dict[str, float]:
+        """Per parameter, the largest ratio over the optimizer steps of its gradient's root mean
+        square to that of all its optimizer's gradients (the largest any rank saw: every rank
+        of a sharded model sees the whole norms, a pipeline stage only its own parameters);
+        empty in a record that does not say."""
+        ratios: dict[str, float] = {}
+        for r in self.ranks:
+            for name, ratio in dict(r.get("gradient_noise") or {}).items():
+                ratios[name] = max(ratios.get(name, 0.0), float(ratio))
+        return ratios
 
     @property
     def losses(self) -> list[float | None]:

@@ -10,11 +10,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from multigpu.diagnostics.compare import RunComparison, TensorDiff, Tolerance
+from multigpu.diagnostics.compare import RunComparison, TensorDiff, Tolerance, noise_floor
 from multigpu.diagnostics.records import run_label
 
 MAX_ROWS = 40
 """Tensors shown in the table: the failing ones and the worst, the rest counted."""
+
+MAX_NAMED = 8
+"""Tensors named on the line of those judged at noise level, the rest counted."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +59,18 @@ class VerifyResult:
     notes: tuple[str, ...] = ()
     directory: str | None = None
     """Where the runs were kept (``--keep``), else None."""
+    gradient_dtype: str = "float32"
+    """The dtype the reference computed its gradients in: its epsilon is the noise floor of a
+    gradient (``compare.noise_floor``)."""
+
+    @property
+    def noise_floor(self) -> float:
+        return noise_floor(self.gradient_dtype, None)
+
+    @property
+    def noise_level(self) -> tuple[str, ...]:
+        """The tensors judged at noise level in any comparison, in order."""
+        return tuple(dict.fromkeys(name for c in self.comparisons for name in c.noise_level))
 
     @property
     def passed(self) -> bool:
@@ -93,6 +108,9 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         "atol": result.tolerance.atol,
         "l2_rtol": result.tolerance.l2_rtol,
         "deterministic": result.deterministic,
+        "gradient_dtype": result.gradient_dtype,
+        "noise_floor": result.noise_floor,
+        "noise_level": list(result.noise_level),
         "runs": [
             {
                 "world_size": run.world_size,
@@ -126,6 +144,7 @@ def _comparison_json(c: RunComparison) -> dict[str, Any]:
         "max_abs_diff": _num(c.max_abs),
         "max_rel_diff": _num(c.max_rel),
         "l2_rel_diff": _num(c.l2_rel),
+        "noise_level": list(c.noise_level),
         "losses": {
             "compared": c.losses.compared,
             "max_abs_diff": _num(c.losses.max_abs),
@@ -141,11 +160,29 @@ def _comparison_json(c: RunComparison) -> dict[str, Any]:
                 "max_rel_diff": _num(t.max_rel),
                 "l2_rel_diff": _num(t.l2_rel),
                 "ok": t.ok,
+                **({"noise_level": True} if t.noise else {}),
                 **({"problem": t.problem} if t.problem else {}),
             }
             for t in c.tensors
         ],
     }
+
+
+def noise_line(result: VerifyResult) -> str:
+    """The one line that names the tensors judged at noise level, and why."""
+    names = result.noise_level
+    shown = ", ".join(names[:MAX_NAMED])
+    if len(names) > MAX_NAMED:
+        shown += f" and {len(names) - MAX_NAMED} more (--json lists them all)"
+    worst = max((t.max_rel for c in result.comparisons for t in c.tensors if t.noise), default=0.0)
+    return (
+        f"judged at noise level: {len(names)} tensor{'s' * (len(names) != 1)} ({shown}): at "
+        "every step of both runs their gradient's root mean square was at most "
+        f"{result.noise_floor:.1e} ({result.gradient_dtype}'s epsilon) of all the gradients', "
+        "zero but for rounding (an attention key's bias: softmax ignores it), so their values "
+        f"are rounding noise and their differences (up to {worst:.2e} of their largest value) "
+        "are not held against the run"
+    )
 
 
 def _cell(value: float) -> str:
@@ -184,6 +221,8 @@ def render(result: VerifyResult, console: Console) -> None:
     tol = result.tolerance
     judged = f", tensors by L2: l2_rtol {tol.l2_rtol:g}" if tol.l2_rtol is not None else ""
     console.print(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g}{judged}", highlight=False)
+    if result.noise_level:
+        console.print(noise_line(result), markup=False, highlight=False)
     for run in result.runs:
         if run.returncode:
             console.print(
@@ -225,7 +264,10 @@ def _table(comparisons: Sequence[RunComparison], tol: Tolerance) -> Table:
                 cells.append(_cell(t.l2_rel if tol.l2_rtol is not None else t.max_rel))
             else:
                 cells += [_cell(t.max_abs), _cell(t.max_rel), _cell(t.l2_rel)]
-            cells.append("[green]OK[/]" if t.ok else f"[red]FAIL[/] {t.problem}".rstrip())
+            if t.noise:
+                cells.append("[yellow]noise[/]")
+            else:
+                cells.append("[green]OK[/]" if t.ok else f"[red]FAIL[/] {t.problem}".rstrip())
         table.add_row(*cells)
     if hidden:
         table.caption = f"{hidden} more tensors within tolerance not shown (--json lists all)"

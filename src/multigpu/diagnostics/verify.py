@@ -38,6 +38,7 @@ from multigpu.diagnostics.compare import (
     Tolerance,
     compare_runs,
     default_rtol,
+    gradient_dtype,
 )
 from multigpu.diagnostics.diagnose import (
     adaptive_note,
@@ -217,6 +218,7 @@ def verify(options: VerifyOptions, root: Path) -> VerifyResult:
         comparisons=comparisons,
         notes=tuple(notes),
         directory=str(root) if options.keep else None,
+        gradient_dtype=gradient_dtype(ref.dtype, ref.precision) if ref else "float32",
     )
     if not (result.passed or reasons or ref is None):
         reasons.extend(find_reasons(records, comparisons))

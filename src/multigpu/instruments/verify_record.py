@@ -11,8 +11,12 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
 - ``rank{r}.json``: ``{"rank", "world_size", "steps", "losses" (this rank's mean loss of each
   optimizer step, or the global mean per item ``ctx.step_loss`` where ``ctx.backward`` got
   ``num_items``; null where ``ctx.backward`` was not used), "weighted_backward" (calls with
-  ``num_items``), "mean_over_ignored" ({"calls", "ignored", "targets"}: calls without it whose
-  loss is a cross-entropy mean over targets some of which are ``ignore_index``), "loaders"
+  ``num_items``), "mean_over_ignored" ({"calls", "ignored", "targets", "share", "varies"}:
+  calls without it whose loss is a cross-entropy mean over targets some of which are
+  ``ignore_index``; ``share``: the first call's ``[ignored, targets]`` in lowest terms,
+  ``varies``: whether a later call's share differed), "gradient_noise" ({parameter name: the
+  largest, over the optimizer steps, of its gradient's root mean square divided by that of
+  every gradient of its optimizer}), "loaders"
   [{"global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout"
   [module names], "dtype", "optimizers" (class names), "precision", "deterministic",
   "strategy", "batchnorm" ({module name: true when synchronised across ranks (SyncBatchNorm),
@@ -24,11 +28,13 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from multigpu import torch_compat
@@ -68,7 +74,9 @@ class VerifyRecorder(Hook):
         self._pending: list[float] = []
         self._weighted_pending = False  # a ctx.backward of this step got num_items
         self.weighted = 0
-        self.mean_over_ignored = {"calls": 0, "ignored": 0, "targets": 0}
+        self.mean_over_ignored: dict[str, Any] = {"calls": 0, "ignored": 0, "targets": 0}
+        self.gradient_noise: dict[str, float] = {}
+        self._names: dict[int, list[str]] = {}  # id(parameter) -> its names in params.pt
         self._ctx: Any = None
         self.steps = 0
         self.info: dict[str, Any] = {}
@@ -80,9 +88,46 @@ class VerifyRecorder(Hook):
         self.models.append(unwrap_module(model))
         # its whole state on rank 0 (the strategy's: a collective when the model is sharded)
         self.full_states.append(ctx.strategy.full_model_state)
+        self._name_parameters()
         for optimizer in optimizers:
             self.optimizers.append(type(optimizer).__name__)
+            optimizer.register_step_pre_hook(lambda opt, *_: self._note_gradients(opt))
             optimizer.register_step_post_hook(lambda *_: self._on_step())
+
+    def _name_parameters(self) -> None:
+        """Every parameter's names as ``params.pt`` has them (a tied one has several)."""
+        self._names = {}
+        several = len(self.models) > 1
+        for i, model in enumerate(self.models):
+            prefix = f"model{i}." if several else ""
+            for name, param in model.named_parameters(remove_duplicate=False):
+                self._names.setdefault(id(param), []).append(prefix + name)
+
+    def _note_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Keep, per parameter, how small its gradient is beside the others' (the largest over
+        the steps of ``rms(its gradient) / rms(all of the optimizer's gradients)``): one whose
+        gradient stays below float rounding of the others' (an attention key's bias, which
+        softmax ignores) has values that are rounding noise, and ``verify`` does not judge it by
+        its relative difference. Every rank calls this (a sharded gradient's norm is summed
+        over its shards: one all-reduce per mesh axis)."""
+        named = [
+            (self._names.get(id(p), []), p.grad)
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
+        if not named:
+            return
+        squares = squared_norms([grad for _, grad in named])
+        total = sum(squares)
+        count = sum(grad.numel() for _, grad in named)
+        if not (math.isfinite(total) and total > 0):  # no gradient, or an overflow (skipped)
+            return
+        mean_square = total / count
+        for (names, grad), square in zip(named, squares, strict=True):
+            ratio = math.sqrt(square / max(1, grad.numel()) / mean_square)
+            for name in names:
+                self.gradient_noise[name] = max(self.gradient_noise.get(name, 0.0), ratio)
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
         names = ("global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed")
@@ -116,10 +161,19 @@ class VerifyRecorder(Hook):
         """A mean over targets some of which are ignored: its weight per item depends on how
         many are ignored in this micro-batch (``verify`` says so if results differ)."""
         found = torch_compat.mean_over_ignored(loss)
-        if found is not None:
-            self.mean_over_ignored["calls"] += 1
-            self.mean_over_ignored["ignored"] += found[0]
-            self.mean_over_ignored["targets"] += found[1]
+        if found is None:
+            return
+        counts = self.mean_over_ignored
+        counts["calls"] += 1
+        counts["ignored"] += found[0]
+        counts["targets"] += found[1]
+        # The same share in every call (transformers' one-token label shift ignores the last
+        # target of each sequence) weighs every item alike; a share that varies is padding.
+        share = [found[0] // math.gcd(*found), found[1] // math.gcd(*found)]
+        if "share" not in counts:
+            counts["share"], counts["varies"] = share, False
+        elif share != counts["share"]:
+            counts["varies"] = True
 
     def _note_step(self) -> None:
         loss = sum(self._pending) / len(self._pending) if self._pending else None
@@ -148,6 +202,7 @@ class VerifyRecorder(Hook):
             "losses": self.losses,
             "weighted_backward": self.weighted,
             "mean_over_ignored": self.mean_over_ignored,
+            "gradient_noise": self.gradient_noise,
             "loaders": self.loaders,
             "dropout": [name for name, mod in modules if isinstance(mod, _DROPOUT) and mod.p > 0],
             "batchnorm": {
@@ -170,3 +225,30 @@ class VerifyRecorder(Hook):
                 for key, value in whole.items():
                     state[prefix + key] = value.detach().cpu().clone()
             atomic_write(self.directory / "params.pt", lambda fh: torch.save(state, fh))
+
+
+def squared_norms(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """The squared L2 norm of each whole tensor, in float64: a DTensor's local pieces are summed
+    over the mesh axes it is sharded on (one all-reduce per mesh and axes, on every rank of the
+    mesh), a replicated axis counted once."""
+    squares: list[torch.Tensor] = []
+    sharded: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        value: Any = tensor.detach()
+        if torch_compat.is_dtensor(value):
+            if any(p.is_partial() for p in value.placements):
+                value = value.full_tensor()
+            else:
+                axes = tuple(a for a, p in enumerate(value.placements) if p.is_shard())
+                if axes:
+                    sharded.setdefault((id(value.device_mesh), axes), []).append(i)
+                value = value.to_local()
+        squares.append(torch.linalg.vector_norm(value.float()).double() ** 2)
+    for (_, axes), indices in sharded.items():
+        mesh: Any = tensors[indices[0]].device_mesh  # type: ignore[attr-defined]
+        summed = torch.stack([squares[i] for i in indices])
+        for axis in axes:
+            dist.all_reduce(summed, group=mesh.get_group(axis))
+        for i, value in zip(indices, summed.unbind(), strict=True):
+            squares[i] = value
+    return [float(square) for square in squares]
