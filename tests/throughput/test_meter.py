@@ -126,3 +126,30 @@ def test_ctx_throughput_counts_the_loaders_samples_and_tokens_under_accumulation
 def test_init_refuses_a_flops_per_token_that_is_not_a_positive_number(bad: object) -> None:
     with pytest.raises(multigpu.UsageError, match="flops_per_token=.*expected a positive number"):
         multigpu.init(flops_per_token=bad, environ={})  # type: ignore[arg-type]
+
+
+def test_ctx_throughput_measures_the_readmes_loop_of_optimizer_step(clock: Clock) -> None:
+    # The README's loop steps the optimizer itself: no ctx.step. Every figure was None.
+    ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    with multigpu.init(seed=0, environ={}) as ctx:
+        model = nn.Linear(4, 2)
+        model, optimizer = ctx.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        loader = ctx.loader(ds, batch_size=16, tokens_per_sample=8)
+        for x, y in loader:
+            clock.sleep(0.01)  # the forward pass
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            ctx.backward(loss)
+            clock.sleep(0.02)  # the backward pass
+            optimizer.step()
+        figures = ctx.throughput()
+        second = torch.optim.SGD(model.parameters(), lr=0.1)  # not given to setup: not counted
+        for x, y in loader:
+            ctx.backward(F.cross_entropy(model(x), y))
+            clock.sleep(0.04)
+            ctx.step(optimizer, second)  # counted once, by ctx.step
+        again = ctx.throughput()
+    assert figures["steps"] == 4 and figures["step_seconds"] == pytest.approx(0.03)
+    assert figures["samples_per_second"] == pytest.approx(16 / 0.03)
+    assert figures["tokens_per_second"] == pytest.approx(8 * 16 / 0.03)
+    assert again["steps"] == 4 and again["step_seconds"] == pytest.approx(0.04)

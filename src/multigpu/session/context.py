@@ -81,6 +81,7 @@ class Context(RankTools, Checkpointing, Metering):
         self._checkpointers: list[Checkpointer] = []
         self._meta_rng = MetaRng()
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
+        self._watching = self._in_ctx_step = False  # see Metering._watch_optimizers
         metrics.enter(self)  # its metrics ask it whether this rank's data repeats another's
         atexit.register(self.teardown)
 
@@ -124,6 +125,7 @@ class Context(RankTools, Checkpointing, Metering):
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)
         self._steps.note_setup(wrapped, optimizers)
+        self._watch_optimizers(optimizers)
         self._meter.note_wrapped(wrapped, self.strategy.name)
         for hook in self._hooks:
             hook.on_setup(self, wrapped, optimizers)
@@ -201,8 +203,12 @@ class Context(RankTools, Checkpointing, Metering):
         Inside ``accumulate`` on a micro-batch that does not end its step it does nothing; with
         ``precision="16-mixed"`` it goes through the GradScaler. Returns whether it stepped.
         """
-        with self._memory_said("ctx.step"):
-            stepped = self._steps.step(*optimizers, zero_grad=zero_grad)
+        self._in_ctx_step = True  # its optimizers' steps are noted here, not by their hook
+        try:
+            with self._memory_said("ctx.step"):
+                stepped = self._steps.step(*optimizers, zero_grad=zero_grad)
+        finally:
+            self._in_ctx_step = False
         if stepped:
             self._note_step()  # the step meter and the hooks (a profiler's window)
         return stepped

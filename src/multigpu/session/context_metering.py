@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from multigpu.data import DistributedLoader
 from multigpu.errors import UsageError
@@ -29,11 +32,27 @@ class Metering:
     _meter: StepMeter
     _steps: StepControl
     _hooks: tuple[Hook, ...]
+    _watching: bool
+    _in_ctx_step: bool
     precision: Precision
 
     def _on_batch(self, loader: DistributedLoader) -> None:
         self._steps.note_batch(loader)
         self._meter.batch()
+
+    def _watch_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Count the steps of the first optimizer given to ``setup`` that the script steps
+        itself (``optimizer.step()``, the README's loop) as ``ctx.step`` counts its own: without
+        it, ``ctx.throughput()`` read no step in that loop and returned None for every figure,
+        and a profile window never opened."""
+        if self._watching or not optimizers:
+            return
+        self._watching = True
+        optimizers[0].register_step_post_hook(self._stepped_by_script)
+
+    def _stepped_by_script(self, *_: Any) -> None:
+        if not self._in_ctx_step:  # ctx.step notes its own, once for all its optimizers
+            self._note_step()
 
     def _note_step(self) -> None:
         """An optimizer step stepped: the meter counts it, the hooks hear of it."""
@@ -46,6 +65,9 @@ class Metering:
     def throughput(self, *, across_ranks: bool = False) -> dict[str, Any]:
         """Figures of the optimizer steps since the last call (or since ``setup``); a new window
         starts. Call it where a progress line is printed, not at every step.
+
+        A step is one of ``ctx.step``, or of the first optimizer given to ``setup`` stepped by
+        the script itself (``optimizer.step()``).
 
         Keys: ``steps`` (in the window), ``step_seconds`` (mean wall time of one), and over all
         ranks ``samples_per_second`` (the loader's global batch per step) and
