@@ -52,10 +52,14 @@ class Hook:
 
     def on_step(self, ctx: Any) -> None:
         """An optimizer step ended (``ctx.step`` stepped: also the last micro-batch of an
-        accumulated step, and after a pipeline's ``forward_backward``)."""
+        accumulated step, and after a pipeline's ``forward_backward``; or the script stepped
+        the first optimizer given to ``setup`` itself)."""
 
-    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
-        """``ctx.log(metrics, step=step)`` was called (the trackers attach here, on rank 0)."""
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> float | None:
+        """``ctx.log(metrics, step=step)`` was called (the trackers attach here, on rank 0).
+        Returns the seconds of it that were no part of training, which ``ctx.throughput()``
+        leaves out of the step they fell in (a tracker's start-up), or None."""
+        return None
 
     def on_save(self, ctx: Any) -> None:
         """A checkpoint is about to be saved (a ``Checkpointer``'s or ``ctx.save``'s; every rank:

@@ -378,7 +378,9 @@ class Context(RankTools, Checkpointing, Metering):
         value logged again at its step, or below a step this job logged, is not sent (one
         warning line says so; see docs/api.md)."""
         for hook in self._hooks:
-            hook.on_log(self, metrics, step)
+            outside = hook.on_log(self, metrics, step)
+            if outside:  # a tracker's start-up: not the training's time
+                self._meter.exclude(outside)
 
     # ---- lifetime -----------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -6,7 +6,9 @@ the end of a backward (``backward_ended``) and each optimizer step that stepped 
 A step lasts from the end of the previous one to its own end — data loading, a checkpoint save
 between steps and the optimizer included — except the first step after a read (or the first of
 the run), which starts when the micro-batch of its first forward/backward was handed out, so
-that an evaluation or a progress line between two steps is not counted as training.
+that an evaluation or a progress line between two steps is not counted as training; and the
+trackers' start-up in the first ``ctx.log`` (``exclude``: seconds of W&B's or MLflow's) is left
+out of the step it fell in.
 
 Nothing here synchronises a GPU during a step: on CUDA the window's end waits for the GPU once,
 at the read (so its time is the GPU's), and DDP's wait is read from CUDA events then.
@@ -77,6 +79,7 @@ class StepMeter:
         self._wait_mark = self._thread_wait()  # at the start of the step in progress
         self._ddp_at = self._ddp_wait()  # at the read (on CUDA: waits for the events)
         self._gpu: list[torch.cuda.Event] = []  # CUDA: the window's first start, latest end
+        self._gpu_outside = 0.0  # seconds left out (``exclude``) since the window's first start
 
     def _thread_wait(self) -> float:
         """The main thread's time in Python-level collectives so far (not on CUDA: the thread
@@ -135,6 +138,16 @@ class StepMeter:
             self._gpu.append(torch.cuda.Event(enable_timing=True))
         self._gpu[index].record()
 
+    def exclude(self, seconds: float) -> None:
+        """The last ``seconds`` were no part of training (a tracker's start-up, in the first
+        ``ctx.log``): the step in progress does not count them."""
+        if self._start is not None:
+            self._start += seconds
+            if self._gpu:  # the GPU idled meanwhile, inside the window the events span
+                self._gpu_outside += seconds
+        elif self._candidate is not None:
+            self._candidate += seconds
+
     def backward_ended(self) -> None:
         """``ctx.backward`` returned."""
         if self._ddp is not None:
@@ -177,7 +190,7 @@ class StepMeter:
         """The window's figures (see ``Context.throughput``), and a new window begins."""
         if len(self._gpu) == 2:  # CUDA: the GPU's time from the first step's start to the last end
             self._gpu[1].synchronize()
-            self._seconds = self._gpu[0].elapsed_time(self._gpu[1]) / 1e3
+            self._seconds = self._gpu[0].elapsed_time(self._gpu[1]) / 1e3 - self._gpu_outside
         wait = self._wait + self._ddp_wait() - self._ddp_at
         steps, seconds = self._steps, self._seconds
         figures: dict[str, Any] = {

@@ -85,12 +85,15 @@ class Tracking(Hook):
         self._logged = Frontier()  # what this job logged (a resumed run's earlier steps aside)
         self._said_late = False
 
-    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> float | None:
         values = numbers_of(metrics, step)
         if self._closed:
             raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
-        if self._record is None:
+        opening = None
+        if self._record is None:  # the trackers' start-up (W&B's service, MLflow's store)
+            began = time.perf_counter()
             self._open(ctx, step)
+            opening = time.perf_counter() - began  # not training: ctx.throughput() skips it
         self._note_late(step, values)
         now = time.time()
         queued = []
@@ -103,6 +106,7 @@ class Tracking(Hook):
         self._sent = self._sent.after(step, values)
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
             self._flush()
+        return opening
 
     def _note_late(self, step: int, values: Mapping[str, Any]) -> None:
         """Say once that values logged at a step this job already passed are not sent (the
@@ -199,8 +203,9 @@ class LogCheck(Hook):
     no tracker takes is refused on every rank alike, so that the job ends in one line, not in
     rank 0's error and the other ranks' failed collective (it waited for rank 0)."""
 
-    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> None:
+    def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> float | None:
         numbers_of(metrics, step, read=False)
+        return None
 
 
 def _later(a: Frontier, b: Frontier | None) -> Frontier:
