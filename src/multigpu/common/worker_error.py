@@ -15,6 +15,7 @@ the launcher. No torch import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -111,10 +112,23 @@ def launched_by_multigpu() -> bool:
     return bool(os.environ.get(AGENT_PID_VARIABLE))
 
 
+_CONSEQUENCE = "_multigpu_consequence"
+
+
+def mark_consequence(error: BaseException) -> None:
+    """Note that ``error`` is the consequence of another rank's failure, which the one who saw
+    it knows better than its message says (a collective that timed out waiting for a rank
+    stopped by SIGSTOP: "Timed out waiting 10000ms")."""
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type with __slots__
+        setattr(error, _CONSEQUENCE, True)
+
+
 def is_consequence(error: BaseException | None) -> bool:
-    """True for a collective that failed because its peer went away (another rank's failure);
-    never for an error whose message is the whole story (``said_in_full``: it names the cause,
-    whatever words of a lost connection it quotes)."""
+    """True for a collective that failed because its peer went away (another rank's failure)
+    or one marked so (``mark_consequence``); never for an error whose message is the whole story
+    (``said_in_full``: it names the cause, whatever words of a lost connection it quotes)."""
     if error is None or getattr(error, "said_in_full", False):
         return False
+    if getattr(error, _CONSEQUENCE, False):
+        return True
     return any(marker in str(error) for marker in PEER_GONE_MARKERS)

@@ -159,7 +159,9 @@ def _run_agent(args: Any, traces: str, timeout_s: float, hint: str, stopped: Sto
         failures = failures_of(e)
         code = exit_code(failures)
         told = failures[0].error is not None and failures[0].error.said_in_full  # a full disk
-        if code != USAGE_EXIT_CODE and not told:  # a hang or crash: who waited where
+        # A hang or crash: who waited where (not when a stopped worker held the others up: the
+        # line below says it all).
+        if code != USAGE_EXIT_CODE and not told and not stopped.found:
             for line in explain_traces(traces):
                 sys.stderr.write(line + "\n")
         # One line, last: the cause among the failures, instead of torch's 20-line report

@@ -19,18 +19,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-
-def is_stopped(pid: int) -> bool:
-    """True when process ``pid`` is stopped by a signal or a tracer (Linux ``/proc``; False
-    elsewhere or when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode(errors="replace")
-    except OSError:
-        return False
-    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ")".
-    state = stat.rsplit(")", 1)[-1].split()[:1]
-    return state == ["T"]
+from multigpu.common.process_state import is_stopped
 
 
 def failed(pid: int) -> bool:
@@ -62,22 +51,23 @@ class StoppedWorkers:
                     os.kill(pid, signal.SIGCONT)
 
     def line(self, timeout_s: float, others: Iterable[int]) -> str:
-        """The run's one line when some workers were stopped; ``others``: the other failed ranks.
+        """The run's one line when some workers were stopped; ``others``: the other failed ranks
+        (those whose collectives waited for the stopped ones).
 
         Example:
             >>> StoppedWorkers({1: 4242}).line(10, [0]).replace(socket.gethostname(), "HOST")
-            'rank 1 on HOST (pid 4242) was stopped (SIGSTOP or Ctrl-Z): it took no part in the \
-collectives, which timed out after --timeout 10 s (1 other rank stopped too); resume it with \
-SIGCONT, or find what stopped it'
+            'rank 1 on HOST (pid 4242) was stopped (SIGSTOP or Ctrl-Z): the collectives of rank \
+0, which waited for it, timed out after --timeout 10 s; resume a stopped worker with SIGCONT, or \
+find what stopped it'
         """
         ranks = sorted(self.found)
         named = ", ".join(f"rank {r}" for r in ranks)
         pids = ", ".join(str(self.found[r]) for r in ranks)
-        rest = len(set(others) - set(ranks))
-        also = f" ({rest} other rank{'s' if rest > 1 else ''} stopped too)" if rest else ""
-        verb = "was" if len(ranks) == 1 else "were"
+        waited = sorted(set(others) - set(ranks))
+        verb, it = ("was", "it") if len(ranks) == 1 else ("were", "them")
+        whose = f"of rank {', '.join(map(str, waited))}, which waited for {it}, " if waited else ""
         return (
             f"{named} on {socket.gethostname()} (pid {pids}) {verb} stopped (SIGSTOP or Ctrl-Z): "
-            f"it took no part in the collectives, which timed out after --timeout "
-            f"{timeout_s:g} s{also}; resume it with SIGCONT, or find what stopped it"
+            f"the collectives {whose}timed out after --timeout {timeout_s:g} s; resume a "
+            "stopped worker with SIGCONT, or find what stopped it"
         )

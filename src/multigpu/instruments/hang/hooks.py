@@ -12,8 +12,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from multigpu.common import worker_error
 from multigpu.instruments.hang.install import uninstall
-from multigpu.instruments.hang.peers import report_lost_peers
+from multigpu.instruments.hang.peers import is_collective_failure, report_lost_peers
 from multigpu.instruments.hang.stragglers import straggler_lines
 from multigpu.instruments.hang.watchdog import PREFIX, Watchdog
 from multigpu.instruments.hooks import Hook
@@ -63,6 +64,12 @@ class HangHook(Hook):
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
         if self.watchdog is not None:
             self._report_stragglers(self.watchdog, error)
+            if error is not None and is_collective_failure(error) and self.watchdog.held_up():
+                # The rank it waited for is stopped, as the watchdog said: this rank's timeout
+                # is no cause of its own (its 25-line gloo traceback is kept in its error file,
+                # and the launcher's last line names the stopped rank).
+                worker_error.mark_consequence(error)
+                return
         report_lost_peers(error)
 
     def on_teardown(self, ctx: Any) -> None:

@@ -9,6 +9,13 @@ counts. Each rank prints its own stack to stderr; the lowest rank collects the r
 prints one summary (``multigpu.instruments.hang.explain``). Then the collective timeout ends the job
 as before, so a hang is always both explained and bounded.
 
+A rank stopped by SIGSTOP or Ctrl-Z cannot report: the ranks that wait for it would only say
+"no report" in a 20-line summary, then fail with a gloo traceback each. So every rank leaves
+its host and pid in the store when it starts, and a stalled rank first looks for a stopped peer
+on its own host (``/proc/PID/stat``, state ``T``): when there is one, the run says that in one
+line instead, once, and the ranks that wait for it end quietly when the timeout comes
+(``stopped_peers``; the launcher's last line names the stopped rank).
+
 Environment variables read: ``MULTIGPU_WATCHDOG`` (``0`` turns it off), ``MULTIGPU_HANG_AFTER``
 (seconds before a waiting collective counts as a hang), ``MULTIGPU_TRACE_DIR`` (set by ``multigpu
 run``: where each rank keeps its last collectives, read by the launcher after a failure).
@@ -26,18 +33,23 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
 from multigpu.common import variables
+from multigpu.common.process_state import is_stopped
 from multigpu.instruments.hang.explain import explain
 from multigpu.instruments.hang.recorder import CollectiveLog, user_site
+from multigpu.instruments.hang.trace import describe
 from multigpu.torch_compat import default_store
 
 log = logging.getLogger(__name__)
 
 PREFIX = "multigpu_hang/"
 MAX_REPORT_AFTER_S = 60.0
+STOPPED_ALARM = "stopped"
+"""The alarm's value when a stalled rank found the peer it waits for stopped, and said so."""
 COLLECT_S = 5.0
 """How long the summarising rank waits for the other ranks' reports."""
 STOP_WAIT_S = COLLECT_S + 2.0
@@ -80,10 +92,13 @@ class Watchdog:
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._main = threading.main_thread()
+        self.stopped_peers: dict[int, int] = {}
+        """The ranks (→ pid) found stopped while this rank waited for them."""
         self._thread = threading.Thread(target=self._run, name="multigpu-watchdog", daemon=True)
 
     def start(self) -> None:
-        """Start watching."""
+        """Start watching (after leaving this rank's host and pid in the store)."""
+        self.store.set(f"{PREFIX}pid-{self.rank}", json.dumps([self.host, os.getpid()]))
         self._thread.start()
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> bool:
@@ -133,9 +148,20 @@ class Watchdog:
         flight = self.collectives.in_flight
         stalled = flight is not None and time.monotonic() - flight.started >= self.after_s
         if stalled:
+            stopped = self._stopped_peers()
+            if stopped:
+                assert flight is not None
+                self.stopped_peers.update(stopped)
+                self.store.set(PREFIX + "alarm", STOPPED_ALARM)
+                if self.store.add(PREFIX + "stopped-said", 1) == 1:  # one line for the run
+                    waits_in = describe(asdict(flight))
+                    self._print(stopped_line(stopped, self.host, self.rank, waits_in))
+                return True
             self.store.set(PREFIX + "alarm", str(self.rank))
         elif not self.store.check([PREFIX + "alarm"]):
             return False
+        elif self.store.get(PREFIX + "alarm") == STOPPED_ALARM.encode():
+            return True  # said in one line: nothing of this rank would add to it
         mine = self.report()
         self.store.set(f"{PREFIX}rank-{self.rank}", json.dumps(mine))
         self._print(
@@ -144,6 +170,23 @@ class Watchdog:
         if self.rank == 0:
             self._summarise()
         return True
+
+    def held_up(self) -> bool:
+        """True when a peer this rank waited for was found stopped and still is (not one that
+        was resumed since: a later failure would then be a cause of its own)."""
+        return any(is_stopped(pid) for pid in self.stopped_peers.values())
+
+    def _stopped_peers(self) -> dict[int, int]:
+        """The other ranks on this host that are stopped (SIGSTOP, Ctrl-Z): rank → pid."""
+        found = {}
+        for rank in range(self.world_size):
+            key = f"{PREFIX}pid-{rank}"
+            if rank == self.rank or not self.store.check([key]):
+                continue
+            host, pid = json.loads(self.store.get(key))
+            if host == self.host and is_stopped(int(pid)):
+                found[rank] = int(pid)
+        return found
 
     def _summarise(self) -> None:
         deadline = time.monotonic() + COLLECT_S
@@ -160,6 +203,25 @@ class Watchdog:
         # One write: every rank prints at once, and a line must not be split from its newline.
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
         sys.stderr.flush()
+
+
+def stopped_line(stopped: dict[int, int], host: str, rank: int, waits_in: str) -> str:
+    """The one line said when ranks ``stopped`` (rank → pid, on ``host``) hold up ``rank``.
+
+    Example:
+        >>> print(stopped_line({1: 4242}, "n0", 0, "all_reduce #5 at t.py:9 in f()"))
+        multigpu: rank 1 (pid 4242 on n0) is stopped (SIGSTOP or Ctrl-Z): rank 0 waits for it in \
+all_reduce #5 at t.py:9 in f(); resume it with `kill -CONT 4242`, or the collective timeout \
+(--timeout) ends the run
+    """
+    ranks = ", ".join(str(r) for r in sorted(stopped))
+    pids = " ".join(str(stopped[r]) for r in sorted(stopped))
+    verb, it = ("is", "it") if len(stopped) == 1 else ("are", "them")
+    return (
+        f"multigpu: rank {ranks} (pid {pids.replace(' ', ', ')} on {host}) {verb} stopped "
+        f"(SIGSTOP or Ctrl-Z): rank {rank} waits for {it} in {waits_in}; resume {it} with "
+        f"`kill -CONT {pids}`, or the collective timeout (--timeout) ends the run"
+    )
 
 
 def start_watchdog(
