@@ -122,10 +122,14 @@ class RankTools:
         """
         if not (all_ranks or self.is_main):
             return
-        text = kwargs.pop("sep", " ").join(str(a) for a in args)
+        sep, end = kwargs.pop("sep", None), kwargs.pop("end", None)
+        text = (" " if sep is None else sep).join(str(a) for a in args)
         if all_ranks and self.is_distributed:
             text = f"[rank{self.rank}] {text}"
-        builtins.print(text, flush=True, **kwargs)  # file=None and end=None: print's defaults
+        # Text and end in one write: print() writes them apart, and with unbuffered output (the
+        # launcher's PYTHONUNBUFFERED) another rank's line landed between them ("[rank0] a[rank1]
+        # a"). file=None, end=None: print's defaults.
+        builtins.print(text + ("\n" if end is None else end), end="", flush=True, **kwargs)
 
     @contextlib.contextmanager
     def rank_zero_first(self) -> Iterator[None]:
