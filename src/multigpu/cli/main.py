@@ -258,6 +258,9 @@ def _train(argv: Sequence[str]) -> int:
     # a mistake in the options (seen on a GPU machine whose one GPU another job held).
     train.check_checkpoint_options(job_argv)
     train.check_strategy_options(job_argv)
+    # Held by the launcher that writes it: the replica groups' parent, for its groups.
+    if single_node and not _wants_replicas(ns) and not os.environ.get("MULTIGPU_REPLICA_GROUP"):
+        train_outputs.check_out_free(job_argv)
     ns.module = True  # torchrun -m
     options = options_from_namespace(
         ns,
@@ -281,6 +284,8 @@ def _train(argv: Sequence[str]) -> int:
         if not options.dry_run:  # the last check: nothing is created for a refused run
             if chosen is not None:
                 train_outputs.claim_run_dir(chosen, shared=not single_node)
+            if single_node and not os.environ.get("MULTIGPU_REPLICA_GROUP"):
+                train_outputs.hold_out(job_argv)
             train_outputs.announce(job_argv, chosen)
 
     return multigpu_run(options, check=check)
@@ -320,6 +325,8 @@ def _replicas(
     check_iface(plan, options.iface)
     if command == "train":
         train.check_replica_options(rest)
+        if len(plan.here) == plan.groups:  # every group here (on many nodes, each its own)
+            train_outputs.check_out_free(rest[2:])
     if not options.dry_run:
         check_torchft()
     with prepare(options) as checked:  # the checks of a plain run: script, devices, variables
@@ -337,6 +344,8 @@ def _replicas(
         if command == "train":  # the groups write to one place: said once, here
             if chosen is not None:
                 train_outputs.claim_run_dir(chosen, shared=False)
+            if len(plan.here) == plan.groups:  # every group here: they write to one place
+                train_outputs.hold_out(rest[2:])
             train_outputs.announce(rest[2:], chosen)
     return run_groups(command, own + rest, plan, threads=threads, timeout_s=checked.timeout_s)
 

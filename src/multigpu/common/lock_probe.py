@@ -27,15 +27,16 @@ def read_holder(fd: int) -> str:
     return text or "another process (it has not written its name yet)"
 
 
-def holder_of(directory: str | os.PathLike[str]) -> str | None:
-    """Who holds ``directory`` now (``read_holder``'s words), or None when no live run does.
+def holder_of(directory: str | os.PathLike[str], name: str = LOCK_NAME) -> str | None:
+    """Who holds ``directory`` now (``read_holder``'s words), or None when no live run does;
+    ``name``: the lock file's (``multigpu train``'s hold on its ``--out`` has its own).
 
     Creates and writes nothing: a missing directory or lock file is free. The probe takes the
     lock for an instant when it is free (flock has no "test"), which a run starting at that very
     moment would see as taken; it tries again for a second before it refuses (``lock.py``).
     """
     try:
-        fd = os.open(Path(directory) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(Path(directory) / name, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
