@@ -13,9 +13,11 @@ set to 1 where workers may restart), ``MULTIGPU_TIMEOUT`` (the default of ``--ti
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
@@ -211,6 +213,11 @@ def _cpu(options: LaunchOptions, processes: int) -> DeviceRequest:
     return DeviceRequest(kind="cpu", processes=processes)
 
 
+WORKER_SITE = str(Path(__file__).resolve().parent / "worker_site")
+"""First on the CPU workers' ``PYTHONPATH``: its ``sitecustomize`` explains a script's request
+for CUDA or NCCL."""
+
+
 def build_plan(
     options: LaunchOptions,
     request: DeviceRequest,
@@ -250,6 +257,9 @@ def build_plan(
         nproc = request.processes
         env["MULTIGPU_DEVICE"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU workers must never create a CUDA context
+        # A script written for GPUs (init_process_group("nccl"), .cuda()) then says so in one
+        # line (worker_site/sitecustomize.py).
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [WORKER_SITE, environ.get("PYTHONPATH")]))
     threads: int | None = None
     if "OMP_NUM_THREADS" not in environ:
         # torchrun would force 1 thread per worker; share the cores instead.
