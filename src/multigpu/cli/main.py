@@ -307,6 +307,13 @@ def _replicas(
 ) -> int:
     """``--replicas``: checked here (exit 2, nothing started), then one launcher per group
     (``chosen``: ``multigpu train``'s output directory when it chose one)."""
+    # This process hosts the job's record (a TCPStore) and may host the lighthouse: c10d's
+    # C++ warnings ("The hostname of the client socket cannot be retrieved", twice per node
+    # where the nodes' addresses have no names) and torchft's info lines said nothing a user
+    # acts on. Read when torch is imported, which happens below: set first. The children get
+    # the same (``launch/replicas.py``).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("RUST_LOG", "error")
     from multigpu.common.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.replicas import (
