@@ -91,13 +91,14 @@ def test_a_failed_export_leaves_nothing_and_an_existing_one_needs_force(
         ctx.save(tmp_path / "ck", {"model": llama})
     llama.config.tie_word_embeddings = True  # a config that does not fit the trained model
     llama.config.save_pretrained(tmp_path / "tied")
-    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken").write_text("a file, not a directory")
     capsys.readouterr()
     src, to = str(tmp_path / "ck"), ["--to", "safetensors"]
     cases = [
         ([src, str(tmp_path / "out"), *to, "--config", str(tmp_path / "tied" / "config.json")],
          "lm_head.weight differs from model.embed_tokens.weight in the checkpoint"),
-        ([src, str(tmp_path / "taken"), *to, "--force"], "is not a safetensors model directory"),
+        ([src, str(tmp_path / "taken"), *to, "--force"], "exists and is not a directory"),
+        ([src, src, *to, "--force"], "is a checkpoint; --force writes a model into a model dir"),
         ([src, str(tmp_path / "out"), *to, "--max-shard-size", "5 parsecs"], "is not a size"),
         ([src, str(tmp_path / "out.pt"), "--config", "c.json"], "add --to safetensors"),
     ]  # fmt: skip
@@ -107,7 +108,7 @@ def test_a_failed_export_leaves_nothing_and_an_existing_one_needs_force(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "taken", "tied"]
     out = tmp_path / "out"
     assert ckpt_main(["convert", src, str(out), *to]) == 0
-    with pytest.raises(multigpu.UsageError, match="exists; expected a new directory; pass --force"):
+    with pytest.raises(multigpu.UsageError, match="exists; expected a new directory; pass --for"):
         ckpt_main(["convert", src, str(out), *to])
     (out / "model.safetensors").write_bytes(b"an older export")
     assert ckpt_main(["convert", src, str(out), *to, "--force"]) == 0
@@ -129,3 +130,55 @@ def test_load_weights_reads_a_tied_model_from_the_hub_format_it_holds_once(
     multigpu.load_weights(target, tmp_path / "hub")
     assert torch.equal(target.lm_head.weight, source.lm_head.weight)
     assert target.lm_head.weight is target.transformer.wte.weight  # still one tensor
+
+
+def test_force_writes_into_a_model_directory_and_keeps_the_files_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    llama = w.hf_model("llama")
+    with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+        ctx.save(tmp_path / "ck", {"model": llama})
+    out = tmp_path / "model"
+    llama.save_pretrained(out, max_shard_size="20KB")  # shards, their index, config.json
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    ours = {"README.md": "# my model\n", "tokenizer.json": "{}\n", "notes/todo.txt": "eval\n"}
+    for name, text in ours.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    config = (out / "config.json").read_bytes()
+    src, to = str(tmp_path / "ck"), ["--to", "safetensors", "--force"]
+    capsys.readouterr()
+    # One file now: the earlier shards and their index go (no loader may mix the two).
+    assert ckpt_main(["convert", src, str(out), *to]) == 0
+    kept = "kept the 5 other files there (README.md, config.json, generation_config.json, ...)"
+    assert kept in capsys.readouterr().out
+    theirs = ["README.md", "config.json", "generation_config.json", "notes", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*theirs, "model.safetensors"])
+    assert {n: (out / n).read_text() for n in ours} == ours
+    assert (out / "config.json").read_bytes() == config  # not given: not written
+    # Shards again, with the config: model.safetensors goes, the others stay.
+    (out / "config.json").write_text("{}")  # replaced by --config's
+    argv = [*to, "--max-shard-size", "20KB"]
+    llama.config.save_pretrained(tmp_path / "cfg")
+    argv += ["--config", str(tmp_path / "cfg" / "config.json")]
+    assert ckpt_main(["convert", src, str(out), *argv]) == 0
+    listing = [*theirs, *shards, "model.safetensors.index.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(listing)
+    assert {n: (out / n).read_text() for n in ours} == ours
+    tokens = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, llama(tokens).logits)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left
+    # Something in the way of a file the export writes: refused before anything is written.
+    (tmp_path / "blocked" / "model.safetensors").mkdir(parents=True)
+    (tmp_path / "blocked" / "README.md").write_text("mine\n")
+    with pytest.raises(multigpu.UsageError, match=r"model\.safetensors is in the way \(not a fi"):
+        ckpt_main(["convert", src, str(tmp_path / "blocked"), *to])
+    assert sorted(p.name for p in (tmp_path / "blocked").iterdir()) == [
+        "README.md",
+        "model.safetensors",
+    ]

@@ -70,9 +70,18 @@ def test_load_weights_renames_and_a_conversion_is_refused_in_one_line(
     vit.save_pretrained(tmp_path / "vit", max_shard_size="20KB")
     resharded = ["convert", str(tmp_path / "vit"), str(tmp_path / "again"), "--to", "safetensors"]
     resharded += ["--config", str(tmp_path / "vit" / "config.json"), "--max-shard-size", "20KB"]
+    # Built without its pooler (add_pooling_layer=False), which the config does not record: the
+    # config's ViTModel has one, which from_pretrained would leave random.
+    lacks = "the checkpoint lacks 2 of its tensors, which from_pretrained would leave random: "
+    with pytest.raises(multigpu.UsageError, match=lacks + r"pooler\.dense\.weight"):
+        ckpt_main(resharded)
+    assert not (tmp_path / "again").exists()
+    type(vit)(vit.config).save_pretrained(tmp_path / "pooled", max_shard_size="20KB")
+    resharded[1] = str(tmp_path / "pooled")
+    resharded[-3] = str(tmp_path / "pooled" / "config.json")
     assert ckpt_main(resharded) == 0  # the hub's names in and out, in save_pretrained's order
     for file in ("model.safetensors.index.json", "config.json"):
-        assert (tmp_path / "again" / file).read_text() == (tmp_path / "vit" / file).read_text()
+        assert (tmp_path / "again" / file).read_text() == (tmp_path / "pooled" / file).read_text()
     fresh = w.vit_model()
     report = multigpu.load_weights(fresh, tmp_path / "vit")
     assert "renamed 32 by ViTModel's conversion mapping (transformers 5." in str(report)

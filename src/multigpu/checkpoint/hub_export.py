@@ -8,13 +8,15 @@ read one at a time from a sharded checkpoint and written a file at a time: the m
 is about one output file (``benchmarks/export_memory.py``).
 
 With a ``config.json`` naming an architecture ``transformers`` has, that model is built on the
-meta device (no memory), and the files are what its ``save_pretrained`` writes: tied weights
+meta device (no memory; ``hub_config``), the checkpoint must hold its tensors (names, shapes),
+and the files are what its ``save_pretrained`` writes: tied weights
 once — its parameters shared under several names (GPT-2's ``lm_head.weight`` and
 ``transformer.wte.weight``) show which names to leave out, and the checkpoint's tensors under
 those names must be equal, else the export is refused — and the hub format's own names, where
 transformers 5's modules differ from them (its conversion mapping, reversed: ``hub_names``).
 Without a config the checkpoint's names are written as they are. ``transformers`` is imported
-here only to build that model, and only then.
+(by ``hub_config``) only to build that model, and only then. ``force`` writes into an existing
+model directory: the files written replace theirs, the others (a README, the tokenizer's) stay.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ from multigpu.checkpoint.hub import (
     safetensors_module,
     unshared,
 )
+from multigpu.checkpoint.hub_config import check_fits, config_model, read_config
 from multigpu.checkpoint.hub_names import HubNames, hub_names
-from multigpu.checkpoint.layout import TMP_PREFIX
+from multigpu.checkpoint.layout import MANIFEST_FILE, METADATA_FILE, TMP_PREFIX
 from multigpu.checkpoint.model_source import ModelSource, open_model
-from multigpu.checkpoint.sharded import first_line
 from multigpu.checkpoint.writer import fsync_dir, write_small
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.runtime.wrappers import tied_names
@@ -110,62 +112,34 @@ def shard_file(index: int, count: int) -> str:
     return SINGLE_FILE if count == 1 else f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
 
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON object of a ``config.json`` (a UsageError when it is not one)."""
-    p = Path(path)
-    try:
-        config = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--config {p} does not exist; expected the model's config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"--config {p} is not readable JSON ({e}); expected a config.json") from e
-    if not isinstance(config, dict):
-        raise UsageError(f"--config {p} holds a JSON {type(config).__name__}, not an object")
-    return config
-
-
-def config_model(config: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """The model ``config`` describes, built on the meta device (None without a config, or when
-    transformers cannot build it), and a phrase saying why not (empty when there is nothing to
-    say)."""
-    if config is None:
-        return None, ""
-    try:
-        import transformers
-    except ImportError:
-        return None, "tied weights and hub names not looked for: transformers is not installed"
-    if "model_type" not in config:
-        return None, "tied weights and hub names not looked for: the config has no model_type"
-    architectures = config.get("architectures") or []
-    cls = getattr(transformers, str(architectures[0]), None) if architectures else None
-    try:
-        built = transformers.AutoConfig.for_model(**config)
-        with torch.device("meta"):  # no memory: only names and which parameters are one matter
-            # No architecture named: the causal LM of its model type, as exported models mostly are.
-            model = cls(built) if cls else transformers.AutoModelForCausalLM.from_config(built)
-    except Exception as e:  # a config this transformers cannot build: say so, write every tensor
-        return None, (
-            f"tied weights and hub names not looked for: no model built from the config "
-            f"({first_line(e)})"
-        )
-    return model, ""
-
-
 def _digest(tensor: torch.Tensor) -> str:
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return f"{tensor.dtype}{tuple(tensor.shape)}" + hashlib.sha256(flat.numpy().data).hexdigest()
 
 
+_OURS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+"""The weight files of an export (or of ``save_pretrained``): those ``--force`` replaces."""
+
+
 def _check_destination(dst: Path, force: bool) -> None:
+    """Refuse, before anything is read, a destination the export must not write into."""
     if not dst.exists():
         return
     if not force:
-        raise UsageError(f"{dst} exists; expected a new directory; pass --force to replace it")
-    if not dst.is_dir() or not ((dst / INDEX_FILE).is_file() or (dst / SINGLE_FILE).is_file()):
+        raise UsageError(f"{dst} exists; expected a new directory; pass --force to write into it")
+    if not dst.is_dir():
+        raise UsageError(f"{dst} exists and is not a directory; expected a model directory")
+    if (dst / MANIFEST_FILE).exists() or (dst / METADATA_FILE).exists():
         raise UsageError(
-            f"{dst} exists and is not a safetensors model directory; --force replaces only one "
-            "(with model.safetensors or its index): choose a new path"
+            f"{dst} is a checkpoint; --force writes a model into a model directory, keeping its "
+            "other files: choose a new path"
         )
+    for name in (SINGLE_FILE, INDEX_FILE, CONFIG_FILE):
+        if (dst / name).exists() and not (dst / name).is_file():
+            raise UsageError(
+                f"{dst / name} is in the way (not a file); the export writes a file there: move "
+                "it, or choose a new path"
+            )
 
 
 def export_hub(
@@ -181,8 +155,14 @@ def export_hub(
     """Write the model of ``src`` to the directory ``dst`` in the hub layout; say what was done.
 
     Atomic: the files are written in a temporary directory beside ``dst``, renamed to ``dst``
-    when complete; on any failure nothing is left at ``dst`` (an existing one, with ``force``,
-    is replaced only by a complete export).
+    when complete; on any failure nothing is left at ``dst``. Into an existing directory (with
+    ``force``), once complete, each file written replaces the one of its name (a rename), an
+    earlier export's weight files not written again are removed, and every other file (a
+    README, the tokenizer's, ``config.json`` when no ``config`` is given) is kept.
+
+    With a ``config`` whose model ``transformers`` builds, the checkpoint must be that model's:
+    names it lacks or does not have, or shapes that differ, are refused before anything is
+    written (``hub_config.check_fits``).
 
     Args:
         src: anything ``multigpu.load_weights`` reads; a multigpu or plain DCP checkpoint is
@@ -190,15 +170,18 @@ def export_hub(
         dst: the directory to write (``model.safetensors``, or the shards and their index).
         key: which object of ``src`` holds the model, when several could.
         config: the model's ``config.json``, copied into ``dst``; with ``transformers``
-            installed it also says which weights are tied (written once) and the names
-            ``save_pretrained`` writes (without it: the checkpoint's names, as they are).
+            installed the checkpoint is checked against its model, whose tied weights are
+            written once under the names ``save_pretrained`` writes (without it: the
+            checkpoint's names, as they are).
         max_shard_size: the largest output file: bytes, or ``"5GB"``, ``"500MiB"``...
         trust: allow a legacy pickle / an index naming other classes (runs code).
-        force: replace an existing ``dst`` (only a safetensors model directory).
+        force: write into an existing directory ``dst`` (not a checkpoint), keeping the files
+            the export does not write.
 
     Raises:
         UsageError: bad arguments or an unusable destination (nothing read yet), or a
             config whose hub names need a conversion of the tensors (not a rename).
+        CheckpointMismatchError: the config's model is not the checkpoint's.
         CheckpointError: ``src`` cannot be read, or its tied weights differ.
     """
     target = Path(dst)
@@ -210,12 +193,16 @@ def export_hub(
     if not model.shapes:
         raise UsageError(f"{src} holds no tensors for its model; nothing to export")
     built, note = config_model(settings)
+    if built is not None and config is not None:
+        note = check_fits(built, model.shapes, config=config, source=model.source)
     tied = tied_names(built) if built is not None else {}
     dropped = {n: k for n, k in tied.items() if n in model.shapes and k in model.shapes}
     names = [n for n in model.shapes if n not in dropped]
     named = hub_names(built, names) if built is not None else HubNames(names, {})
     kept = {n: model.nbytes(n) for n in named.order}
     shards = plan_shards(kept, limit)
+    for number in range(len(shards)):
+        _check_destination_file(target / shard_file(number, len(shards)))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f"{TMP_PREFIX}{target.name}-{secrets.token_hex(4)}"
     tmp.mkdir()
@@ -240,7 +227,7 @@ def export_hub(
         if config is not None:
             shutil.copyfile(config, tmp / CONFIG_FILE)
         fsync_dir(tmp)
-        _replace(tmp, target)
+        kept_files = _replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -256,6 +243,9 @@ def export_hub(
         said.append(note)
     if config is not None:
         said.append(f"with {CONFIG_FILE}")
+    if kept_files:
+        said.append(f"kept the {len(kept_files)} other files there ({', '.join(kept_files[:3])}"
+                    f"{', ...' if len(kept_files) > 3 else ''})")  # fmt: skip
     return "; ".join(said)
 
 
@@ -297,14 +287,38 @@ def _write_shards(
             del pending[name]
 
 
-def _replace(tmp: Path, final: Path) -> None:
-    """Rename ``tmp`` to ``final``; an existing ``final`` is moved aside first, removed after."""
-    old = None
-    if final.exists():
-        old = final.parent / f"{TMP_PREFIX}old-{final.name}-{secrets.token_hex(4)}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    if old is not None:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(old)
+def _check_destination_file(path: Path) -> None:
+    if path.exists() and not path.is_file():
+        raise UsageError(
+            f"{path} is in the way (not a file); the export writes a file there: move it, or "
+            "choose a new path"
+        )
+
+
+def _replace(tmp: Path, final: Path) -> list[str]:
+    """Make ``tmp``'s files those of ``final``: a new ``final`` is ``tmp`` renamed; into an
+    existing one (``--force``), each file is moved in (replacing one of that name atomically),
+    and the weight files of an earlier export it does not write again (``model.safetensors``,
+    shards, index) are removed, so that no loader mixes the two. Every other file (a README,
+    the tokenizer's) stays. Returns the names of those kept (sorted)."""
+    if not final.exists():
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+        return []
+    written = sorted(p.name for p in tmp.iterdir())
+    weights = [n for n in written if n != INDEX_FILE and n != CONFIG_FILE]
+    for name in weights:  # the weights first, the index naming them after
+        os.replace(tmp / name, final / name)
+    if (tmp / INDEX_FILE).exists():
+        os.replace(tmp / INDEX_FILE, final / INDEX_FILE)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            (final / INDEX_FILE).unlink()  # an earlier sharded export's: it would be read first
+    for old in final.iterdir():
+        if _OURS.match(old.name) and old.name not in written and old.is_file():
+            old.unlink()  # an earlier export's shard, named in no index now
+    if (tmp / CONFIG_FILE).exists():
+        os.replace(tmp / CONFIG_FILE, final / CONFIG_FILE)
+    fsync_dir(final)
+    tmp.rmdir()
+    return sorted(p.name for p in final.iterdir() if p.name not in written)

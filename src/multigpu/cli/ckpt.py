@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         "and strategy. --to safetensors: DST becomes a Hugging Face model directory "
         "(model.safetensors, or model-0000N-of-0000M.safetensors and "
         "model.safetensors.index.json past --max-shard-size; config.json from --config), read "
-        "one tensor at a time from a sharded SRC; with --config, tied weights written once and "
-        "the names save_pretrained writes (the hub's own, where transformers 5 renamed the "
-        "modules); without it, the checkpoint's names as they are.",
+        "one tensor at a time from a sharded SRC; with --config, the checkpoint must be its "
+        "model's (names and shapes, else refused), tied weights written once and the names "
+        "save_pretrained writes (the hub's own, where transformers 5 renamed the modules); "
+        "without it, the checkpoint's names as they are.",
     )
     convert.add_argument("src")
     convert.add_argument("dst")
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         metavar="PATH",
         help="--to safetensors: the model's config.json, copied to DST; with transformers, "
-        "its model's tied weights are written once and its names as save_pretrained writes them",
+        "a checkpoint of another model or width is refused, its model's tied weights are "
+        "written once and its names as save_pretrained writes them",
     )
     convert.add_argument(
         "--max-shard-size",
@@ -77,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         "are powers of 1000, KiB, MiB, GiB of 1024)",
     )
     convert.add_argument("--trust", action="store_true", help="allow a legacy pickle (runs code)")
-    convert.add_argument("--force", action="store_true", help="overwrite DST")
+    convert.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite DST (--to safetensors: write into the directory DST, replacing only the "
+        "files it writes; a README or tokenizer files there stay)",
+    )
     return parser
 
 
