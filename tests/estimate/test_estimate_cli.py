@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from multigpu.cli.main import main
+from tests.conftest import ROOT
 from tests.gpus.recorded import h100
+from tests.launch._util import child_env
 
 BIG = """
 import torch
@@ -153,3 +157,72 @@ def test_bad_input_is_one_line_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+BIG_SCRIPT = """
+import torch
+from torch.utils.data import TensorDataset
+import multigpu
+
+with multigpu.init(seed=0) as ctx:
+    data = TensorDataset(torch.randn(100_000, 16384), torch.randn(100_000, 16384))  # 6 GiB
+    model = torch.nn.Sequential(*(torch.nn.Linear(16384, 16384) for _ in range(16)))  # 4.3 B
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = ctx.setup(model, optimizer)
+    raise SystemExit("the training loop is never reached")
+"""
+
+
+def _estimate(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "multigpu", "estimate", *argv],
+        cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_the_readmes_script_is_estimated_with_its_own_model_and_optimizer(tmp_path: Path) -> None:
+    done = _estimate(str(ROOT / "examples" / "minimal.py"), "--cpu", "--nproc", "2", "--json",
+                     cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["model"] == "Sequential" and info["parameters"] == 32 * 64 + 64 + 64 * 4 + 4
+    assert info["optimizer"] == "sgd"  # what it gives ctx.setup, not the default AdamW
+    assert not list(tmp_path.iterdir())  # its `if ctx.is_main: torch.save(...)` never ran
+    given = _estimate(str(ROOT / "examples" / "minimal.py"), "--cpu", "--optimizer", "adamw",
+                      "--json", cwd=tmp_path)  # fmt: skip
+    assert json.loads(given.stdout)["optimizer"] == "adamw", given.stderr  # --optimizer wins
+
+
+def test_a_script_larger_than_the_machine_is_estimated_on_the_meta_device(tmp_path: Path) -> None:
+    (tmp_path / "big_train.py").write_text(BIG_SCRIPT)
+    done = _estimate("big_train.py", "--cpu", "--nproc", "8", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["parameters"] == 16 * (16384 * 16384 + 16384)
+    assert info["optimizer"] == "sgd-momentum"
+    assert info["fits"]["ddp"] is False and info["auto"] == "fsdp"
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("x = torch.randn(3).sum().item()\n    model = torch.nn.Linear(2, 2)\n"
+         "    ctx.setup(model)\n",
+         "big_train.py raised RuntimeError before its ctx.setup(model, ...), run with every "
+         "tensor on the meta device: "),
+        ("model = torch.nn.Linear(2, 2)\n",
+         "big_train.py ran to its end without calling ctx.setup(model, ...); or name a function "
+         "of it that returns the model: multigpu estimate big_train.py:build"),
+    ],
+)  # fmt: skip
+def test_a_script_that_cannot_be_estimated_says_how_in_one_line(
+    tmp_path: Path, body: str, said: str
+) -> None:
+    (tmp_path / "big_train.py").write_text(
+        f"import torch\nimport multigpu\n\nwith multigpu.init() as ctx:\n    {body}"
+    )
+    done = _estimate("big_train.py", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multigpu: error: "), done.stderr
+    assert said in lines[0], lines[0]

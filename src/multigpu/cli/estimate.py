@@ -34,6 +34,7 @@ from torch import nn
 from multigpu.common.arguments import Parser, processes_arg
 from multigpu.errors import UsageError
 from multigpu.estimate import Capacity, cpu_capacity, estimate_memory, gpus_capacity
+from multigpu.estimate.from_script import model_of_script
 from multigpu.estimate.memory import DEFAULT_MIN_BLOCK_PARAMS, PRECISIONS, MemoryEstimate
 from multigpu.estimate.optimizers import STATES_PER_PARAM
 from multigpu.estimate.render import WIDTH, as_json, rich_view, size
@@ -54,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         "fits the devices found, and what strategy='auto' would choose. The model is built on "
         "the meta device: nothing is allocated. Activations are not included.",
     )
-    p.add_argument("target", help="digits, lm, pkg.module:factory or path/to/file.py:factory")
+    p.add_argument(
+        "target",
+        help="digits, lm, path/to/train.py (the model it gives ctx.setup), pkg.module:factory "
+        "or path/to/file.py:factory",
+    )
     p.add_argument(
         "--nproc",
         type=processes_arg,
@@ -64,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--nnodes", type=processes_arg, default=1, help="nodes (1); FSDP shards over all"
     )
     p.add_argument("--cpu", action="store_true", help="CPU processes even where GPUs exist")
-    p.add_argument("--optimizer", choices=sorted(STATES_PER_PARAM), default="adamw", help="(adamw)")
+    p.add_argument(
+        "--optimizer",
+        choices=sorted(STATES_PER_PARAM),
+        help="(a script's own, given to ctx.setup; else adamw)",
+    )
     p.add_argument("--precision", choices=PRECISIONS, default="32", help="(32)")
     p.add_argument(
         "--blocks",
@@ -111,7 +120,8 @@ def _factory(target: str) -> Callable[[], Any]:
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
         raise UsageError(
-            f"TARGET {target!r} is not a model; expected digits, lm, pkg.module:factory or "
+            f"TARGET {target!r} is not a model; expected digits, lm, path/to/train.py (a "
+            "script that calls ctx.setup(model, ...)), pkg.module:factory or "
             "path/to/file.py:factory (a callable that returns an nn.Module)"
         )
     if where.endswith(".py"):
@@ -127,9 +137,12 @@ def _factory(target: str) -> Callable[[], Any]:
     return found
 
 
-def build_model(target: str) -> nn.Module:
-    """TARGET's model, built on the meta device (nothing allocated); a UsageError when TARGET
-    cannot be found or does not make an ``nn.Module``."""
+def build_model(target: str) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    """TARGET's model, built on the meta device (nothing allocated), and the optimizer a
+    script gave ``ctx.setup`` with it (None for a factory); a UsageError when TARGET cannot be
+    found or does not make an ``nn.Module``."""
+    if target.endswith(".py"):  # a training script: what it gives ctx.setup
+        return model_of_script(target)
     make = _factory(target)
     try:
         with torch.device("meta"):
@@ -142,7 +155,7 @@ def build_model(target: str) -> nn.Module:
         ) from e
     if not isinstance(model, nn.Module):
         raise UsageError(f"{target} returned a {type(model).__name__}; expected an nn.Module")
-    return model
+    return model, None
 
 
 def block_classes(model: nn.Module, names: str | None) -> list[type[nn.Module]] | None:
@@ -194,13 +207,14 @@ def devices(nproc: int | None, *, cpu: bool = False) -> tuple[int, Capacity, str
 def estimate_main(argv: Sequence[str]) -> int:
     """Entry point of ``multigpu estimate``; 0, or a UsageError for the caller (exit 2)."""
     ns = build_parser().parse_args(list(argv))
-    model = build_model(ns.target)
+    model, scripts_optimizer = build_model(ns.target)
     blocks = block_classes(model, ns.blocks)
     n, capacity, where = devices(ns.nproc, cpu=ns.cpu)
     est = estimate_memory(
         model,
         world_size=n * ns.nnodes,
-        optimizer=ns.optimizer,
+        # --optimizer, else the script's own (what it gave ctx.setup), else AdamW.
+        optimizer=ns.optimizer or scripts_optimizer or "adamw",
         precision=ns.precision,
         blocks=blocks,
         min_block_params=ns.min_block_params,
