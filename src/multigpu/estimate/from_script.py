@@ -51,7 +51,7 @@ def _stopping_at_setup(path: Path) -> Iterator[None]:
     def setup(self: Any, model: nn.Module, *optimizers: Any, **kwargs: Any) -> Any:
         raise _Built(model, optimizers)
 
-    multigpu.init = init  # type: ignore[assignment]
+    multigpu.init = init
     Context.setup = setup  # type: ignore[method-assign]
     sys.argv = [str(path)]
     sys.path.insert(0, str(path.parent.resolve()))  # its own imports, as `python file` would
