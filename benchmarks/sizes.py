@@ -22,7 +22,11 @@ the timed steps, and the garbage collections: what runs beside the step.
 
 Run:  python benchmarks/sizes.py [--sizes 3M,50M,200M] [--kinds linear,transformer]
           [--strategies ddp,fsdp] [--pairs 5] [--steps 3M=30,50M=12,200M=6] [--warmup 2]
-          [--threads] [--json out.json]
+          [--threads] [--json out.json] [--hand-allocator system|tbb]
+
+``--hand-allocator tbb`` runs the hand-written side on oneTBB's allocator too (``LD_PRELOAD``,
+as ``multigpu run`` sets it for CPU workers): the ratio then says what multigpu adds beyond the
+allocator; the default (glibc's) is torchrun as users run it.
 
 Measured on 2 busy cores: ``--sizes 50M --kinds linear --pairs 5 --steps 8`` took 460 s (both
 strategies), ``--sizes 3M --pairs 5 --steps 20`` 379 s (both kinds): pick sizes, kinds,
@@ -77,6 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (2)")
     p.add_argument("--threads", action="store_true", help="print CPU time per thread per step")
     p.add_argument("--json", help="also write every run's reports to this file")
+    p.add_argument(
+        "--hand-allocator",
+        choices=("system", "tbb"),
+        default="system",
+        help="the hand-written side's allocator: system (glibc's, as plain torchrun runs it; "
+        "the default) or tbb (oneTBB's, preloaded as multigpu run preloads it into its "
+        "workers: what multigpu adds beyond the allocator)",
+    )
     args = p.parse_args(argv)
     args.sizes = [s for s in args.sizes.split(",") if s]
     args.kinds = [k for k in args.kinds.split(",") if k]
@@ -128,10 +140,21 @@ def command(variant: str, kind: str, size: str, steps: int, warmup: int, out: Pa
     return [str(BIN / "multigpu"), "run", "--cpu", "2", *worker]
 
 
+def hand_tbb_env(env: dict[str, str]) -> dict[str, str]:
+    """``LD_PRELOAD`` of oneTBB's allocator, as ``multigpu run`` sets it for its CPU workers."""
+    from multigpu.launch.cpu_allocator import choose_allocator, tbb_libraries
+
+    chosen = choose_allocator({**env, "MULTIGPU_CPU_ALLOCATOR": "tbb"}, device="cpu",
+                              libraries=tbb_libraries())  # fmt: skip
+    return dict(chosen.env)
+
+
 def run_once(variant: str, kind: str, size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One run (a fresh pair of processes); both ranks' reports."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if variant.endswith("-torch") and args.hand_allocator == "tbb":
+        env.update(hand_tbb_env(env))
     with tempfile.TemporaryDirectory(prefix="mg-sizes-") as tmp:
         cmd = command(variant, kind, size, args.steps[size], args.warmup, Path(tmp))
         log = Path(tmp) / "log.txt"
@@ -224,9 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     print("machine: " + machine())
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     chosen = os.environ.get("MULTIGPU_CPU_ALLOCATOR", "auto (tbb where installed)")
+    hand = "oneTBB's (LD_PRELOAD, as multigpu's)" if args.hand_allocator == "tbb" else "glibc's"
     print(
         f"environment: OMP_NUM_THREADS=1 in every run; MALLOC_* here: {malloc or 'none'}; "
-        f"multigpu's workers' allocator: MULTIGPU_CPU_ALLOCATOR={chosen}"
+        f"multigpu's workers' allocator: MULTIGPU_CPU_ALLOCATOR={chosen}; the hand-written "
+        f"side's: {hand} (--hand-allocator {args.hand_allocator})"
     )
     header = (
         f"{'case':<22}{'params':>8}{'hand ms':>10}{'multigpu ms':>13}{'ratio':>8}"
