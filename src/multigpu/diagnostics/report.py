@@ -60,8 +60,8 @@ class VerifyResult:
     directory: str | None = None
     """Where the runs were kept (``--keep``), else None."""
     gradient_dtype: str = "float32"
-    """The dtype the reference computed its gradients in: its epsilon is the noise floor of a
-    gradient (``compare.noise_floor``)."""
+    """The dtype the reference computed its gradients in: the root of its epsilon is the noise
+    floor of a gradient (``compare.noise_floor``)."""
 
     @property
     def noise_floor(self) -> float:
@@ -178,10 +178,10 @@ def noise_line(result: VerifyResult) -> str:
     return (
         f"judged at noise level: {len(names)} tensor{'s' * (len(names) != 1)} ({shown}): at "
         "every step of both runs their gradient's root mean square was at most "
-        f"{result.noise_floor:.1e} ({result.gradient_dtype}'s epsilon) of all the gradients', "
-        "zero but for rounding (an attention key's bias: softmax ignores it), so their values "
-        f"are rounding noise and their differences (up to {worst:.2e} of their largest value) "
-        "are not held against the run"
+        f"{result.noise_floor:.1e} (the square root of {result.gradient_dtype}'s epsilon) of "
+        "their module's gradients', zero but for rounding (an attention key's bias beside its "
+        "weight: softmax ignores it), so their values are rounding noise and their differences "
+        f"(up to {worst:.2e} of their largest value) are not held against the run"
     )
 
 

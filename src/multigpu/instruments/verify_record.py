@@ -15,8 +15,8 @@ recorded at teardown. Files, in ``MULTIGPU_VERIFY_DIR``:
   calls without it whose loss is a cross-entropy mean over targets some of which are
   ``ignore_index``; ``share``: the first call's ``[ignored, targets]`` in lowest terms,
   ``varies``: whether a later call's share differed), "gradient_noise" ({parameter name: the
-  largest, over the optimizer steps, of its gradient's root mean square divided by that of
-  every gradient of its optimizer}), "loaders"
+  largest, over the optimizer steps, of its gradient's root mean square divided by that of the
+  gradients of the module that holds it (its own parameters)}), "loaders"
   [{"global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed"}], "dropout"
   [module names], "dtype", "optimizers" (class names), "precision", "deterministic",
   "strategy", "batchnorm" ({module name: true when synchronised across ranks (SyncBatchNorm),
@@ -104,29 +104,33 @@ class VerifyRecorder(Hook):
                 self._names.setdefault(id(param), []).append(prefix + name)
 
     def _note_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Keep, per parameter, how small its gradient is beside the others' (the largest over
-        the steps of ``rms(its gradient) / rms(all of the optimizer's gradients)``): one whose
-        gradient stays below float rounding of the others' (an attention key's bias, which
-        softmax ignores) has values that are rounding noise, and ``verify`` does not judge it by
-        its relative difference. Every rank calls this (a sharded gradient's norm is summed
-        over its shards: one all-reduce per mesh axis)."""
-        named = [
-            (self._names.get(id(p), []), p.grad)
+        """Keep, per parameter, how small its gradient is beside those of the module that holds
+        it (the largest over the steps of ``rms(its gradient) / rms(the gradients of its
+        module's own parameters)``): an attention key's bias, which softmax ignores, gets a
+        gradient that is rounding noise of its weight's, its values are noise, and ``verify``
+        does not judge it by its relative difference. Every rank calls this (a sharded
+        gradient's norm is summed over its shards: one all-reduce per mesh and axes)."""
+        grads = {
+            id(p): p.grad
             for group in optimizer.param_groups
             for p in group["params"]
-            if p.grad is not None
-        ]
-        if not named:
+            if p.grad is not None and id(p) in self._names
+        }
+        if not grads:
             return
-        squares = squared_norms([grad for _, grad in named])
-        total = sum(squares)
-        count = sum(grad.numel() for _, grad in named)
-        if not (math.isfinite(total) and total > 0):  # no gradient, or an overflow (skipped)
-            return
-        mean_square = total / count
-        for (names, grad), square in zip(named, squares, strict=True):
-            ratio = math.sqrt(square / max(1, grad.numel()) / mean_square)
-            for name in names:
+        squares = dict(zip(grads, squared_norms(list(grads.values())), strict=True))
+        members: dict[str, set[int]] = {}  # module name -> its own parameters with a gradient
+        for key in grads:
+            for name in self._names[key]:
+                members.setdefault(name.rpartition(".")[0], set()).add(key)
+        for key, grad in grads.items():
+            for name in self._names[key]:
+                module = members[name.rpartition(".")[0]]
+                total = sum(squares[k] for k in module)
+                if not (math.isfinite(total) and total > 0):  # no gradient, or an overflow
+                    continue
+                mean_square = total / sum(grads[k].numel() for k in module)
+                ratio = math.sqrt(squares[key] / max(1, grad.numel()) / mean_square)
                 self.gradient_noise[name] = max(self.gradient_noise.get(name, 0.0), ratio)
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
