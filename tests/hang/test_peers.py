@@ -55,3 +55,29 @@ def test_one_line_after_a_failed_collective_only(directory: None) -> None:
     peers.report_lost_peers(ValueError("a bug in the script"), out)
     peers.report_lost_peers(None, out)  # the script ended normally
     assert out.getvalue() == ""
+
+
+def test_no_line_under_multigpu_run_when_every_other_rank_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Rank 0 failed first (a tracker's full disk) and rank 1's collective failed with it: the
+    # launcher's last line names rank 0's cause; this line came before it and said nothing more.
+    alive = socket.create_server(("127.0.0.1", 0))
+    table = [("n0", "127.0.0.1", alive.getsockname()[1]), ("me", "127.0.0.1", 1)]
+    peers.start(1, lambda mine: [mine if r == 1 else row for r, row in enumerate(table)], "")
+    error = RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+    try:
+        out = io.StringIO()
+        monkeypatch.setenv("MULTIGPU_AGENT_PID", "1")
+        peers.report_lost_peers(error, out)
+        assert out.getvalue() == ""
+        monkeypatch.delenv("MULTIGPU_AGENT_PID")  # plain torchrun: the line is all it gets
+        peers.report_lost_peers(error, out)
+        assert "every other rank answers: the rank that failed first holds the cause" in (
+            out.getvalue()
+        )
+    finally:
+        alive.close()
+        peers._peers.clear()
+        if peers._listener is not None:
+            peers._listener.close()

@@ -404,9 +404,16 @@ class Context(RankTools, Checkpointing, Metering):
 
     def __exit__(self, *exc: object) -> None:
         error = exc[1] if isinstance(exc[1], BaseException) else None
+        ending: Exception | None = None
         for hook in () if self._closed else self._hooks:
-            hook.on_exit(self, error)
+            try:
+                hook.on_exit(self, error)
+            except Exception as e:  # the trackers' last steps not written: the others still end
+                ending = ending or e
         self.teardown()
+        if ending is not None and error is None:  # a block that ended well failed at its end
+            report_failure(ending, self.env)
+            raise ending
         recorded = report_failure(error, self.env)
         if recorded and worker_error.is_consequence(error) and worker_error.launched_by_multigpu():
             # Another rank failed first and its error is the one to read; this rank's traceback

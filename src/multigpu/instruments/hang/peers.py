@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from multigpu.common import worker_error
+
 log = logging.getLogger(__name__)
 
 PROBE_S = 2.0
@@ -148,8 +150,13 @@ def report_lost_peers(error: object, stream: TextIO | None = None) -> None:
     if not _peers or not isinstance(error, BaseException) or not is_collective_failure(error):
         return
     try:
-        line = lost_peers_line(error, ask_peers(), _peers, _rank)
+        found = ask_peers()
+        line = lost_peers_line(error, found, _peers, _rank)
     except Exception as e:  # a diagnosis must never hide the error it explains
         log.debug("peer probe failed: %s", e)
+        return
+    if all(f == "answers" for f in found.values()) and worker_error.launched_by_multigpu():
+        # No rank is lost: the rank that failed first holds the cause, and the launcher's last
+        # line names it (a tracker's full disk on rank 0: this line came first, the cause second).
         return
     print(line, file=stream or sys.stderr, flush=True)

@@ -22,10 +22,18 @@ from typing import Any
 
 import torch
 
+from multigpu.checkpoint.space import free_bytes, mount_point, ran_out_of_space
 from multigpu.common.versions import local_versions
-from multigpu.errors import UsageError
+from multigpu.errors import MultiGPUError, UsageError
 from multigpu.instruments.hooks import Hook
-from multigpu.instruments.tracking.run_file import Frontier, RunRecord, plain, read_run, write_run
+from multigpu.instruments.tracking.run_file import (
+    RUN_FILE,
+    Frontier,
+    RunRecord,
+    plain,
+    read_run,
+    write_run,
+)
 from multigpu.instruments.tracking.tracker import Opening, Tracker
 
 log = logging.getLogger(__name__)
@@ -84,15 +92,21 @@ class Tracking(Hook):
         self._closed = False
         self._logged = Frontier()  # what this job logged (a resumed run's earlier steps aside)
         self._said_late = False
+        self._broken = False  # a flush failed and raised: nothing more is written
 
     def on_log(self, ctx: Any, metrics: Mapping[str, Any], step: int) -> float | None:
         values = numbers_of(metrics, step)
         if self._closed:
             raise UsageError(f"ctx.log(step={step}) after the Context was torn down")
+        if self._broken:
+            return None  # a flush failed (raised): nothing more is sent
         opening = None
         if self._record is None:  # the trackers' start-up (W&B's service, MLflow's store)
             began = time.perf_counter()
-            self._open(ctx, step)
+            try:
+                self._open(ctx, step)
+            except Exception as e:
+                raise self._failure("opening the run", e) from e
             opening = time.perf_counter() - began  # not training: ctx.throughput() skips it
         self._note_late(step, values)
         now = time.time()
@@ -124,29 +138,43 @@ class Tracking(Hook):
             )  # fmt: skip
 
     def on_save(self, ctx: Any) -> None:
-        if self._record is not None and not self._closed:
+        if self._record is not None and not self._closed and not self._broken:
             self._flush()  # the checkpoint's steps are in the trackers before it exists
 
-    def _flush(self, *, closing: bool = False) -> None:
+    def _flush(self, *, closing: bool = False) -> list[tuple[str, Exception]]:
         """Write every tracker, then the run file: it names only steps they all hold.
 
-        Closing, a tracker that fails is warned of and the others are still written (the run
-        file then keeps naming the last steps flushed); otherwise its error is raised.
+        Closing, a tracker that fails is returned (what, error) and the others are still
+        written (the run file then keeps naming the last steps flushed); otherwise its error is
+        raised, in one line when it is the file system's (``TrackingError``).
         """
         assert self._record is not None
-        failed = False
+        failures: list[tuple[str, Exception]] = []
         for tracker, _ in self._trackers:
             try:
                 tracker.flush()
             except Exception as e:
                 if not closing:
-                    raise
-                failed = True
-                log.warning("tracking: writing the last steps to %s failed: %s", tracker.name, e)
-        if not failed:
+                    raise self._failure(f"writing to {tracker.name}", e) from e
+                failures.append((tracker.name, e))
+        if not failures:
             self._record.note(self._sent)
-            write_run(self.directory, self._record, durable=closing)
+            try:
+                write_run(self.directory, self._record, durable=closing)
+            except Exception as e:
+                if not closing:
+                    raise self._failure(f"writing {RUN_FILE}", e) from e
+                failures.append((RUN_FILE, e))
         self._flushed_at = time.monotonic()
+        return failures
+
+    def _failure(self, what: str, error: Exception) -> Exception:
+        """``error`` as raised from a flush: in one line when the file system refused (a full
+        disk: ENOSPC three times chained, 56-72 lines with both ranks'), else as it is. The
+        Context's end then writes nothing more (its own try would fail alike)."""
+        self._broken = True
+        line = disk_failure(self.directory, what, error)
+        return error if line is None else TrackingError(line)
 
     def _open(self, ctx: Any, step: int) -> RunRecord:
         previous = read_run(self.directory)
@@ -180,22 +208,91 @@ class Tracking(Hook):
 
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
         stopped_cleanly = error is None or (isinstance(error, SystemExit) and not error.code)
-        self._close(failed=not stopped_cleanly)
+        failures = self._close(failed=not stopped_cleanly)
+        if failures and stopped_cleanly:  # the run's last steps are lost: the job failed
+            what, e = failures[0]
+            raise self._failure(f"writing the last steps to {what}", e) from e
+        self._warn(failures)
 
     def on_teardown(self, ctx: Any) -> None:
-        self._close(failed=False)
+        self._warn(self._close(failed=False))  # at exit, maybe: nothing raised from here
 
-    def _close(self, *, failed: bool) -> None:
+    def _warn(self, failures: list[tuple[str, Exception]]) -> None:
+        for what, e in failures:
+            said = disk_failure(self.directory, f"writing the last steps to {what}", e)
+            said = said or f"writing the last steps to {what} failed: {e}"
+            log.warning("tracking: %s", said)
+
+    def _close(self, *, failed: bool) -> list[tuple[str, Exception]]:
+        """End every tracker's run; the failures (none said after a flush that raised)."""
         if self._closed:
-            return
+            return []
         self._closed = True
-        if self._record is not None:
-            self._flush(closing=True)
+        failures = []
+        if self._record is not None and not self._broken:
+            failures = self._flush(closing=True)
         for tracker, _ in self._trackers:
             try:  # one tracker failing to close must not keep the others open
-                tracker.close(failed)
+                tracker.close(failed or self._broken)
             except Exception as e:
-                log.warning("tracking: closing %s failed: %s", tracker.name, e)
+                failures.append((tracker.name, e))
+        return [] if self._broken else failures
+
+
+class TrackingError(MultiGPUError):
+    """The trackers' run could not be written (a full disk): the message says where and why,
+    in one line, which a worker of ``multigpu run`` does not print as a traceback."""
+
+    said_in_full = True
+
+
+def disk_failure(directory: Path, what: str, error: BaseException) -> str | None:
+    """The one line for ``error`` when the file system of ``directory`` refused a write (a full
+    disk, a quota, a read-only or vanished mount); None for anything else.
+
+    Example:
+        >>> import errno
+        >>> refused = OSError(errno.EROFS, "Read-only file system")
+        >>> said = disk_failure(Path("."), "writing to csv", refused)
+        >>> said.split(";")[0]
+        'writing to csv in . failed: Read-only file system'
+    """
+    if ran_out_of_space(error) or _said_full(error):
+        try:
+            free = f"{free_bytes(directory)} bytes free on its file system, mounted at " + str(
+                mount_point(directory)
+            )
+        except OSError:
+            free = "its file system does not say how much is free"
+        why = f"No space left on device ({free})"
+    else:
+        found = _os_error(error)
+        if found is None:
+            return None
+        why = found.strerror or str(found)
+    return (
+        f"{what} in {directory} failed: {why}; the steps logged since the last flush "
+        f"are not written ({RUN_FILE} names the last steps every tracker holds); free space "
+        "there, or give another log_dir="
+    )
+
+
+def _said_full(error: BaseException) -> bool:
+    """SQLite (MLflow's store) says a full disk in words: "database or disk is full"."""
+    return any("disk is full" in str(e) for e in _chain(error))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not e for e in found):
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    return next((e for e in _chain(error) if isinstance(e, OSError)), None)
 
 
 class LogCheck(Hook):

@@ -7,11 +7,17 @@ its tags (``multigpu.world_size``, ...). Browse it with ``mlflow ui --backend-st
 sqlite:///DIR/mlflow.db``. The experiment is ``MLFLOW_EXPERIMENT_NAME`` when set, else
 ``multigpu``.
 
+MLflow's store logs every database error with its traceback (``mlflow.store.db.utils``, through
+the handler MLflow gives its own loggers) and then raises it: a full disk printed 330 lines
+before the one that says it. Those records are dropped (``_Reraised``); the error still reaches
+the dispatcher, which says it in one line.
+
 Environment variables read: ``MLFLOW_EXPERIMENT_NAME``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +30,16 @@ PARAM_LIMIT = 6000
 """MLflow's longest param value (characters)."""
 BATCH_LIMIT = 1000
 """The most metrics MLflow takes in one ``log_batch``."""
+
+
+class _Reraised(logging.Filter):
+    """Drops the store's log records that carry the exception it raises next."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+_QUIET = _Reraised()
 
 
 def store_uri(directory: Path) -> str:
@@ -46,6 +62,9 @@ class MlflowTracker(Tracker):
         from mlflow import MlflowClient
         from mlflow.entities import RunTag
 
+        store_log = logging.getLogger("mlflow.store.db.utils")
+        if _QUIET not in store_log.filters:
+            store_log.addFilter(_QUIET)
         client = self._client = MlflowClient(tracking_uri=store_uri(self.directory))
         tags = [RunTag(f"multigpu.{k}", str(v)) for k, v in opening.environment.items()]
         run_id = opening.ids.get("mlflow") if opening.continuing else None
