@@ -44,6 +44,17 @@ class CheckpointError(MultiGPUError):
     """A checkpoint is missing, incomplete, corrupt or does not match what is being restored."""
 
 
+class CheckpointUnreadableError(CheckpointError):
+    """A checkpoint that cannot be read as it lies on disk: not there, a save that did not
+    finish, a file missing, truncated or corrupt, an index or manifest unreadable. The message
+    names the checkpoint, the file and what is wrong: the whole story, which a worker of
+    ``multigpu run`` does not print as a traceback (the launcher's line says it, once for the
+    ranks that all found it); a restart would read the same files."""
+
+    said_in_full = True
+    final = True
+
+
 class CheckpointMismatchError(CheckpointError, UsageError):
     """A complete checkpoint that does not fit the model given (other shapes, other names):
     the user's choice of checkpoint or model, so a usage error too (exit code 2)."""

@@ -132,6 +132,24 @@ def test_load_weights_reads_a_tied_model_from_the_hub_format_it_holds_once(
     assert target.lm_head.weight is target.transformer.wte.weight  # still one tensor
 
 
+def test_a_mismatch_never_names_the_models_tied_name_as_one_the_files_have(
+    tmp_path: Path,
+) -> None:
+    import transformers
+
+    w.hf_model("gpt2").save_pretrained(tmp_path / "hub")  # lm_head.weight left out: wte's
+    config = w.hf_model("gpt2").config
+    config.n_layer = 3
+    deeper = transformers.GPT2LMHeadModel(config)
+    with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+        deeper = ctx.setup(deeper)
+        with pytest.raises(multigpu.CheckpointMismatchError) as refused:
+            ctx.load(tmp_path / "hub", {"model": deeper})
+    said = str(refused.value)
+    assert "the files lack 12: transformer.h.2.attn.c_attn.bias," in said
+    assert "lm_head" not in said  # read from transformer.wte.weight, which the files have
+
+
 def test_force_writes_into_a_model_directory_and_keeps_the_files_it_did_not_write(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -161,3 +161,36 @@ def test_under_fsdp_a_torchtitan_directory_and_safetensors_load_each_rank_its_pa
     assert ckpt_main(["inspect", str(saved)]) == 0
     units = json.loads((saved / "manifest.json").read_text())["strategy"]["units"]
     assert f"FSDP units ({len(units)}): {', '.join(units)}" in capsys.readouterr().out
+
+
+def test_a_half_written_dcp_directory_is_said_in_one_line_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    model, _ = _trained()
+    whole = tmp_path / "whole"
+    dcp.save({"model": get_model_state_dict(model), "step": 5}, checkpoint_id=whole, no_dist=True)
+    shard = next(p.name for p in whole.glob("*.distcp"))
+    cases = {
+        "missing": f"the DCP checkpoint {tmp_path / 'missing'} is incomplete: {shard}: missing",
+        "truncated": rf"is incomplete: {shard}: \d+ bytes, the index reads up to \d+ \(truncated\)",
+        "unindexed": rf"holds DCP shard files \({shard}\) but no \.metadata, which torch\.distrib",
+    }
+    for name in cases:
+        shutil.copytree(whole, tmp_path / name)
+    (tmp_path / "missing" / shard).unlink()
+    data = (tmp_path / "truncated" / shard).read_bytes()
+    (tmp_path / "truncated" / shard).write_bytes(data[: len(data) // 2])
+    (tmp_path / "unindexed" / ".metadata").unlink()  # DCP writes it last: a save cut short
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for name, message in cases.items():
+        src = str(tmp_path / name)
+        for to in ("file", "dcp", "safetensors"):
+            with pytest.raises(multigpu.UsageError, match=message):  # exit 2 from the CLI
+                ckpt_main(["convert", src, str(tmp_path / "out"), "--to", to])
+        with pytest.raises(multigpu.CheckpointError, match=message):
+            multigpu.load_weights(w.net(), src)
+        with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
+            fresh = ctx.setup(w.net())
+            with pytest.raises(multigpu.CheckpointError, match=message):
+                ctx.load(src, {"model": fresh})
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

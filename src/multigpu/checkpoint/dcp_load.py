@@ -18,7 +18,7 @@ from typing import Any
 
 from multigpu.checkpoint.dcp_objects import DcpObject, listing, objects_of
 from multigpu.checkpoint.objects import kind_of, load_into
-from multigpu.checkpoint.sharded import check_fits, load_sharded, read_metadata, read_whole
+from multigpu.checkpoint.sharded import check_fits, load_sharded, read_complete, read_whole
 from multigpu.checkpoint.snapshot import StateAdapter, expected_keys, pair_optimizers
 from multigpu.errors import CheckpointMismatchError
 
@@ -41,7 +41,7 @@ def _optimizer_fits(name: str, saved: DcpObject, state: Mapping[str, Any], path:
 def load_dcp(path: Path, state: MutableMapping[str, Any], adapter: StateAdapter) -> dict[str, Any]:
     """Fill ``state`` from the plain DCP checkpoint ``path`` (collective); return its objects
     holding no tensors that ``state`` did not ask for (torchtitan's ``train_state``...)."""
-    metadata = read_metadata(path)
+    metadata = read_complete(path)
     objects = objects_of(metadata)
     missing = sorted(n for n in state if n not in objects)
     if missing:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from multigpu.errors import CheckpointError, UsageError
+from multigpu.errors import CheckpointError, CheckpointUnreadableError, UsageError
 
 SUFFIX = ".safetensors"
 SINGLE_FILE = "model.safetensors"
@@ -61,7 +61,7 @@ def _safe_open(file: Path) -> Any:
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except Exception as e:  # the Rust reader raises its own SafetensorError for a bad header
-        raise CheckpointError(
+        raise CheckpointUnreadableError(
             f"{file} is not a readable safetensors file ({type(e).__name__}: "
             f"{' '.join(str(e).split())[:160]}); expected a complete file written by safetensors"
         ) from e
@@ -120,14 +120,14 @@ def _weight_map(directory: Path) -> dict[str, Path]:
         ):
             raise TypeError("weight_map is not {tensor name: file name}")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(
+        raise CheckpointUnreadableError(
             f"{index} is not a safetensors index ({type(e).__name__}: {e}); expected "
             '{"weight_map": {tensor name: file}} as transformers writes it'
         ) from e
     files = {name: directory / file for name, file in weight_map.items()}
     missing = sorted({str(f.name) for f in files.values() if not f.is_file()})
     if missing:
-        raise CheckpointError(
+        raise CheckpointUnreadableError(
             f"{index} names files that are not in {directory}: {', '.join(missing[:3])}; "
             "download or copy every shard the index lists"
         )
@@ -151,7 +151,7 @@ def open_hub(path: str | os.PathLike[str]) -> HubWeights:
             held = set(handle.keys())
             for name in (n for n, f in by_name.items() if f == file):
                 if name not in held:
-                    raise CheckpointError(
+                    raise CheckpointUnreadableError(
                         f"the index of {p} puts {name} in {file.name}, which does not hold it; "
                         "the index and the shards are from different saves"
                     )

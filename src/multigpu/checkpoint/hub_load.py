@@ -172,7 +172,10 @@ class HubPlanner(DefaultLoadPlanner):
                 shapes.append(f"{name} {tuple(info.size)} in the files vs {tuple(value.shape)}")
         problems = [f"shapes differ: {_few(shapes, 3)}"] if shapes else []
         if missing:  # with what the files have instead: a renamed prefix shows at once
-            unmatched = sorted(k for k in saved if k not in self.state_dict)
+            # Not the model's tied names: the reader lists them as stored (read from their twin).
+            unmatched = sorted(
+                k for k in saved if k not in self.state_dict and k not in self.aliases
+            )
             instead = f" (they have, unmatched here: {_few(unmatched)})" if unmatched else ""
             problems.append(f"the files lack {len(missing)}: {_few(missing)}{instead}")
         if problems:

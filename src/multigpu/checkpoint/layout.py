@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multigpu.errors import CheckpointError
+from multigpu.errors import CheckpointUnreadableError
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,9 @@ def usable(path: str | os.PathLike[str]) -> Path:
     """``path``, a complete checkpoint (else a CheckpointError saying what is wrong with it)."""
     status = verify_checkpoint(path)
     if not status.complete:
-        raise CheckpointError(f"checkpoint {path} is not usable: {'; '.join(status.problems)}")
+        raise CheckpointUnreadableError(
+            f"checkpoint {path} is not usable: {'; '.join(status.problems)}"
+        )
     return status.path
 
 
@@ -164,7 +166,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     problems: list[str] = []
     manifest = _check_manifest(path, problems)
     if manifest is None:
-        raise CheckpointError(f"cannot read the manifest of {path}: {problems[0]}")
+        raise CheckpointUnreadableError(f"cannot read the manifest of {path}: {problems[0]}")
     return manifest
 
 

@@ -29,7 +29,7 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     usable,
 )
-from multigpu.errors import CheckpointError, UsageError
+from multigpu.errors import CheckpointError, CheckpointUnreadableError, UsageError
 
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
@@ -57,14 +57,31 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     if list_checkpoints(p, checksums=False):
         latest = find_latest(p)
         if latest is None:
-            raise CheckpointError(
+            raise CheckpointUnreadableError(
                 f"{p} holds checkpoints but none is complete; see 'multigpu ckpt inspect {p}'"
             )
         return latest.path / STATE_FILE
+    unfinished = unfinished_dcp(p)
+    if unfinished is not None:
+        raise unfinished
     raise UsageError(
         f"{p} is a directory without a checkpoint; expected a step-XXXXXXXX directory, a "
         "directory of them, a DCP checkpoint directory (with .metadata), a directory of "
         "safetensors weights (model.safetensors or its index), or a file"
+    )
+
+
+def unfinished_dcp(path: Path) -> CheckpointUnreadableError | None:
+    """The error for a directory of DCP shard files without the index DCP writes last (a save
+    that did not finish, a copy without it); None when ``path`` is not one."""
+    shards = sorted(p.name for p in path.glob("*.distcp")) if path.is_dir() else []
+    if not shards or (path / METADATA_FILE).exists():
+        return None
+    listed = ", ".join(shards[:2]) + (", ..." if len(shards) > 2 else "")
+    return CheckpointUnreadableError(
+        f"{path} holds DCP shard files ({listed}) but no {METADATA_FILE}, which "
+        "torch.distributed.checkpoint.save writes last: a save that did not finish, or a copy "
+        "without it; take another checkpoint, or copy it whole"
     )
 
 
@@ -120,7 +137,7 @@ def _reason(error: Exception) -> str:
 def _refusal(path: Path, error: Exception, trust: bool) -> CheckpointError:
     """The one-line error for a file ``torch.load`` could not read."""
     if not _written_by_torch_save(path):
-        return CheckpointError(
+        return CheckpointUnreadableError(
             f"{path} is not a readable PyTorch file ({_reason(error)}); expected a complete "
             "file written by torch.save or a multigpu checkpoint directory"
         )
@@ -130,7 +147,7 @@ def _refusal(path: Path, error: Exception, trust: bool) -> CheckpointError:
             "every class it names importable: import them first, or re-save model.state_dict()"
         )
     if not isinstance(error, pickle.UnpicklingError):  # the weights_only unpickler's refusal
-        return CheckpointError(
+        return CheckpointUnreadableError(
             f"{path} is damaged ({_reason(error)}); expected a complete file written by "
             "torch.save: save it again or take an older copy"
         )

@@ -28,7 +28,7 @@ from multigpu.checkpoint.keys import strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT
 from multigpu.checkpoint.loading import load_file, resolve
 from multigpu.checkpoint.portable import choose_ours, extract_state_dict
-from multigpu.checkpoint.sharded import read_metadata
+from multigpu.checkpoint.sharded import read_complete, read_metadata
 
 Reader = Callable[[list[str]], Iterator[tuple[str, torch.Tensor]]]
 
@@ -67,7 +67,7 @@ def open_model(path: str | os.PathLike[str], *, key: str | None, trust: bool) ->
             read=lambda names: stream_hub(weights, names),
         )
     if file.is_dir():  # a plain DCP checkpoint
-        metadata = read_metadata(file, trust=trust)
+        metadata = read_complete(file, trust=trust)
         objects = objects_of(metadata)
         chosen = choose_model(objects, key, file)
         layout = "torchtitan step directory" if is_torchtitan(objects) else "DCP checkpoint"

@@ -30,7 +30,7 @@ from multigpu.checkpoint.hub_names import renamed_state
 from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
 from multigpu.checkpoint.layout import FORMAT, read_manifest
 from multigpu.checkpoint.loading import load_file, resolve
-from multigpu.checkpoint.sharded import read_metadata, read_whole
+from multigpu.checkpoint.sharded import read_complete, read_whole
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.runtime.wrappers import tied_names, unwrap_module, with_tied
 
@@ -270,7 +270,7 @@ def _read(
         found: Mapping[str, Any] = read_hub(weights)
         return found, LoadReport(path=file, source=weights.kind, tensors=len(found))
     if file.is_dir():  # a plain DCP checkpoint (resolve: ours are read from their state.pt)
-        metadata = read_metadata(file, trust=trust)
+        metadata = read_complete(file, trust=trust)
         objects = objects_of(metadata)
         chosen = choose_model(objects, key, file)
         found = read_object(file, chosen, metadata=metadata, trust=trust)

@@ -44,7 +44,7 @@ from multigpu.checkpoint.snapshot import (
     restore_sharded,
 )
 from multigpu.checkpoint.writer import remove_stale
-from multigpu.errors import CheckpointError, CheckpointMismatchError
+from multigpu.errors import CheckpointError, CheckpointMismatchError, CheckpointUnreadableError
 from multigpu.runtime.seed import seed_everything
 from multigpu.runtime.wrappers import unwrap_module
 
@@ -197,9 +197,11 @@ def load_part(path: Path) -> dict[str, Any]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+        raise CheckpointUnreadableError(f"cannot load {path}: {type(e).__name__}: {e}") from e
     if not isinstance(loaded, dict):
-        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not a checkpoint part")
+        raise CheckpointUnreadableError(
+            f"{path} holds a {type(loaded).__name__}, not a checkpoint part"
+        )
     return loaded
 
 

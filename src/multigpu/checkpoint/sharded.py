@@ -37,7 +37,7 @@ from torch.futures import Future as TorchFuture
 
 from multigpu.checkpoint.layout import METADATA_FILE
 from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
-from multigpu.errors import CheckpointError, CheckpointMismatchError
+from multigpu.errors import CheckpointError, CheckpointMismatchError, CheckpointUnreadableError
 from multigpu.runtime import dist
 from multigpu.torch_compat import dcp_metadata_global_allowed
 
@@ -58,12 +58,50 @@ def read_metadata(directory: str | os.PathLike[str], *, trust: bool = False) -> 
         with path.open("rb") as fh:
             loaded = pickle.load(fh) if trust else _MetadataUnpickler(fh).load()
     except FileNotFoundError as e:
-        raise CheckpointError(f"{directory} has no {METADATA_FILE}: not a DCP checkpoint") from e
+        raise CheckpointUnreadableError(
+            f"{directory} has no {METADATA_FILE}: not a DCP checkpoint"
+        ) from e
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+        raise CheckpointUnreadableError(f"cannot read {path}: {type(e).__name__}: {e}") from e
     if not isinstance(loaded, Metadata):
-        raise CheckpointError(f"{path} holds a {type(loaded).__name__}, not DCP metadata")
+        raise CheckpointUnreadableError(f"{path} holds a {type(loaded).__name__}, not DCP metadata")
     return loaded
+
+
+def file_problems(directory: Path, metadata: Metadata) -> tuple[dict[str, int], list[str]]:
+    """{file: bytes} of a DCP checkpoint's files, and what is wrong with them: DCP has no
+    checksums, but its index says where each piece ends, so a missing or truncated file shows."""
+    ends: dict[str, int] = {}
+    for where in (metadata.storage_data or {}).values():
+        file = getattr(where, "relative_path", None)  # FileSystemWriter's _StorageInfo
+        if isinstance(file, str):
+            end = int(getattr(where, "offset", 0)) + int(getattr(where, "length", 0))
+            ends[file] = max(ends.get(file, 0), end)
+    files = {METADATA_FILE: (directory / METADATA_FILE).stat().st_size}
+    problems = []
+    for file, end in sorted(ends.items()):
+        path = directory / file
+        if not path.is_file():
+            problems.append(f"{file}: missing (the index puts pieces in it)")
+            continue
+        files[file] = path.stat().st_size
+        if files[file] < end:
+            problems.append(f"{file}: {files[file]} bytes, the index reads up to {end} (truncated)")
+    return files, problems
+
+
+def read_complete(directory: str | os.PathLike[str], *, trust: bool = False) -> Metadata:
+    """The index of the plain DCP checkpoint ``directory`` (``read_metadata``), once every file
+    it names is there and long enough; else a CheckpointError naming them (one line)."""
+    metadata = read_metadata(directory, trust=trust)
+    _, problems = file_problems(Path(directory), metadata)
+    if problems:
+        more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+        raise CheckpointUnreadableError(
+            f"the DCP checkpoint {directory} is incomplete: {'; '.join(problems[:2])}{more}; it "
+            "was written or copied in part: copy it whole again, or take another checkpoint"
+        )
+    return metadata
 
 
 class SafeReader(FileSystemReader):

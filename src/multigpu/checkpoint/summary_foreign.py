@@ -15,7 +15,7 @@ import torch
 
 from multigpu.checkpoint.dcp_objects import DcpObject, choose_model, is_torchtitan, objects_of
 from multigpu.checkpoint.hub import CONFIG_FILE, SUFFIX, open_hub
-from multigpu.checkpoint.sharded import METADATA_FILE, read_metadata, read_whole
+from multigpu.checkpoint.sharded import file_problems, read_metadata, read_whole
 from multigpu.errors import CheckpointError, UsageError
 
 _STEP = re.compile(r"step-(\d+)$")
@@ -82,28 +82,6 @@ def shard_files(
     return dict(sorted(files.items()))
 
 
-def _file_problems(directory: Path, metadata: Any) -> tuple[dict[str, int], list[str]]:
-    """{file: bytes} of the DCP files, and what is wrong with them: DCP has no checksums, but
-    its index says where each piece ends, so a missing or truncated file shows."""
-    ends: dict[str, int] = {}
-    for where in (metadata.storage_data or {}).values():
-        file = getattr(where, "relative_path", None)  # FileSystemWriter's _StorageInfo
-        if isinstance(file, str):
-            end = int(getattr(where, "offset", 0)) + int(getattr(where, "length", 0))
-            ends[file] = max(ends.get(file, 0), end)
-    files = {METADATA_FILE: (directory / METADATA_FILE).stat().st_size}
-    problems = []
-    for file, end in sorted(ends.items()):
-        path = directory / file
-        if not path.is_file():
-            problems.append(f"{file}: missing (the index puts pieces in it)")
-            continue
-        files[file] = path.stat().st_size
-        if files[file] < end:
-            problems.append(f"{file}: {files[file]} bytes, the index reads up to {end} (truncated)")
-    return files, problems
-
-
 def summarize_dcp(directory: Path, *, trust: bool) -> dict[str, Any]:
     """``summarize`` of a plain DCP checkpoint directory, from its index (and the files' sizes);
     the only data read is torchtitan's ``train_state`` (its step)."""
@@ -123,7 +101,7 @@ def summarize_dcp(directory: Path, *, trust: bool) -> dict[str, Any]:
         )
     objects = objects_of(metadata)
     titan = is_torchtitan(objects)
-    files, problems = _file_problems(directory, metadata)
+    files, problems = file_problems(directory, metadata)
     info: dict[str, Any] = {
         "path": str(directory),
         "kind": "torchtitan step directory (DCP)" if titan else "DCP checkpoint",

@@ -26,9 +26,13 @@ from multigpu.checkpoint.layout import (
     read_manifest,
     usable,
 )
-from multigpu.checkpoint.loading import is_dcp_directory
+from multigpu.checkpoint.loading import is_dcp_directory, unfinished_dcp
 from multigpu.checkpoint.objects import epoch_of, kind_of
-from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
+from multigpu.errors import (
+    CheckpointMismatchError,
+    CheckpointUnreadableError,
+    UsageError,
+)
 from multigpu.instruments.hooks import Hook
 from multigpu.replicas.settings import group_directory
 from multigpu.runtime.precision import Precision
@@ -229,7 +233,7 @@ def _resolve(path: str | Path) -> tuple[str, Path]:
     if p.is_file() and p.name.endswith(SUFFIX):
         return "hub", p
     if not p.is_dir():
-        raise CheckpointError(
+        raise CheckpointUnreadableError(
             f"{p} is not a checkpoint directory; expected a path given to ctx.save, a "
             "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
         )
@@ -239,7 +243,12 @@ def _resolve(path: str | Path) -> tuple[str, Path]:
         return "dcp", p
     if is_hub(p):
         return "hub", p
+    unfinished = unfinished_dcp(p)
+    if unfinished is not None:
+        raise unfinished
     latest = find_latest(p)
     if latest is None:
-        raise CheckpointError(f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'")
+        raise CheckpointUnreadableError(
+            f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'"
+        )
     return "multigpu", latest.path
