@@ -414,6 +414,8 @@ class Context(RankTools, Checkpointing, Metering):
         if ending is not None and error is None:  # a block that ended well failed at its end
             report_failure(ending, self.env)
             raise ending
+        if ending is not None:  # a hook's own bug while the block failed: both are said
+            raise ending from error
         recorded = report_failure(error, self.env)
         if recorded and worker_error.is_consequence(error) and worker_error.launched_by_multigpu():
             # Another rank failed first and its error is the one to read; this rank's traceback
