@@ -91,3 +91,22 @@ def test_a_profile_dir_that_cannot_be_written_is_refused_by_init(tmp_path) -> No
     with pytest.raises(UsageError, match=said):
         init(environ={"MULTIGPU_PROFILE": "3:5", "MULTIGPU_PROFILE_DIR": str(blocker / "traces")})
     init(profile_dir=blocker / "traces", environ={}).teardown()  # no window: never written
+
+
+def test_the_profile_window_counts_the_steps_of_the_readmes_loop(
+    tmp_path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # optimizer.step() by the script itself, no ctx.step: the window never opened.
+    import torch
+
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "6")  # the profiler sets it (kept: undone after)
+
+    with init(profile="2:3", profile_dir=tmp_path / "traces", environ={}) as ctx:
+        model = torch.nn.Linear(4, 1)
+        model, optimizer = ctx.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in range(4):
+            optimizer.zero_grad()
+            ctx.backward(model(torch.ones(2, 4)).sum())
+            optimizer.step()
+    assert (tmp_path / "traces" / "rank0.json").is_file()
+    assert "profile: optimizer steps 2-3 traced to " in capsys.readouterr().out
