@@ -1,6 +1,7 @@
 """``ctx.load`` of a damaged checkpoint under ``multigpu run --cpu 2``: one line, the cause first
 (it was 33 lines for a truncated or corrupt shard of ours, 168 for a plain DCP directory missing a
-shard, 56 for a truncated safetensors file: both ranks' tracebacks), as a mismatched one is."""
+shard, 160 for one whose shard DCP cannot unpickle, 56 for a truncated safetensors file: both
+ranks' tracebacks), as a mismatched one is."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def _damaged(root: Path) -> dict[str, Path]:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
     with multigpu.init(seed=0, accelerator="cpu", environ={}) as ctx:
         ctx.save(root / "whole", {"model": model})
-    paths = {name: root / name for name in ("truncated", "corrupt", "dcp", "hub.safetensors")}
+    names = ("truncated", "corrupt", "dcp", "dcp_corrupt", "hub.safetensors")
+    paths = {name: root / name for name in names}
     for name in ("truncated", "corrupt"):
         shutil.copytree(root / "whole", paths[name])
     shard = paths["truncated"] / "__0_0.distcp"
@@ -34,7 +36,12 @@ def _damaged(root: Path) -> dict[str, Path]:
     data[len(data) // 2] ^= 0xFF  # same size: only the checksum tells
     shard.write_bytes(bytes(data))
     dcp.save({"model": model.state_dict()}, checkpoint_id=paths["dcp"], no_dist=True)
+    shutil.copytree(paths["dcp"], paths["dcp_corrupt"])
     os.remove(paths["dcp"] / "__0_0.distcp")
+    shard = paths["dcp_corrupt"] / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[:64] = bytes(64)  # as long as the index says: DCP's unpickling of a piece tells
+    shard.write_bytes(bytes(data))
     from safetensors.torch import save
 
     data = save({k: v.contiguous() for k, v in model.state_dict().items()})
@@ -57,6 +64,7 @@ def test_a_damaged_checkpoint_ends_the_run_in_one_line_naming_the_cause(tmp_path
         "SHA-256 differs from the manifest (corrupt)",
         "dcp": f"{unreadable}the DCP checkpoint {paths['dcp']} is incomplete: __0_0.distcp: "
         "missing (the index puts pieces in it)",
+        "dcp_corrupt": f"{unreadable}cannot read {paths['dcp_corrupt']}: UnpicklingError: ",
         "hub.safetensors": f"{unreadable}{paths['hub.safetensors']} is not a readable "
         "safetensors file (SafetensorError: ",
         "mismatched": f"CheckpointMismatchError: checkpoint {tmp_path / 'whole'} does not fit "

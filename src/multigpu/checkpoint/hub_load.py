@@ -235,7 +235,7 @@ def load_hub(
     target = adapter.model_state(model)
     names = model_names(model, weights.files, set(target) | set(aliases))
     reader = HubReader(weights, aliases, names.renamed)
-    load_with_reader(target, reader, HubPlanner(path, aliases, names))
+    load_with_reader(target, reader, HubPlanner(path, aliases, names), where=path)
     adapter.load_model_state(model, target)
     log.info(
         "rank %d loaded %s from %s: read %.1f MiB of their %.1f MiB%s",

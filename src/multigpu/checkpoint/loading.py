@@ -124,7 +124,7 @@ def _unsafe_globals(path: Path, error: Exception) -> list[str]:
     return names
 
 
-def _reason(error: Exception) -> str:
+def short_reason(error: BaseException) -> str:
     """The informative part of a load error (torch wraps weights_only errors in advice)."""
     text = str(error)
     if "WeightsUnpickler error:" in text:
@@ -138,21 +138,22 @@ def _refusal(path: Path, error: Exception, trust: bool) -> CheckpointError:
     """The one-line error for a file ``torch.load`` could not read."""
     if not _written_by_torch_save(path):
         return CheckpointUnreadableError(
-            f"{path} is not a readable PyTorch file ({_reason(error)}); expected a complete "
+            f"{path} is not a readable PyTorch file ({short_reason(error)}); expected a complete "
             "file written by torch.save or a multigpu checkpoint directory"
         )
     if trust:
         return CheckpointError(
-            f"{path} could not be unpickled even as trusted ({_reason(error)}); a pickle needs "
-            "every class it names importable: import them first, or re-save model.state_dict()"
+            f"{path} could not be unpickled even as trusted ({short_reason(error)}); a pickle "
+            "needs every class it names importable: import them first, or re-save "
+            "model.state_dict()"
         )
     if not isinstance(error, pickle.UnpicklingError):  # the weights_only unpickler's refusal
         return CheckpointUnreadableError(
-            f"{path} is damaged ({_reason(error)}); expected a complete file written by "
+            f"{path} is damaged ({short_reason(error)}); expected a complete file written by "
             "torch.save: save it again or take an older copy"
         )
     names = _unsafe_globals(path, error)
-    holds = f"it holds {', '.join(names[:5])}" if names else f"({_reason(error)})"
+    holds = f"it holds {', '.join(names[:5])}" if names else f"({short_reason(error)})"
     return CheckpointError(
         f"{path} is a legacy pickle that weights_only loading refuses: {holds}; unpickling it "
         "can run arbitrary code, so only if you trust its source pass trust=True (CLI: --trust)"
@@ -185,7 +186,7 @@ def load_file(
     except Exception as e:
         if placing:
             raise CheckpointError(
-                f"cannot put the tensors of {path} on {target} ({_reason(placing[0])}); pass "
+                f"cannot put the tensors of {path} on {target} ({short_reason(placing[0])}); pass "
                 "map_location='cpu' (the default) or a device this machine has"
             ) from e
         # A damaged or foreign file makes the unpickler raise nearly anything (KeyError,

@@ -36,7 +36,9 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from multigpu.checkpoint.layout import METADATA_FILE
+from multigpu.checkpoint.loading import short_reason
 from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
+from multigpu.common.worker_error import PEER_GONE_MARKERS
 from multigpu.errors import CheckpointError, CheckpointMismatchError, CheckpointUnreadableError
 from multigpu.runtime import dist
 from multigpu.torch_compat import dcp_metadata_global_allowed
@@ -255,7 +257,7 @@ def load_sharded(
     """Fill ``targets`` (shaped like what was saved: tensors or this rank's DTensors) in place;
     ``alone``: in this process only, whatever process group there is; ``metadata``: the
     directory's index, when already read."""
-    with _quiet(), one_line_failures():
+    with _quiet(), one_line_failures(reading=directory):
         dcp.load(
             targets,
             storage_reader=SafeReader(directory, trust=trust, metadata=metadata),
@@ -264,10 +266,10 @@ def load_sharded(
         )
 
 
-def load_with_reader(targets: dict[str, Any], reader: Any, planner: Any) -> None:
+def load_with_reader(targets: dict[str, Any], reader: Any, planner: Any, *, where: Any) -> None:
     """Fill ``targets`` through DCP's planning with another ``StorageReader`` (collective when
-    there is a process group): each rank reads the pieces its tensors hold."""
-    with _quiet(), one_line_failures():
+    there is a process group): each rank reads the pieces its tensors hold (of ``where``)."""
+    with _quiet(), one_line_failures(reading=where):
         dcp.load(
             targets,
             storage_reader=reader,
@@ -277,9 +279,12 @@ def load_with_reader(targets: dict[str, Any], reader: Any, planner: Any) -> None
 
 
 @contextlib.contextmanager
-def one_line_failures() -> Iterator[None]:
+def one_line_failures(reading: object = None) -> Iterator[None]:
     """DCP reports a failure as a CheckpointException holding every rank's error and its
-    traceback; say the first one in one line (ours as it was raised)."""
+    traceback; say the first one in one line (ours as it was raised). ``reading``: the
+    checkpoint a load reads, whose file that cannot be read (a damaged piece DCP cannot
+    unpickle, a truncated safetensors slice) is then said as such, on every rank alike
+    (``CheckpointUnreadableError``)."""
     try:
         yield
     except CheckpointException as e:
@@ -287,7 +292,25 @@ def one_line_failures() -> Iterator[None]:
         ours = [f for f in failures if isinstance(f, CheckpointError)]
         if ours:
             raise ours[0] from e
-        raise CheckpointError(first_line(failures[0] if failures else e)) from e
+        first = failures[0] if failures else e
+        if reading is not None and _unreadable(first):
+            raise CheckpointUnreadableError(
+                f"cannot read {reading}: {short_reason(first)}; a file of it is damaged: copy it "
+                "again, or take another checkpoint"
+            ) from e
+        raise CheckpointError(first_line(first)) from e
+
+
+def _unreadable(error: BaseException) -> bool:
+    """Whether ``error`` is a file's bytes that cannot be read (not a lost peer, not a bug)."""
+    text = str(error)
+    if any(marker in text for marker in PEER_GONE_MARKERS):
+        return False
+    return (
+        isinstance(error, pickle.UnpicklingError | EOFError | OSError)
+        or "PytorchStreamReader" in text
+        or type(error).__name__ == "SafetensorError"
+    )
 
 
 def first_line(error: BaseException) -> str:
