@@ -107,13 +107,15 @@ def test_a_profile_dir_that_cannot_be_written_is_refused_at_init(tmp_path: Path)
     assert not (tmp_path / "ck").exists()  # refused before the loop
 
 
-def _interrupt(tmp_path: Path, names: str, *, twice: bool) -> dict[str, Any]:
+def _interrupt(tmp_path: Path, names: str, *, twice: bool, profile: str = "") -> dict[str, Any]:
     """Run ``slow_tracked.py`` until its third checkpoint, then Ctrl-C (twice: 0.3 s apart)."""
     directory, log = tmp_path / "ck", tmp_path / "out.txt"
+    window = [profile] if profile else []
     with log.open("w") as fh:
         held = subprocess.Popen(
             [sys.executable, "-m", "multigpu", "run", "--cpu", "2",
-             str(SCRIPTS / "slow_tracked.py"), str(directory), names, str(tmp_path / "logs")],
+             str(SCRIPTS / "slow_tracked.py"), str(directory), names, str(tmp_path / "logs"),
+             *window],
             cwd=tmp_path, env=child_env({"WANDB_MODE": "offline"}), stdout=fh,
             stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
@@ -164,3 +166,21 @@ def test_a_double_ctrl_c_keeps_the_line_naming_the_last_checkpoint(tmp_path: Pat
     assert len(lines) == 2 and "Traceback" not in output, output
     _named_checkpoint(lines[0], ended["directory"])
     assert lines[1] == STOPPED
+
+
+@pytest.mark.requires("module:tensorboard")
+def test_ctrl_c_inside_a_profile_window_with_tensorboard_and_csv_ends_in_two_lines(
+    tmp_path: Path,
+) -> None:
+    # The README's `--log-to tensorboard,csv --profile 3:5`: the profile's own line ("the run
+    # ended before step N") came between the two; 15.9 s to exit was reported (2.8 s without
+    # trackers): the agent's shutdown timeout (15 s), after which it kills a worker that
+    # did not end.
+    ended = _interrupt(tmp_path, "tensorboard,csv", twice=False, profile="2:100000")
+    lines, output = ended["lines"], ended["output"]
+    assert ended["code"] == 130, output
+    assert len(lines) == 2 and "Traceback" not in output, output
+    _named_checkpoint(lines[0], ended["directory"])
+    assert lines[1] == STOPPED
+    assert ended["seconds"] < 15, ended["seconds"]
+    assert (tmp_path / "logs" / "profile" / "rank0.json").is_file()  # written, not said

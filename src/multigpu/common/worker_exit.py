@@ -67,6 +67,11 @@ def interrupted_line() -> str:
     return f"multigpu: rank 0 stopped by Ctrl-C (SIGINT); {what}"
 
 
+def interrupted() -> bool:
+    """Whether Ctrl-C (SIGINT) stopped this worker (through the handler ``install`` set)."""
+    return bool(_interrupted)
+
+
 def _on_sigint(signum: int, frame: object) -> None:
     first = not _interrupted
     _interrupted.append(True)

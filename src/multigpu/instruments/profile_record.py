@@ -6,7 +6,9 @@ Environment variables set: ``KINETO_LOG_LEVEL`` (to 6, unless given: quiet). A C
 for step 1) and stops it when step LAST ends, then writes ``DIRECTORY/rank{r}.json`` — CPU activity,
 and CUDA's on a GPU — which Perfetto (https://ui.perfetto.dev) and ``chrome://tracing`` open.
 Rank 0 says in one line where the traces went. A run that ends inside the window writes what
-it recorded. Steps count this process's optimizer steps from 1 (a resumed run's too).
+it recorded (and says so, but not after Ctrl-C, whose ending is the two lines that say it). Steps
+count this process's optimizer steps from 1 (a resumed run's too): ``ctx.step``'s, or those of
+the optimizer the script steps itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multigpu.common import worker_exit
 from multigpu.instruments.hooks import Hook
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,8 @@ class ProfileHook(Hook):
             self._finish(ctx, complete=True)
 
     def on_exit(self, ctx: Any, error: BaseException | None) -> None:
-        self._finish(ctx, complete=False)
+        stopped = isinstance(error, KeyboardInterrupt) or worker_exit.interrupted()
+        self._finish(ctx, complete=False, quiet=stopped)
 
     def on_teardown(self, ctx: Any) -> None:
         self._finish(ctx, complete=False)
@@ -68,7 +72,7 @@ class ProfileHook(Hook):
         self._profiler = torch.profiler.profile(activities=activities)
         self._profiler.__enter__()
 
-    def _finish(self, ctx: Any, *, complete: bool) -> None:
+    def _finish(self, ctx: Any, *, complete: bool, quiet: bool = False) -> None:
         if self._profiler is None:
             return
         profiler, self._profiler, self._done = self._profiler, None, True
@@ -78,7 +82,7 @@ class ProfileHook(Hook):
         partial = target.with_name(f".{target.name}.partial")
         profiler.export_chrome_trace(str(partial))
         os.replace(partial, target)  # a trace is whole or absent
-        if self.rank == 0:
+        if self.rank == 0 and not quiet:
             first, last = self.window
             upto = last if complete else self.steps
             ranks = "" if self.world_size == 1 else f", r = 0..{self.world_size - 1}"
