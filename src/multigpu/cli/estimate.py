@@ -31,10 +31,10 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from multigpu.cli.estimate_script import model_of_script
 from multigpu.common.arguments import Parser, processes_arg
 from multigpu.errors import UsageError
 from multigpu.estimate import Capacity, cpu_capacity, estimate_memory, gpus_capacity
-from multigpu.estimate.from_script import model_of_script
 from multigpu.estimate.memory import DEFAULT_MIN_BLOCK_PARAMS, PRECISIONS, MemoryEstimate
 from multigpu.estimate.optimizers import STATES_PER_PARAM
 from multigpu.estimate.render import WIDTH, as_json, rich_view, size
