@@ -88,12 +88,15 @@ def _say_interrupted() -> None:
     if _said and _said[-1] == line:
         return
     _said.append(line)
-    # os.write, not print: the signal may have come in the middle of a print to stderr, whose
-    # buffer refuses a reentrant write.
-    data = (line + "\n").encode()
-    with contextlib.suppress(OSError):
-        while data:
-            data = data[os.write(sys.stderr.fileno(), data) :]
+    try:  # through sys.stderr: a live progress bar (rich) that redirects it clears its line first
+        print(line, file=sys.stderr, flush=True)
+    except (RuntimeError, ValueError, OSError):
+        # The signal came in the middle of a print to stderr, whose buffer refuses a reentrant
+        # write: straight to the file descriptor.
+        data = (line + "\n").encode()
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(2, data) :]
 
 
 def _recorded(error: BaseException) -> bool:
