@@ -208,3 +208,32 @@ def test_the_ranks_that_do_not_write_refuse_a_bad_value_too(tmp_path: Path):
     check.on_log(None, {"loss": torch.tensor(0.5)}, step=1)
     with pytest.raises(UsageError, match=r"ctx\.log: loss='high': expected a number"):
         check.on_log(None, {"loss": "high"}, step=1)
+
+
+def test_a_run_file_that_is_not_one_is_refused_as_it_is(tmp_path: Path):
+    (tmp_path / "tracking.json").write_text("{not json")
+    with (
+        multigpu.init(environ={}, log_to="csv", log_dir=tmp_path) as ctx,
+        pytest.raises(UsageError, match="is not a multigpu tracking run file") as e,
+    ):
+        ctx.log({"loss": 1.0}, step=1)
+    assert e.value.__cause__ is not e.value  # raised as it is, not from itself
+
+
+def test_a_refused_write_is_one_line_and_nothing_more_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The file system refuses the run file (a directory in its place: EISDIR at the rename).
+    monkeypatch.setattr(dispatch, "FLUSH_EVERY_S", 0.0)  # every ctx.log flushes
+    with (
+        pytest.raises(dispatch.TrackingError) as e,
+        multigpu.init(environ={}, log_to="csv", log_dir=tmp_path) as ctx,
+    ):
+        ctx.log({"loss": 1.0}, step=1)
+        (tmp_path / "tracking.json").unlink()
+        (tmp_path / "tracking.json").mkdir()
+        ctx.log({"loss": 2.0}, step=2)
+    said = str(e.value)
+    assert said.startswith(f"writing tracking.json in {tmp_path} failed: Is a directory; ")
+    assert "\n" not in said and dispatch.TrackingError.said_in_full
+    assert _rows(tmp_path) == [(1, "loss"), (2, "loss")]  # the rows went; the run file did not

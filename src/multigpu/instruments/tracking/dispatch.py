@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -106,7 +106,7 @@ class Tracking(Hook):
             try:
                 self._open(ctx, step)
             except Exception as e:
-                raise self._failure("opening the run", e) from e
+                self._fail("opening the run", e)
             opening = time.perf_counter() - began  # not training: ctx.throughput() skips it
         self._note_late(step, values)
         now = time.time()
@@ -155,7 +155,7 @@ class Tracking(Hook):
                 tracker.flush()
             except Exception as e:
                 if not closing:
-                    raise self._failure(f"writing to {tracker.name}", e) from e
+                    self._fail(f"writing to {tracker.name}", e)
                 failures.append((tracker.name, e))
         if not failures:
             self._record.note(self._sent)
@@ -163,18 +163,20 @@ class Tracking(Hook):
                 write_run(self.directory, self._record, durable=closing)
             except Exception as e:
                 if not closing:
-                    raise self._failure(f"writing {RUN_FILE}", e) from e
+                    self._fail(f"writing {RUN_FILE}", e)
                 failures.append((RUN_FILE, e))
         self._flushed_at = time.monotonic()
         return failures
 
-    def _failure(self, what: str, error: Exception) -> Exception:
-        """``error`` as raised from a flush: in one line when the file system refused (a full
-        disk: ENOSPC three times chained, 56-72 lines with both ranks'), else as it is. The
-        Context's end then writes nothing more (its own try would fail alike)."""
+    def _fail(self, what: str, error: Exception) -> NoReturn:
+        """Raise ``error`` of a flush (or the run's opening): in one line when the file system
+        refused (a full disk: ENOSPC three times chained, 56-72 lines with both ranks'), else
+        as it is. The Context's end then writes nothing more (its own try would fail alike)."""
         self._broken = True
         line = disk_failure(self.directory, what, error)
-        return error if line is None else TrackingError(line)
+        if line is None:
+            raise error
+        raise TrackingError(line) from error
 
     def _open(self, ctx: Any, step: int) -> RunRecord:
         previous = read_run(self.directory)
@@ -211,7 +213,7 @@ class Tracking(Hook):
         failures = self._close(failed=not stopped_cleanly)
         if failures and stopped_cleanly:  # the run's last steps are lost: the job failed
             what, e = failures[0]
-            raise self._failure(f"writing the last steps to {what}", e) from e
+            self._fail(f"writing the last steps to {what}", e)
         self._warn(failures)
 
     def on_teardown(self, ctx: Any) -> None:
