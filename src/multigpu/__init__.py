@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         CheckpointError,
         CheckpointLockedError,
         CheckpointMismatchError,
+        CheckpointUnreadableError,
         DeviceError,
         EnvError,
         LaunchError,
@@ -70,8 +71,8 @@ _EXPORTS = {
     "multigpu.runtime.device": "move_to_device",
     "multigpu.env": "ClusterEnv detect",
     "multigpu.errors": (
-        "CheckpointError CheckpointLockedError CheckpointMismatchError DeviceError EnvError "
-        "LaunchError MultiGPUError UsageError"
+        "CheckpointError CheckpointLockedError CheckpointMismatchError CheckpointUnreadableError "
+        "DeviceError EnvError LaunchError MultiGPUError UsageError"
     ),
     "multigpu.estimate": "MemoryEstimate estimate_memory",
     "multigpu.session.initialize": "init",
