@@ -4,5 +4,19 @@ from __future__ import annotations
 
 from multigpu.data.loader import DistributedLoader, make_loader
 from multigpu.data.sampler import ShardSampler
+from multigpu.data.token_file import (
+    IGNORE_INDEX,
+    PackedSequences,
+    TokenFile,
+    build_token_file,
+)
 
-__all__ = ["DistributedLoader", "ShardSampler", "make_loader"]
+__all__ = [
+    "IGNORE_INDEX",
+    "DistributedLoader",
+    "PackedSequences",
+    "ShardSampler",
+    "TokenFile",
+    "build_token_file",
+    "make_loader",
+]
