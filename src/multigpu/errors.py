@@ -28,6 +28,12 @@ class UsageError(MultiGPUError, ValueError):
     final = True
 
 
+class DataError(UsageError):
+    """Data files that cannot be read as given: a record that is not valid (invalid JSON, a
+    truncated line, a wrong type), a file missing or changed since a checkpoint was saved. The
+    message names the file and the record; a usage error (exit code 2): the data is the user's."""
+
+
 class EnvError(MultiGPUError):
     """The process environment (torchrun, SLURM, MPI variables) is contradictory or incomplete."""
 

@@ -266,6 +266,7 @@ def make_loader(
         seed=seed,
         drop_last=drop_last,
         accumulation_steps=accumulation_steps,
+        source=dataset,  # its own order and data fingerprint, if it has them (RecordFiles)
     )
     log.debug(
         "rank %s/%s: global batch %s, per-rank batch %s, %s batches this epoch",

@@ -25,6 +25,13 @@ Progress: ``cursor`` counts the global samples of the epoch already consumed, in
 batches. A step counts when this rank hands out its last micro-batch of it; when the rank hands
 out its last batch of the epoch, the epoch increments and the cursor resets to 0 (so a
 checkpoint saved after the last step of an epoch resumes at the start of the next one).
+
+A dataset may give its own shuffled order (``source=``, what ``make_loader`` passes): when it has
+``global_order(seed, epoch)`` (a permutation of ``range(n)``, a function of its arguments only)
+that order replaces the ``randperm`` — ``RecordFiles`` uses it to keep each rank's reads within a
+few files. When it has ``data_fingerprint()`` (a small list of plain values) the state carries it
+under ``"files"``, and ``load_state_dict`` hands a saved one to ``check_data_fingerprint(saved)``
+first, which refuses files that changed since the save.
 """
 
 from __future__ import annotations
@@ -98,6 +105,7 @@ class ShardSampler(Sampler[list[int]]):
         seed: with the epoch, the only input of the global order.
         drop_last: skip the last partial step; ``None`` means ``shuffle``.
         accumulation_steps: micro-steps per optimizer step on each rank.
+        source: the dataset, when it gives its own order or fingerprint (see the module doc).
 
     Example:
         >>> s = ShardSampler(10, global_batch_size=4, rank=1, world_size=2, shuffle=False)
@@ -116,8 +124,11 @@ class ShardSampler(Sampler[list[int]]):
         seed: int = 0,
         drop_last: bool | None = None,
         accumulation_steps: int = 1,
+        source: Any = None,
     ) -> None:
         super().__init__()
+        self.source = source
+        """The dataset, asked for its ``global_order`` and data fingerprint (module doc)."""
         self.num_samples = _as_int("num_samples", num_samples, 1)
         self.world_size = _as_int("world_size", world_size, 1)
         self.rank = _as_int("rank", rank, 0)
@@ -175,7 +186,21 @@ class ShardSampler(Sampler[list[int]]):
     def _order(self, epoch: int) -> torch.Tensor:
         if self._order_cache is not None and self._order_cache[0] == epoch:
             return self._order_cache[1]
-        if self.shuffle:
+        own_order = getattr(self.source, "global_order", None)
+        if self.shuffle and callable(own_order):
+            order = own_order(self.seed, epoch)
+            if not (
+                isinstance(order, torch.Tensor)
+                and order.dtype == torch.int64
+                and order.shape == (self.num_samples,)
+            ):
+                raise UsageError(
+                    f"{type(self.source).__name__}.global_order(seed, epoch) gave "
+                    f"{getattr(order, 'dtype', type(order).__name__)} "
+                    f"{tuple(getattr(order, 'shape', ()))}; expected an int64 tensor of shape "
+                    f"({self.num_samples},), a permutation of range(len(dataset))"
+                )
+        elif self.shuffle:
             generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
             order = torch.randperm(self.num_samples, generator=generator)
         else:
@@ -262,7 +287,7 @@ class ShardSampler(Sampler[list[int]]):
     # ---- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Return the portable progress: valid under any world size or accumulation."""
-        return {
+        state: dict[str, Any] = {
             "seed": self.seed,
             "epoch": self._epoch,
             "cursor": self._cursor,
@@ -271,6 +296,10 @@ class ShardSampler(Sampler[list[int]]):
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
         }
+        fingerprint = getattr(self.source, "data_fingerprint", None)
+        if callable(fingerprint):
+            state["files"] = fingerprint()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at the global sample where ``state`` stopped, whatever the world size.
@@ -296,6 +325,9 @@ class ShardSampler(Sampler[list[int]]):
                 f"sampler state lacks {missing} (has {sorted(state)}); expected the dict "
                 "returned by ShardSampler.state_dict()"
             )
+        check = getattr(self.source, "check_data_fingerprint", None)
+        if "files" in state and callable(check):
+            check(state["files"])  # before the sizes: it names the file that changed
         ours = self.state_dict()
         differ = [
             f"{key}: saved {state[key]!r}, now {ours[key]!r}"

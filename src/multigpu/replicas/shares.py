@@ -69,6 +69,7 @@ def replica_sampler(sampler: ShardSampler, *, groups: int, group: int) -> ShardS
         seed=sampler.seed,
         drop_last=sampler.drop_last,
         accumulation_steps=sampler.accumulation_steps,
+        source=sampler.source,
     )
     wide.load_state_dict(sampler.state_dict())
     wide._external_progress = True
