@@ -1,9 +1,11 @@
-"""A small GPT on the bytes of Python's own standard library: ``multigpu train --model lm``.
+"""A small GPT on the bytes of Python's own standard library, or on your text (``--data``):
+``multigpu train --model lm``.
 
 Reads like nanoGPT on purpose: the model, then a training loop written against multigpu's public
 API as a user would write it. Run it through the launcher (``multigpu train --model lm --cpu 2
 [--strategy fsdp]``) or directly (``python -m multigpu.examples.lm``). The corpus needs no
-download (``lm_data``); options are in ``lm_options``, reports in ``lm_log``.
+download (``lm_data``); ``--data PATHS`` trains on your own files instead; options are in
+``lm_options``, reports in ``lm_log``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
 
 import multigpu
+from multigpu.data import IGNORE_INDEX
 from multigpu.examples import job_cli, lm_data, lm_options, outputs
 from multigpu.examples.job_tracking import TrackedSteps, instruments
 from multigpu.examples.lm_log import RunLog
@@ -122,6 +126,14 @@ def next_byte_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
 
+def next_token_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy over the targets that are not ``IGNORE_INDEX`` (document starts):
+    with ``num_items`` = their count, the loss of a step is the mean over its real tokens."""
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
 def bubble_line(strategy: multigpu.PipelineStrategy, bubble: dict[str, Any]) -> str:
     """The pipeline's bubble in one line: measured per stage, and the schedule's own."""
     d = strategy.describe()
@@ -138,14 +150,15 @@ def bubble_line(strategy: multigpu.PipelineStrategy, bubble: dict[str, Any]) -> 
 
 @torch.no_grad()
 def evaluate(
-    ctx: multigpu.Context, model: nn.Module, windows: lm_data.Windows, batch_size: int
+    ctx: multigpu.Context, model: nn.Module, windows: Dataset[Any], batch_size: int
 ) -> float:
-    """Mean cross-entropy (nats per byte) over ``windows``, each counted once at any world size."""
+    """Mean cross-entropy (nats per token) over ``windows``' targets (those not masked), each
+    counted once at any world size."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64)  # (sum of losses, tokens) on this rank
     for x, y in ctx.loader(windows, batch_size=batch_size, shuffle=False):
-        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten(), reduction="sum")
-        total += torch.tensor([float(loss), y.numel()], dtype=torch.float64)
+        loss = next_token_loss_sum(model(x), y)
+        total += torch.tensor([float(loss), int((y != IGNORE_INDEX).sum())], dtype=torch.float64)
     model.train()
     loss_sum, tokens = ctx.all_reduce(total, op="sum").tolist()  # summed over ranks
     return loss_sum / tokens
@@ -160,15 +173,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         **instruments(args),  # --profile, --log-to
     ) as ctx:
-        corpus = lm_data.load_corpus(int(args.corpus_mb * 1e6))
-        lm_options.check_data(ctx, args, corpus)  # the same on every rank, and enough
-        train_set = lm_data.Windows(corpus.train, args.block_size)
-        val_set = lm_data.evenly_spaced(
-            corpus.val, args.block_size, args.eval_windows, ctx.world_size
-        )
-        baseline = lm_data.unigram_baseline(corpus.train, corpus.val)
+        # --data PATHS tokenized once and packed, else the standard library's bytes; checked
+        # the same on every rank and large enough
+        data = lm_options.data(ctx, args)
+        train_set, val_set = data.train, data.val
         with ctx.init_module():  # on the meta device: setup() allocates what this rank holds
-            model = build_model(**lm_options.model_shape(args))  # --n-layer, --n-embd, ...
+            shape = lm_options.model_shape(args)  # --n-layer, --n-embd, ...
+            model = build_model(vocab_size=data.vocab_size, **shape)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
         n_params = sum(p.numel() for p in model.parameters())  # whole: a pipeline splits it
         model, optimizer = ctx.setup(model, optimizer)  # wraps (DDP, FSDP), re-points optimizer
@@ -184,7 +195,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         every = min(lm_options.CHECKPOINT_EVERY, args.steps)
         ckpt, resumed = job_cli.checkpointer(ctx, args, every=every, **tracked)
         step = resumed or 0
-        run = RunLog(ctx, args, baseline, corpus, start_step=step)
+        run = RunLog(ctx, args, data, start_step=step)
         ctx.print(run.header(n_params, loader.batch_size))
         tokens = args.batch_size * args.block_size  # per optimizer step, over every rank
         steps_log = TrackedSteps(ctx, samples_per_step=args.batch_size, tokens_per_step=tokens)
@@ -192,10 +203,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         # The schedule steps once per optimizer step: its count is the loop's bound, restored by
         # a resume and healed under replica groups (a local counter would restart at 0 there).
         while schedule.last_epoch < args.steps:
-            x, y = next(batches)  # this rank's micro-batch: (sequences, the bytes that follow)
+            x, y = next(batches)  # this rank's micro-batch: (sequences, the tokens that follow)
             with ctx.accumulate(model):  # gradients synchronized on the last micro-batch only
                 # forward + backward; a pipeline runs its schedule and gives the loss everywhere
-                loss = ctx.forward_backward(model, x, target=y, loss_fn=next_byte_loss)
+                if data.masked:  # --data: the mean over the step's real (unmasked) targets
+                    n = (y != IGNORE_INDEX).sum()
+                    loss = ctx.forward_backward(
+                        model, x, target=y, loss_fn=next_token_loss_sum, num_items=n
+                    )
+                else:  # every target counts: the mean of each micro-batch's mean
+                    loss = ctx.forward_backward(model, x, target=y, loss_fn=next_byte_loss)
                 ctx.clip_grad_norm(model, optimizer, 1.0)
                 stepped = ctx.step(optimizer)
             run.add(loss.detach())

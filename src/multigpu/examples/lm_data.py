@@ -7,6 +7,11 @@ on every run and every rank of one installation; another Python version gives an
 (``Corpus.sha256`` tells them apart). Tokens are bytes: a vocabulary of 256, no tokenizer.
 
 The last ``val_fraction`` of the bytes is the validation split, taken once, whatever the seed.
+
+With ``--data PATHS`` the job trains on your own files instead: tokenized once into a token file
+(``multigpu.data.build_token_file``) and packed into sequences whose document-starting targets
+are masked (``multigpu.data.PackedSequences``); ``from_token_file`` makes the same train and
+validation splits of it (its last ``val_fraction`` of tokens).
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ import hashlib
 import math
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from multigpu.data import PackedSequences, TokenFile
 from multigpu.errors import UsageError
 
 VOCAB_SIZE = 256
@@ -93,9 +101,17 @@ def unigram_baseline(train: torch.Tensor, val: torch.Tensor) -> float:
         ...                        torch.tensor([0], dtype=torch.uint8)), 6)  # q[0] = 255/510
         0.693147
     """
-    counts = torch.bincount(train.long(), minlength=VOCAB_SIZE).double() + 1.0
+    return unigram_cross_entropy(
+        torch.bincount(train.long(), minlength=VOCAB_SIZE),
+        torch.bincount(val.long(), minlength=VOCAB_SIZE),
+    )
+
+
+def unigram_cross_entropy(train_counts: torch.Tensor, val_counts: torch.Tensor) -> float:
+    """``unigram_baseline`` from each token's count in the training and validation tokens."""
+    counts = train_counts.double() + 1.0
     log_q = counts.log() - math.log(float(counts.sum()))
-    seen = torch.bincount(val.long(), minlength=VOCAB_SIZE).double()
+    seen = val_counts.double()
     return float(-(seen * log_q).sum() / seen.sum())
 
 
@@ -148,3 +164,90 @@ def evenly_spaced(data: torch.Tensor, block_size: int, count: int, multiple_of: 
             "expected a larger corpus or a smaller block size"
         )
     return Windows(data, block_size, [i * total // take for i in range(take)])
+
+
+def val_cut(tokens: int, val_fraction: float = 0.1) -> int:
+    """Where the validation tail of ``tokens`` tokens starts (as ``load_corpus`` cuts bytes)."""
+    return tokens - max(1, round(tokens * val_fraction))
+
+
+def split_counts(tokens: int, block_size: int) -> tuple[int, int]:
+    """Training and validation sequences of ``block_size`` in a token file of ``tokens``."""
+    cut = val_cut(tokens)
+    return max(0, (cut - 1) // block_size), max(0, (tokens - cut - 1) // block_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LMData:
+    """What the job trains and evaluates on: the standard library's bytes, or ``--data``."""
+
+    train: Dataset[tuple[torch.Tensor, torch.Tensor]]
+    val: Dataset[tuple[torch.Tensor, torch.Tensor]]
+    baseline: float  # unigram cross-entropy of the validation tokens (nats per token)
+    vocab_size: int
+    masked: bool  # targets hold IGNORE_INDEX (document starts): train on the token-weighted loss
+    unit: str  # "bytes" or "tokens"
+    described: str  # what the tokens came from, for the header
+    record: dict[str, Any] = field(default_factory=dict)  # metrics.json's "corpus"
+
+
+def from_corpus(corpus: Corpus, block_size: int, eval_windows: int, world_size: int) -> LMData:
+    """The standard-library corpus as the job trains on it."""
+    return LMData(
+        train=Windows(corpus.train, block_size),
+        val=evenly_spaced(corpus.val, block_size, eval_windows, world_size),
+        baseline=unigram_baseline(corpus.train, corpus.val),
+        vocab_size=VOCAB_SIZE,
+        masked=False,
+        unit="bytes",
+        described=f"{len(corpus.train)} train + {len(corpus.val)} validation bytes of "
+        f"{corpus.files} standard-library files",
+        record={
+            "train_bytes": len(corpus.train),
+            "val_bytes": len(corpus.val),
+            "files": corpus.files,
+            "sha256": corpus.sha256,
+        },
+    )
+
+
+def _counts(tokens: np.ndarray, vocab: int) -> torch.Tensor:
+    return torch.from_numpy(np.bincount(tokens, minlength=vocab))
+
+
+def from_token_file(
+    tokens: TokenFile, block_size: int, eval_windows: int, world_size: int
+) -> LMData:
+    """A token file as the job trains on it: packed sequences of its first 90 % of tokens, and
+    ``eval_windows`` evenly spaced sequences of the rest (a multiple of ``world_size``)."""
+    n, vocab = len(tokens), tokens.vocab_size
+    cut = val_cut(n)
+    val_all = PackedSequences(tokens, block_size, start=cut)
+    take = min(eval_windows, len(val_all))
+    take -= take % world_size
+    total = len(val_all)
+    meta = tokens.meta
+    return LMData(
+        train=PackedSequences(tokens, block_size, stop=cut),
+        val=PackedSequences(
+            tokens, block_size, start=cut, indices=[i * total // take for i in range(take)]
+        ),
+        baseline=unigram_cross_entropy(
+            _counts(tokens.tokens[:cut], vocab), _counts(tokens.tokens[cut:], vocab)
+        ),
+        vocab_size=vocab,
+        masked=True,
+        unit="tokens",
+        described=f"{cut} train + {n - cut} validation tokens of {tokens.documents} documents "
+        f"in {len(meta['sources'])} file(s), tokenizer {meta['tokenizer']}",
+        record={
+            "train_tokens": cut,
+            "val_tokens": n - cut,
+            "documents": tokens.documents,
+            "files": len(meta["sources"]),
+            "tokenizer": meta["tokenizer"],
+            "vocab_size": vocab,
+            "sha256": tokens.sha256,
+            "token_file": str(tokens.path),
+        },
+    )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from multigpu.examples.lm_data import Corpus
+from multigpu.examples.lm_data import LMData
 from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.session.context import Context
 
@@ -23,20 +23,14 @@ from multigpu.session.context import Context
 class RunLog:
     """What the LM job reports: a header, a line per evaluation, a summary and metrics.json.
 
-    ``baseline`` is the unigram baseline (nats per byte), printed beside every validation loss;
-    ``start_step`` is above 0 when the run resumed.
+    ``data.baseline`` is the unigram baseline (nats per token), printed beside every validation
+    loss; ``start_step`` is above 0 when the run resumed.
     """
 
     def __init__(
-        self,
-        ctx: Context,
-        args: argparse.Namespace,
-        baseline: float,
-        corpus: Corpus,
-        *,
-        start_step: int,
+        self, ctx: Context, args: argparse.Namespace, data: LMData, *, start_step: int
     ) -> None:
-        self.ctx, self.args, self.baseline, self.corpus = ctx, args, baseline, corpus
+        self.ctx, self.args, self.data, self.baseline = ctx, args, data, data.baseline
         self.start_step = self.last_step = start_step
         self.history: list[dict[str, Any]] = []
         self.train_seconds = 0.0
@@ -47,21 +41,21 @@ class RunLog:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens (bytes) of one optimizer step over all ranks."""
+        """Tokens of one optimizer step over all ranks (masked targets included)."""
         return int(self.args.batch_size * self.args.block_size)
 
     def header(self, n_params: int, per_rank_batch: int) -> str:
         """Two lines saying what is trained on what, and the baseline to beat; ``n_params``:
         the whole model's (counted before a strategy shards or splits it)."""
-        a, ctx, corpus = self.args, self.ctx, self.corpus
+        a, ctx, data = self.args, self.ctx, self.data
         self.n_params = n_params
+        unit = data.unit
         return (
             f"lm: {self.n_params / 1e6:.2f}M parameters ({a.n_layer} layers x {a.n_head} heads x "
-            f"{a.n_embd} wide, context {a.block_size} bytes); corpus {len(corpus.train)} train + "
-            f"{len(corpus.val)} validation bytes of {corpus.files} standard-library files, "
-            f"unigram baseline {self.baseline:.4f} nats/byte\n"
+            f"{a.n_embd} wide, context {a.block_size} {unit}); corpus {data.described}, "
+            f"unigram baseline {self.baseline:.4f} nats/{unit[:-1]}\n"
             f"lm: {ctx.world_size} process(es) on {ctx.device.type}, strategy "
-            f"{ctx.strategy.name}, {a.steps} steps of {a.batch_size} x {a.block_size} bytes "
+            f"{ctx.strategy.name}, {a.steps} steps of {a.batch_size} x {a.block_size} {unit} "
             f"({per_rank_batch} sequences per rank x {a.accumulation_steps} micro-step(s)), "
             f"precision {ctx.precision.name}"
         )
@@ -125,12 +119,7 @@ class RunLog:
             **{k: last.get(k) for k in ("collective_wait_share_max", "peak_memory_bytes", "mfu")},
             **{k: getattr(a, k) for k in ("batch_size", "block_size", "n_layer", "n_head")},
             **{k: getattr(a, k) for k in ("n_embd", "lr", "seed", "accumulation_steps")},
-            "corpus": {
-                "train_bytes": len(self.corpus.train),
-                "val_bytes": len(self.corpus.val),
-                "files": self.corpus.files,
-                "sha256": self.corpus.sha256,
-            },
+            "corpus": self.data.record,
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "history": self.history,
         }
@@ -140,7 +129,7 @@ class RunLog:
         m = self.metrics()
         ratio = m["val_loss"] / m["unigram_baseline"]
         return (
-            f"val loss {m['val_loss']:.4f} nats/byte vs unigram baseline "
+            f"val loss {m['val_loss']:.4f} nats/{self.data.unit[:-1]} vs unigram baseline "
             f"{m['unigram_baseline']:.4f} ({ratio:.2f}x) after {self.last_step} steps on "
             f"{m['world_size']} process(es) in {m['seconds']:.1f} s "
             f"({m['tokens_per_second'] or 0} tokens/s)"

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import multigpu
-from multigpu.examples import lm_parser
-from multigpu.examples.lm_data import Corpus
+from multigpu.data import TokenFile, build_token_file
+from multigpu.examples import lm_data, lm_parser
 from multigpu.examples.lm_parser import build_parser as build_parser  # the job parses with it
 from multigpu.session.context import Context
 
@@ -71,21 +71,63 @@ def warmup_cosine(args: argparse.Namespace) -> Callable[[int], float]:
     return factor
 
 
-def check_data(ctx: Context, args: argparse.Namespace, corpus: Corpus) -> None:
-    """Refuse to train on corpora that differ between ranks, or too small for the options."""
-    digests = ctx.gather(corpus.sha256)
+def data(ctx: Context, args: argparse.Namespace) -> lm_data.LMData:
+    """What the job trains on: ``--data`` tokenized once (``token_file``), else the standard
+    library's bytes; refused on every rank when ranks differ or it is too small for the options."""
+    if args.data is None:
+        corpus = lm_data.load_corpus(int(args.corpus_mb * 1e6))
+        train = (len(corpus.train) - 1) // args.block_size
+        val = (len(corpus.val) - 1) // args.block_size
+        check_data(ctx, args, corpus.sha256, train, val)
+        return lm_data.from_corpus(corpus, args.block_size, args.eval_windows, ctx.world_size)
+    tokens = token_file(ctx, args)
+    check_data(ctx, args, tokens.sha256, *lm_data.split_counts(len(tokens), args.block_size))
+    return lm_data.from_token_file(tokens, args.block_size, args.eval_windows, ctx.world_size)
+
+
+def token_file(ctx: Context, args: argparse.Namespace) -> TokenFile:
+    """``--data`` as a token file: built by each node's local rank 0 (or found in the cache)
+    while the node's other ranks wait, then opened by all. A build that fails is refused on
+    every rank with its line. A corpus that takes longer than the collective timeout to tokenize
+    is built beforehand with ``multigpu.data.build_token_file`` (the job then finds it)."""
+    options = {"tokenizer": args.tokenizer, "text_field": args.text_field}
+    options["cache_dir"] = args.data_cache
+    problem = None
+    if ctx.local_rank == 0:
+        try:
+            build_token_file(args.data, **options)
+        except multigpu.UsageError as e:
+            problem = str(e)
+    said = [p for p in ctx.gather(problem) if p]  # the other ranks wait here for the build
+    if said:
+        raise multigpu.UsageError(said[0])
+    return TokenFile(build_token_file(args.data, **options))  # in the cache now: nothing read
+
+
+def check_data(ctx: Context, args: argparse.Namespace, sha256: str, train: int, val: int) -> None:
+    """Refuse to train on data that differ between ranks, or too small for the options
+    (``train`` and ``val``: the sequences of ``--block-size`` in each split)."""
+    digests = ctx.gather(sha256)
     if len(set(digests)) > 1:
         ranks = [r for r, d in enumerate(digests) if d != digests[0]]
+        if args.data is not None:
+            raise multigpu.UsageError(
+                f"ranks {ranks} tokenized other --data than rank 0 (other files or another "
+                "tokenizer); expected the same files on every node"
+            )
         raise multigpu.UsageError(
             f"ranks {ranks} read another corpus than rank 0 (a different Python standard "
             "library); expected the same Python version on every node"
         )
-    train = (len(corpus.train) - 1) // args.block_size
-    val = (len(corpus.val) - 1) // args.block_size
     if train < args.batch_size or val < ctx.world_size:
+        given, more = (
+            (f"--corpus-mb {args.corpus_mb}", "raise --corpus-mb")
+            if args.data is None
+            else ("--data", "give more text")
+        )
         raise multigpu.UsageError(
-            f"--corpus-mb {args.corpus_mb} gives {train} training and {val} validation windows "
+            f"{given} gives {train} training and {val} validation windows "
             f"of --block-size {args.block_size}; expected at least one --batch-size "
-            f"({args.batch_size}) and one per process ({ctx.world_size}): raise --corpus-mb or "
+            f"({args.batch_size}) and one per process ({ctx.world_size}): {more} or "
             "lower --block-size / --batch-size"
         )

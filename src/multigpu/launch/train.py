@@ -79,10 +79,13 @@ def parse_job_args(
     Raises:
         UsageError: what the job's parser refuses (``--epochs 0``, ``--strategy bogus``, an
             unknown or abbreviated option), or an ``--out``/``--checkpoint-dir``/``--save`` that
-            cannot be written; one line, before any worker starts.
+            cannot be written; ``--data`` the LM job cannot read; one line, before any worker
+            starts.
     """
     args = JOB_PARSERS[model]().parse_args(list(job_args))
     check_outputs(args, writes_outputs=single_node)
+    if model == "lm":
+        lm_parser.check_data(args)  # --data's paths and formats
     return args
 
 
