@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from multigpu.data.loader import DistributedLoader, make_loader
+from multigpu.data.record_files import RecordFiles
 from multigpu.data.sampler import ShardSampler
 from multigpu.data.token_file import (
     IGNORE_INDEX,
@@ -15,6 +16,7 @@ __all__ = [
     "IGNORE_INDEX",
     "DistributedLoader",
     "PackedSequences",
+    "RecordFiles",
     "ShardSampler",
     "TokenFile",
     "build_token_file",
