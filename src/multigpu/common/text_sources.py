@@ -124,7 +124,7 @@ def check_sources(
     files = list_sources(paths)
     if all(f.stat().st_size == 0 for f in files):
         raise UsageError(
-            f"--data {' '.join(map(os.fspath, paths))}: all {len(files)} file(s) are empty; "
+            f"--data {' '.join(str(p) for p in paths)}: all {len(files)} file(s) are empty; "
             "expected text to train on"
         )
     parquet = [f for f in files if source_format(f) == "parquet"]
