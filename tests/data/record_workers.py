@@ -85,7 +85,7 @@ def train(
                     ckpt.step()
                     if step == stop_at:
                         ckpt.save()
-                if step == steps or step == stop_at:
+                if step in (steps, stop_at):
                     break
         params = {k: v.detach().clone() for k, v in ctx.full_state_dict(model).items()}
         return {"params": params, "seen": seen, "step": step, "rank": int(os.environ["RANK"])}
