@@ -33,7 +33,8 @@ TRAIN_MODULE = TRAIN_MODULES[DEFAULT_MODEL]
 MODEL_SUMMARIES = MappingProxyType(
     {
         "digits": "a small CNN on scikit-learn's handwritten digits (the default)",
-        "lm": "a small GPT on the bytes of Python's standard library (--strategy fsdp shards it)",
+        "lm": "a small GPT on the bytes of Python's standard library, or on your files with "
+        "--data (--strategy fsdp shards it)",
     }
 )
 """One line on each built-in job, for ``multigpu train --help``."""
