@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         CheckpointLockedError,
         CheckpointMismatchError,
         CheckpointUnreadableError,
+        DataError,
         DeviceError,
         EnvError,
         LaunchError,
@@ -72,7 +73,7 @@ _EXPORTS = {
     "multigpu.env": "ClusterEnv detect",
     "multigpu.errors": (
         "CheckpointError CheckpointLockedError CheckpointMismatchError CheckpointUnreadableError "
-        "DeviceError EnvError LaunchError MultiGPUError UsageError"
+        "DataError DeviceError EnvError LaunchError MultiGPUError UsageError"
     ),
     "multigpu.estimate": "MemoryEstimate estimate_memory",
     "multigpu.session.initialize": "init",
