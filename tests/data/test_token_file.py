@@ -12,7 +12,7 @@ import torch
 
 from multigpu.common.text_sources import check_sources, list_sources
 from multigpu.data import IGNORE_INDEX, PackedSequences, TokenFile, build_token_file
-from multigpu.errors import UsageError
+from multigpu.errors import DataError, UsageError
 
 
 def _jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
@@ -109,8 +109,8 @@ def test_bad_sources_are_one_line_naming_the_file_and_what_would_do(tmp_path: Pa
     with pytest.raises(UsageError, match="--tokenizer ./nowhere: no such directory"):
         check_sources([str(nofield)], tokenizer="./nowhere")
     assert list_sources([str(tmp_path / "*.jsonl")]) == [bad, tmp_path / "e.jsonl", nofield]
-    with pytest.raises(UsageError, match=r"bad.jsonl: line 2 is not JSON"):
+    with pytest.raises(DataError, match=r"bad.jsonl: line 2 is not JSON"):
         build_token_file([bad], cache_dir=tmp_path / "c")
-    with pytest.raises(UsageError, match=r"nofield.jsonl: line 1 has no string field 'text'"):
+    with pytest.raises(DataError, match=r"nofield.jsonl: line 1 has no string field 'text'"):
         build_token_file([nofield], cache_dir=tmp_path / "c")
     assert not any((tmp_path / "c").iterdir())  # a failed build leaves nothing behind

@@ -47,7 +47,7 @@ from torch.utils.data import Dataset
 
 from multigpu.common import variables
 from multigpu.common.text_sources import list_sources, source_format
-from multigpu.errors import UsageError
+from multigpu.errors import DataError, UsageError
 
 IGNORE_INDEX = -100
 """The target of a position the loss leaves out (``F.cross_entropy``'s default ``ignore_index``)."""
@@ -126,13 +126,13 @@ def _documents(path: Path, text_field: str) -> Iterator[bytes]:
                 try:
                     record = json.loads(line)
                 except ValueError as e:
-                    raise UsageError(
+                    raise DataError(
                         f"--data {path}: line {number} is not JSON ({e}); expected one JSON "
                         "object per line"
                     ) from e
                 text = record.get(text_field) if isinstance(record, dict) else None
                 if not isinstance(text, str):
-                    raise UsageError(
+                    raise DataError(
                         f"--data {path}: line {number} has no string field {text_field!r}; "
                         'expected objects such as {"' + text_field + '": "..."} (name '
                         "another field with --text-field)"
@@ -151,7 +151,7 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[bytes]:
         ) from e
     parquet = pq.ParquetFile(path)
     if text_field not in parquet.schema_arrow.names:
-        raise UsageError(
+        raise DataError(
             f"--data {path}: no column {text_field!r} (it has {parquet.schema_arrow.names}); "
             "name the text column with --text-field"
         )
