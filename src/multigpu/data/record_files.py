@@ -33,7 +33,6 @@ disappeared or appeared is refused in one line naming the file.
 
 from __future__ import annotations
 
-import bisect
 import glob
 import json
 import logging
@@ -174,6 +173,8 @@ class RecordFiles(Dataset[Any]):
         """Records left out as bad (``on_bad="skip"``), over all files."""
         self._shards: list[_Shard] | None = None
         self._starts: list[int] = []
+        self._starts_tensor = torch.zeros(1, dtype=torch.int64)
+        self._spans = torch.empty(0, 2, dtype=torch.int64)
         self._pid = -1
         self._handles: dict[int, Any] = {}
         self._row_groups: OrderedDict[tuple[int, int], list[Any]] = OrderedDict()
@@ -213,6 +214,12 @@ class RecordFiles(Dataset[Any]):
         self._starts = [0]
         for c in counts:
             self._starts.append(self._starts[-1] + c)
+        # One table of every record's span (the shards' views into it): a batch is located
+        # with a few tensor operations, not a Python lookup per record.
+        self._spans = torch.cat([s.spans for s in self._shards])
+        self._starts_tensor = torch.tensor(self._starts, dtype=torch.int64)
+        for s, shard in enumerate(self._shards):
+            shard.spans = self._spans[self._starts[s] : self._starts[s + 1]]
         self.bad_records = sum(s.bad for s in self._shards)
         if self._starts[-1] == 0:
             raise DataError(
@@ -325,18 +332,7 @@ class RecordFiles(Dataset[Any]):
         self._index()
         return self._starts[-1]
 
-    def _locate(self, i: int) -> tuple[int, int]:
-        self._index()
-        n = self._starts[-1]
-        if not -n <= i < n:
-            raise IndexError(f"record {i} is out of range for {n} records")
-        i %= n
-        s = bisect.bisect_right(self._starts, i) - 1
-        return s, i - self._starts[s]
-
     def _handle(self, s: int) -> Any:
-        if self._pid != os.getpid():  # a forked worker: its own handles, not the parent's
-            self._pid, self._handles, self._row_groups = os.getpid(), {}, OrderedDict()
         handle = self._handles.get(s)
         if handle is None:
             path = self._index()[s].path
@@ -355,9 +351,9 @@ class RecordFiles(Dataset[Any]):
             self._handles[s] = handle
         return handle
 
-    def _read(self, s: int, k: int) -> Any:
+    def _read(self, s: int, k: int, a: int, b: int) -> Any:
+        """Record ``k`` of shard ``s``, whose span is ``(a, b)``."""
         shard = self._index()[s]
-        a, b = (int(v) for v in shard.spans[k])
         handle = self._handle(s)
         if self.format == "parquet":
             key = (s, a)
@@ -388,12 +384,26 @@ class RecordFiles(Dataset[Any]):
             ) from e
 
     def __getitem__(self, i: int) -> Any:
-        record = self._read(*self._locate(int(i)))
-        return self.transform(record) if self.transform is not None else record
+        return self.__getitems__([i])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch's records (DataLoader asks for them together)."""
-        return [self[i] for i in indices]
+        self._index()
+        if self._pid != os.getpid():  # a forked worker: its own handles, not the parent's
+            self._pid, self._handles, self._row_groups = os.getpid(), {}, OrderedDict()
+        n = self._starts[-1]
+        at = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
+        if len(at) and (int(at.min()) < -n or int(at.max()) >= n):
+            bad = next(int(i) for i in at if not -n <= int(i) < n)
+            raise IndexError(f"record {bad} is out of range for {n} records")
+        at = at % n
+        shard = torch.searchsorted(self._starts_tensor, at, right=True) - 1
+        spans = self._spans[at]
+        where = torch.stack([shard, at - self._starts_tensor[shard], spans[:, 0], spans[:, 1]], 1)
+        records = [self._read(s, k, a, b) for s, k, a, b in where.tolist()]
+        if self.transform is not None:
+            return [self.transform(r) for r in records]
+        return records
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
