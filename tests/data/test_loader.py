@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from multigpu.data import DistributedLoader, ShardSampler, make_loader
+from multigpu.data import DistributedLoader, ShardSampler, StreamLoader, make_loader
 from multigpu.errors import UsageError
 from multigpu.testing import run_distributed
 from tests.data import workers
@@ -142,7 +142,6 @@ class Stream(IterableDataset[int]):
 @pytest.mark.parametrize(
     ("dataset", "kwargs", "match"),
     [
-        (Stream(), {}, r"IterableDataset \(Stream\).*shard it yourself"),
         (NoLength(), {}, r"dataset \(NoLength\) has no __len__"),
         (indices(), {"batch_size": 0}, r"batch_size=0 is too small"),
         (indices(), {"batch_size": 10, "world_size": 3}, r"not divisible by world_size=3"),
@@ -159,6 +158,13 @@ def test_make_loader_rejects_bad_input(dataset: Any, kwargs: dict[str, Any], mat
     args.update(kwargs)
     with pytest.raises(UsageError, match=match):
         make_loader(dataset, **args)
+
+
+def test_a_stream_goes_to_a_stream_loader_not_to_a_distributed_loader() -> None:
+    assert isinstance(make_loader(Stream(), batch_size=2, rank=0, world_size=1), StreamLoader)
+    sampler = ShardSampler(4, global_batch_size=2, rank=0, world_size=1)
+    with pytest.raises(UsageError, match=r"IterableDataset \(Stream\).*give the stream to make"):
+        DistributedLoader(Stream(), sampler)
 
 
 def test_shuffle_inside_dataloader_kwargs_is_rejected() -> None:

@@ -29,8 +29,9 @@ def kind_of(obj: Any) -> str:
         return "scheduler"
     if isinstance(obj, torch.amp.GradScaler):
         return "scaler"
-    # multigpu's DistributedLoader (duck-typed: checkpoint/ sits beside data/, not above it).
-    if hasattr(obj, "global_batch_size") and hasattr(obj, "sampler"):
+    # multigpu's DistributedLoader or StreamLoader (duck-typed: checkpoint/ sits beside data/,
+    # not above it).
+    if hasattr(obj, "global_batch_size") and (hasattr(obj, "sampler") or hasattr(obj, "stream")):
         return "loader"
     if _stateful(obj):
         return "object"

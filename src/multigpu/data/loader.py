@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.data.sampler import ShardSampler, derive_seed
+from multigpu.data.stream_loader import StreamLoader, is_stream
 from multigpu.errors import UsageError
 from multigpu.runtime.device import map_tensors, move_to_device
 
@@ -65,17 +66,17 @@ def dataset_length(dataset: Any) -> int:
     kind = type(dataset).__name__
     if isinstance(dataset, IterableDataset):
         raise UsageError(
-            f"dataset is an IterableDataset ({kind}); multigpu shards map-style datasets by "
-            "index and cannot split a stream; make it map-style (__len__ and __getitem__), or "
-            "shard it yourself in __iter__ by ctx.rank/ctx.world_size and use a plain DataLoader"
+            f"dataset is an IterableDataset ({kind}); DistributedLoader shards map-style "
+            "datasets by index; give the stream to make_loader()/ctx.loader(), which read it "
+            "with a StreamLoader"
         )
     try:
         return len(dataset)
     except TypeError as e:
         raise UsageError(
             f"dataset ({kind}) has no __len__; expected a map-style dataset with __len__ and "
-            "__getitem__ (an iterable stream needs its own sharding by rank: use a plain "
-            "DataLoader over an IterableDataset that splits itself by ctx.rank/ctx.world_size)"
+            "__getitem__, or a stream: a torch.utils.data.IterableDataset whose __iter__ reads "
+            "it (each rank reads it whole)"
         ) from e
 
 
@@ -244,7 +245,7 @@ def make_loader(
     device: torch.device | str | None = None,
     even_batches: bool | Callable[[], bool] = False,
     **dataloader_kwargs: Any,
-) -> DistributedLoader:
+) -> DistributedLoader | StreamLoader:
     """Build the loader of this rank; ``batch_size`` is the GLOBAL batch per optimizer step.
 
     Each rank's batches hold ``batch_size / (world_size * accumulation_steps)`` samples; the
@@ -252,10 +253,28 @@ def make_loader(
     ``drop_last=None`` means ``shuffle``: training drops the last partial step, evaluation keeps
     every sample exactly once (ranks may then get uneven or no last batches).
 
+    A stream (torch's or Hugging Face's ``IterableDataset``) gets a ``StreamLoader`` instead:
+    every rank reads it whole and keeps its part of the same global batches (``buffer_size``: its
+    shuffle buffer; see ``multigpu.data.stream_loader``).
+
     Raises:
         UsageError: a dataset without ``__len__``, a ``batch_size`` that does not split evenly,
             or a DataLoader option that would undo the sharding (or that DataLoader rejects).
     """
+    if is_stream(dataset):
+        return StreamLoader(
+            dataset,
+            batch_size=batch_size,
+            rank=rank,
+            world_size=world_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            accumulation_steps=accumulation_steps,
+            device=device,
+            even_batches=even_batches,
+            **dataloader_kwargs,
+        )
     _check_options(dataloader_kwargs)
     sampler = ShardSampler(
         dataset_length(dataset),

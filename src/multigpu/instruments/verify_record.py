@@ -135,7 +135,8 @@ class VerifyRecorder(Hook):
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
         names = ("global_batch_size", "num_samples", "shuffle", "accumulation_steps", "seed")
-        self.loaders.append({name: getattr(loader.sampler, name) for name in names})
+        held = getattr(loader, "sampler", loader)  # a StreamLoader has them itself
+        self.loaders.append({name: getattr(held, name, None) for name in names})
 
     def wrap_backward(self, ctx: Any, backward: Callable[..., None]) -> Callable[..., None]:
         self._ctx = ctx

@@ -20,7 +20,8 @@ with its line (``Coordinator.check_job_state``).
 - The Context's end: a clean end of the loop is the job's end; the counts go to the job's record.
 
 Refused with one line: strategies other than single/ddp/fsdp (pipeline and tensor parallel split
-the model, not the data) and ``ctx.backward(num_items=...)`` (its count is a group's only).
+the model, not the data), ``ctx.backward(num_items=...)`` (its count is a group's only) and
+``ctx.loader`` over a stream (``StreamLoader``: no indices to share out among the groups).
 """
 
 from __future__ import annotations
@@ -160,6 +161,13 @@ class ReplicaHook(Hook):
         return host, int(port)
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
+        if not hasattr(loader, "sampler"):  # a StreamLoader: no indices to share out
+            raise UsageError(
+                f"ctx.loader over a stream ({type(loader.stream).__name__}) under --replicas: "
+                "the groups' shares of a step are a map-style dataset's indices; give a "
+                "map-style dataset (multigpu.data.RecordFiles reads JSON-lines, text or parquet "
+                "files) or run without --replicas"
+            )
         if loader.sampler.drop_last:  # training: this group's shares of each step
             c = self.coordinator
             sampler, groups = loader.sampler, c.settings.groups

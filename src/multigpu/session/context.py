@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from multigpu.common import worker_error
-from multigpu.data import DistributedLoader, make_loader
+from multigpu.data import DistributedLoader, StreamLoader, make_loader
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.instruments.hooks import Hook
@@ -332,7 +332,7 @@ class Context(RankTools, Checkpointing, Metering):
         move_to_device: bool = True,
         tokens_per_sample: int | None = None,
         **dataloader_kwargs: Any,
-    ) -> DistributedLoader:
+    ) -> DistributedLoader | StreamLoader:
         """A loader over this rank's shard; ``batch_size`` is the GLOBAL batch per optimizer step.
 
         Each rank gets ``batch_size / (world_size * accumulation_steps)`` samples per batch (under
@@ -341,6 +341,11 @@ class Context(RankTools, Checkpointing, Metering):
         (no ``set_epoch``). Batches arrive on ``ctx.device`` unless ``move_to_device=False``.
         ``tokens_per_sample``: tokens in one sample (a sequence's length), for the tokens/s
         and MFU of ``ctx.throughput()``.
+
+        A stream (a ``torch.utils.data.IterableDataset`` or a Hugging Face
+        ``datasets.IterableDataset``) gets a ``StreamLoader``: every rank reads it whole and
+        keeps its part of the same global batches; ``buffer_size=`` sets its shuffle buffer
+        (``multigpu.data.stream_loader``).
         """
         check_tokens_per_sample(tokens_per_sample)
         # The data-parallel ranks split the data; a tensor-parallel group shares one batch.

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from multigpu.data import DistributedLoader
+from multigpu.data import DistributedLoader, StreamLoader
 from multigpu.errors import UsageError
 from multigpu.instruments.hooks import Hook
 from multigpu.runtime import dist
@@ -36,7 +36,7 @@ class Metering:
     _in_ctx_step: bool
     precision: Precision
 
-    def _on_batch(self, loader: DistributedLoader) -> None:
+    def _on_batch(self, loader: DistributedLoader | StreamLoader) -> None:
         self._steps.note_batch(loader)
         self._meter.batch()
 

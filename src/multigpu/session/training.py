@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from multigpu.common.log import warn_once
-from multigpu.data import DistributedLoader
+from multigpu.data import DistributedLoader, StreamLoader
 from multigpu.errors import UsageError
 from multigpu.runtime import dist
 from multigpu.runtime.precision import Precision
@@ -97,7 +97,7 @@ class StepControl:
         self.precision = precision
         self.comm_device = comm_device
         """Where the count's all-reduce runs (the GPU under NCCL, else the CPU)."""
-        self.active_loader: DistributedLoader | None = None
+        self.active_loader: DistributedLoader | StreamLoader | None = None
         self._micro_steps = 1  # > 1 only inside accumulate() on an accumulating loader
         # False on a micro-batch that does not end its step, from accumulate() until the
         # loader's next batch: step() after the block skips as it does inside.
@@ -124,7 +124,7 @@ class StepControl:
     def _new_step(self, *_: Any) -> None:
         self._step_ended = False
 
-    def note_batch(self, loader: DistributedLoader) -> None:
+    def note_batch(self, loader: DistributedLoader | StreamLoader) -> None:
         """Called by a Context-made loader as it hands out a batch (a new micro-batch)."""
         self.active_loader = loader
         self.sync_step = True  # the next accumulate() decides for this micro-batch

@@ -70,6 +70,10 @@ when a torch release changes it, so upgrading torch is this package and those te
   one-line report of ``init(compile=)``, and ``torch._functorch.config
   .activation_memory_budget`` for a memory-budget activation checkpointing policy, set while a
   backend of its own compiles (``backend_with_memory_budget``, on ``lookup_backend``).
+- **A DataLoader worker's identity** (``torch.utils.data._utils.worker._worker_info``, what
+  ``get_worker_info()`` returns): ``read_outside_worker`` hides it while a stream advances, so
+  that a stream which splits itself among workers (Hugging Face ``datasets``' does) is read whole
+  by each (``multigpu.data.stream_loader`` keeps each worker's batches itself).
 - **torchft's manager server** (``torchft``, not torch: the optional extra ``ft``): torchft 0.2
   binds it to every interface, hard-coded; ``manager_server_bound_to`` binds it to one address.
 """
@@ -88,6 +92,7 @@ from multigpu.torch_compat.compile import (
     current_memory_budget,
     graph_breaks,
 )
+from multigpu.torch_compat.dataloader import read_outside_worker
 from multigpu.torch_compat.elastic import (
     AGENT_ATTRIBUTES,
     AGENT_OVERRIDES,
@@ -168,6 +173,7 @@ __all__ = [
     "own_tensor_tables",
     "powersgd_hook_for",
     "quiet_sequential_redistribution",
+    "read_outside_worker",
     "scaler_forget_unscale",
     "scaler_set_found_inf",
     "scaler_unscaled",

@@ -1,0 +1,483 @@
+"""``StreamLoader``: a stream that can only be read in order, dealt as ``ShardSampler`` deals.
+
+For a ``torch.utils.data.IterableDataset`` or a Hugging Face ``datasets.IterableDataset``
+(``load_dataset(..., streaming=True)``), which ``ctx.loader`` / ``make_loader`` hand here. Such a
+stream has no index and no shards multigpu can split: splitting a generator by rank would change
+the global order with the world size. So **every rank reads the stream whole** (said once, in
+one line, by rank 0 when the loader is made) and keeps its own part of each global batch.
+
+Global order of an epoch: the stream's order (a stream with ``set_epoch``, as HF's, is told the
+epoch first) passed through a shuffle buffer of ``buffer_size`` samples drawn from a
+``random.Random`` seeded by ``derive_seed(seed, epoch)`` (``shuffle=False``: the stream's order).
+It depends on ``(seed, epoch)`` and the stream only, so it is the same on every rank and in every
+DataLoader worker. Global step ``s`` takes positions ``[s*B, (s+1)*B)`` of that order and rank
+``r`` keeps ``[s*B + r*b, s*B + (r+1)*b)`` cut into its micro-batches, as in
+``multigpu.data.sampler``; the other samples are passed over without being collated.
+
+End of an epoch: the stream ends. The last partial global batch is dropped with ``drop_last``
+(the default when shuffling); else its ``R`` samples are dealt as ``ShardSampler`` deals a
+remainder (contiguous parts whose sizes differ by at most one). Under FSDP (``even_batches``)
+the ranks a batch short get an empty batch, as ``DistributedLoader`` gives.
+
+Workers (``num_workers=N``): each worker reads the stream whole too and produces only this
+rank's batches ``i`` (counted from the start of the pass) with ``i % N`` equal to its id, collated
+there by ``collate_fn``; the DataLoader takes one batch from each worker in turn, so the batches
+arrive in order and equal those of ``num_workers=0``. ``get_worker_info()`` is None while the
+stream advances (``multigpu.torch_compat.read_outside_worker``): a stream that would split
+itself among workers (HF's does) is read whole. Workers start again each pass
+(``persistent_workers=True`` is refused: a pass's epoch and start reach the workers as they
+start). Workers' RNGs are seeded as ``DistributedLoader`` seeds them.
+
+Progress and resume: ``state_dict()`` is ``(seed, epoch, cursor, global batch, buffer size,
+shuffle, drop_last)`` where ``cursor`` counts the samples of the epoch consumed in whole global
+steps, as handed out to the loop; it does not depend on the world size or the workers. A resumed
+pass reads the stream from its start and passes over the first ``cursor`` samples (a generator
+cannot seek). The last batch of the epoch moves the epoch on (the next step's batch is read
+before a step's last batch is handed out, to know it is the last).
+
+Under replica groups (``multigpu run --replicas``) a stream is refused in one line
+(``multigpu.replicas``: the groups' shares of a step need the sampler's index layout).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+
+from multigpu.common.log import warn_once
+from multigpu.data import hf_stream
+from multigpu.data.sampler import _as_int, derive_seed, per_rank_batch_size
+from multigpu.errors import UsageError
+from multigpu.runtime.device import map_tensors, move_to_device
+from multigpu.torch_compat.dataloader import read_outside_worker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUFFER_SIZE = 1000
+STATE_KEYS = (
+    "seed",
+    "epoch",
+    "cursor",
+    "global_batch_size",
+    "buffer_size",
+    "shuffle",
+    "drop_last",
+)
+# DataLoader options the StreamLoader decides itself.
+OWNED_OPTIONS = ("sampler", "batch_sampler", "batch_size", "shuffle", "drop_last", "generator")
+
+
+def is_stream(dataset: Any) -> bool:
+    """Whether ``dataset`` can only be read in order (torch's or HF's ``IterableDataset``)."""
+    return isinstance(dataset, IterableDataset) or hf_stream.is_hf_stream(dataset)
+
+
+def _check_options(stream: Any, options: Mapping[str, Any]) -> None:
+    owned = [k for k in OWNED_OPTIONS if k in options]
+    if owned:
+        raise UsageError(
+            f"DataLoader option(s) {owned} were given, but multigpu owns the batching and the "
+            "order of a stream; pass the GLOBAL batch_size, shuffle, drop_last, seed and "
+            "buffer_size to make_loader()/ctx.loader() and leave out " + ", ".join(owned)
+        )
+    if options.get("in_order") is False:
+        raise UsageError(
+            "in_order=False was given, but a stream's workers take turns by batch; leave "
+            "in_order out (the default True)"
+        )
+    if options.get("persistent_workers"):
+        raise UsageError(
+            f"persistent_workers=True was given for the stream {hf_stream.describe(stream)}, "
+            "whose workers read it from its start at each pass (the epoch and where to start "
+            "reach them as they start); leave persistent_workers out"
+        )
+    if hf_stream.is_hf_stream(stream) and hf_stream.unseeded_shuffle(stream):
+        raise UsageError(
+            "the Hugging Face stream shuffles with a generator made without a seed, so each "
+            "rank would read it in another order; give its shuffle a seed "
+            "(stream.shuffle(seed=0, ...)) or leave its shuffle out and let ctx.loader shuffle "
+            "it (shuffle=True, buffer_size=...)"
+        )
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What one pass over the stream needs (set in the main process before workers start)."""
+
+    epoch: int
+    cursor: int
+    template: bool
+    """Whether the pass's end also carries an empty batch shaped like a sample (FSDP)."""
+
+
+@dataclass(frozen=True)
+class _End:
+    """The pass's last record: every rank's batch count in it, and an empty batch (or None)."""
+
+    rank_batches: tuple[int, ...]
+    empty: Any
+
+
+def _as_is(record: Any) -> Any:
+    return record
+
+
+def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """``items`` through a shuffle buffer of ``size``: each new item takes the place of a random
+    one, which comes out; the rest come out shuffled when ``items`` ends."""
+    buffer: list[Any] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        out, buffer[j] = buffer[j], item
+        yield out
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+class _RankBatches(IterableDataset[Any]):
+    """This rank's batches of one pass, as ``(mark, batch)`` records then one ``_End``."""
+
+    def __init__(self, loader: StreamLoader, collate: Callable[[list[Any]], Any]) -> None:
+        self.stream = loader.stream
+        self.collate = collate
+        self.rank, self.world_size = loader.rank, loader.world_size
+        self.global_batch_size, self.micro = loader.global_batch_size, loader.batch_size
+        self.accumulation_steps = loader.accumulation_steps
+        self.shuffle, self.seed, self.buffer_size = loader.shuffle, loader.seed, loader.buffer_size
+        self.drop_last = loader.drop_last
+        self.pass_ = _Pass(0, 0, False)
+
+    def order(self, epoch: int) -> Iterator[Any]:
+        """The stream's samples in the epoch's global order."""
+        set_epoch = getattr(self.stream, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        items = read_outside_worker(self.stream)
+        if not self.shuffle:
+            return iter(items)
+        rng = random.Random(derive_seed(self.seed, epoch))
+        return _shuffled(iter(items), self.buffer_size, rng)
+
+    def _spans(self, p: _Pass) -> Iterator[tuple[list[Any], int | None] | _End]:
+        """This rank's micro-batches' samples with the cursor after their step (None mid-step),
+        then the pass's ``_End``; the first item read is kept for the empty batch."""
+        big, micro, k = self.global_batch_size, self.micro, self.accumulation_steps
+        rank, world = self.rank, self.world_size
+        per_rank = micro * k
+        step: list[Any] = []
+        first: list[Any] = []
+        position = -1
+        for position, item in enumerate(self.order(p.epoch)):
+            if not first:
+                first.append(item)
+            if position < p.cursor:
+                continue
+            step.append(item)
+            if len(step) == big:
+                base = rank * per_rank
+                for m in range(k):
+                    lo = base + m * micro
+                    yield step[lo : lo + micro], (position + 1 if m == k - 1 else None)
+                step = []
+        full = max(0, (position + 1 - p.cursor) // big)
+        rest = len(step) if not self.drop_last else 0
+        share, extra = divmod(rest, world)
+        counts = []
+        for q in range(world):
+            part = share + (1 if q < extra else 0)
+            counts.append(full * k + -(-part // micro))
+        if rest:
+            start = rank * share + min(rank, extra)
+            stop = start + share + (1 if rank < extra else 0)
+            for lo in range(start, stop, micro):
+                hi = min(lo + micro, stop)
+                yield step[lo:hi], (position + 1 if hi >= stop else None)
+        empty = None
+        if p.template and first:
+            empty = map_tensors(self.collate(first), lambda t: t[:0])
+        yield _End(tuple(counts), empty)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        p = self.pass_
+        held: tuple[list[Any], int | None] | None = None
+        index = 0  # this rank's batches so far in the pass; batch i is worker i % workers's
+        end: _End | None = None
+        for span in self._spans(p):
+            if isinstance(span, _End):
+                end = span
+                break
+            if held is not None:  # not the pass's last batch: a mid-epoch mark
+                samples, after = held
+                if index % workers == worker:
+                    yield (p.epoch, after), self.collate(samples)
+                index += 1
+            held = span
+        if held is not None:  # the pass's last batch moves the epoch on
+            if index % workers == worker:
+                yield (p.epoch + 1, 0), self.collate(held[0])
+            index += 1
+        if index % workers == worker:  # the next worker in turn ends the pass
+            yield end
+
+
+class StreamLoader:
+    """Iterate this rank's part of each global batch of a stream read whole; see the module doc.
+
+    The interface is ``DistributedLoader``'s (``epoch``, ``batch_size``, ``global_batch_size``,
+    ``accumulation_steps``, ``ends_step``, ``on_batch``, ``tokens_per_sample``, ``set_epoch``,
+    ``state_dict``/``load_state_dict``, ``even_batches``, ``device``).
+
+    Args:
+        stream: a ``torch.utils.data.IterableDataset`` or a Hugging Face
+            ``datasets.IterableDataset``; it is iterated once per pass, by each rank and worker.
+        batch_size: the GLOBAL batch per optimizer step.
+        buffer_size: samples in the shuffle buffer (memory: that many samples per process and
+            worker); a larger buffer mixes farther.
+        collate_fn: makes a batch of a list of samples (torch's ``default_collate`` if None).
+        **dataloader_kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``,
+            ``prefetch_factor``, ``worker_init_fn``, ``timeout``...).
+
+    Example:
+        >>> class Numbers(IterableDataset):
+        ...     def __iter__(self):
+        ...         return iter(range(10))
+        >>> loader = StreamLoader(Numbers(), batch_size=4, rank=1, world_size=2, shuffle=False)
+        >>> [b.tolist() for b in loader], loader.epoch
+        ([[2, 3], [6, 7], [9]], 1)
+    """
+
+    def __init__(
+        self,
+        stream: Any,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool | None = None,
+        accumulation_steps: int = 1,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        device: torch.device | str | None = None,
+        even_batches: bool | Callable[[], bool] = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if not is_stream(stream):
+            raise UsageError(
+                f"StreamLoader was given a {type(stream).__name__}; expected a torch "
+                "IterableDataset or a Hugging Face datasets.IterableDataset (a map-style "
+                "dataset goes to DistributedLoader: ctx.loader chooses)"
+            )
+        _check_options(stream, dataloader_kwargs)
+        self.stream = stream
+        self.world_size = _as_int("world_size", world_size, 1)
+        self.rank = _as_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise UsageError(
+                f"rank={self.rank} is out of range for world_size={self.world_size}; "
+                f"expected 0 <= rank < {self.world_size}"
+            )
+        self.accumulation_steps = _as_int("accumulation_steps", accumulation_steps, 1)
+        self.global_batch_size = _as_int("batch_size", batch_size, 1)
+        self.batch_size = per_rank_batch_size(
+            self.global_batch_size, self.world_size, self.accumulation_steps
+        )
+        """Samples per batch on this rank (the per-rank micro-batch)."""
+        self.seed = _as_int("seed", seed, 0)
+        self.shuffle = bool(shuffle)
+        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
+        self.buffer_size = _as_int("buffer_size", buffer_size, 1)
+        self.num_samples: int | None = None
+        """Unknown for a stream (``DistributedLoader``'s sampler knows its dataset's)."""
+        self._epoch = 0
+        self._cursor = 0
+        self._even_batches = even_batches
+        self.device = torch.device(device) if device is not None else None
+        self._non_blocking = bool(dataloader_kwargs.get("pin_memory", False))
+        self._generator = torch.Generator()
+        self._batches = _RankBatches(self, collate_fn or default_collate)
+        try:
+            self.dataloader: DataLoader[Any] = DataLoader(
+                self._batches,
+                batch_size=None,
+                collate_fn=_as_is,
+                generator=self._generator,
+                **dataloader_kwargs,
+            )
+        except (TypeError, ValueError) as e:
+            raise UsageError(
+                f"DataLoader rejected the options {sorted(dataloader_kwargs)}: {e}; "
+                "fix or remove them (see torch.utils.data.DataLoader)"
+            ) from e
+        self.ends_step = True
+        """True when the batch handed out last is the last micro-batch of its optimizer step."""
+        self.on_batch: Callable[[StreamLoader], None] | None = None
+        """Called with the loader as each batch is handed out (Context: the active loader)."""
+        self.tokens_per_sample: int | None = None
+        """Tokens in one sample (``ctx.loader(tokens_per_sample=)``), for ``ctx.throughput()``."""
+        if self.world_size > 1 and self.rank == 0 and _first_process():
+            warn_once(
+                log,
+                "the stream %s is read whole by each of the %s ranks (it has no shards "
+                "multigpu can split); RecordFiles(...) reads only each rank's share of files",
+                hf_stream.describe(stream),
+                self.world_size,
+            )
+
+    @property
+    def even_batches(self) -> bool:
+        """Ranks with a batch fewer get an empty one (see ``DistributedLoader``)."""
+        even = self._even_batches
+        return bool(even() if callable(even) else even)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    @property
+    def cursor(self) -> int:
+        """Samples of this epoch already consumed (a multiple of the global batch)."""
+        return self._cursor
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to ``epoch`` (not needed: epochs advance by themselves); the cursor resets
+        unless it already is the current epoch."""
+        epoch = _as_int("epoch", epoch, 0)
+        if epoch != self._epoch:
+            self._epoch, self._cursor = epoch, 0
+
+    def __len__(self) -> int:
+        """This rank's batches left in the epoch, where the stream has a ``__len__``.
+
+        Raises:
+            TypeError: the stream has no length (a generator's is known only at its end).
+        """
+        try:
+            size = len(self.stream)
+        except TypeError as e:
+            raise TypeError(
+                f"len() of a loader over the stream {hf_stream.describe(self.stream)}, which "
+                "has no __len__: its batches are known only at its end; iterate it (for batch "
+                "in loader) and count, or give the stream a __len__"
+            ) from e
+        counts = self._rank_batches(max(0, size - self._cursor))
+        return max(counts) if self.even_batches else counts[self.rank]
+
+    def _rank_batches(self, left: int) -> list[int]:
+        """Every rank's batches over ``left`` more samples of the epoch."""
+        big, micro, k = self.global_batch_size, self.batch_size, self.accumulation_steps
+        full, rest = divmod(left, big)
+        rest = 0 if self.drop_last else rest
+        share, extra = divmod(rest, self.world_size)
+        parts = (share + (1 if q < extra else 0) for q in range(self.world_size))
+        return [full * k + -(-part // micro) for part in parts]
+
+    def __iter__(self) -> Iterator[Any]:
+        """Run the rest of the current epoch on this rank, then move to the next epoch."""
+        epoch, even = self._epoch, self.even_batches
+        self._batches.pass_ = _Pass(epoch, self._cursor, even)
+        self._generator.manual_seed(derive_seed(self.seed, epoch, self.rank))
+        device = self.device if self.device is not None and self.device.type != "cpu" else None
+        handed_out = 0
+        end: _End | None = None
+        for record in self.dataloader:
+            if isinstance(record, _End):
+                end = record
+                continue
+            mark, batch = record  # pin_memory makes the pair a list
+            if device is not None:
+                batch = move_to_device(batch, device, non_blocking=self._non_blocking)
+            if mark[1] is not None:  # a step's last micro-batch (or the epoch's last batch)
+                self._epoch, self._cursor = int(mark[0]), int(mark[1])
+            self.ends_step = mark[1] is not None
+            handed_out += 1
+            if self.on_batch is not None:
+                self.on_batch(self)
+            yield batch
+        if even and end is not None and end.empty is not None:
+            empty = end.empty if self.device is None else move_to_device(end.empty, self.device)
+            for _ in range(max(end.rank_batches) - handed_out):
+                yield empty
+        if self._epoch == epoch:  # no batch for this rank, or a stream shorter than the cursor
+            self._epoch, self._cursor = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The portable progress: valid under any world size, accumulation and workers."""
+        return {
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "cursor": self._cursor,
+            "global_batch_size": self.global_batch_size,
+            "buffer_size": self.buffer_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at the global sample where ``state`` stopped, whatever the world size.
+
+        Raises:
+            UsageError: ``state`` is not a stream loader's state, or its global batch, shuffle,
+                seed or buffer size differ from this loader's (each difference is named).
+        """
+        if not isinstance(state, Mapping):
+            raise UsageError(
+                f"stream loader state is a {type(state).__name__}; expected the dict returned "
+                "by StreamLoader.state_dict() with keys " + ", ".join(STATE_KEYS)
+            )
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            made_by = " (a map-style loader's)" if "num_samples" in state else ""
+            raise UsageError(
+                f"stream loader state{made_by} lacks {missing} (has {sorted(state)}); expected "
+                "the dict returned by StreamLoader.state_dict() (a loader over the same stream)"
+            )
+        ours = self.state_dict()
+        keys: Sequence[str] = ("global_batch_size", "shuffle", "seed")
+        if self.shuffle:
+            keys = (*keys, "buffer_size")
+        differ = [
+            f"{key}: saved {state[key]!r}, now {ours[key]!r}"
+            for key in keys
+            if state[key] != ours[key]
+        ]
+        if differ:
+            raise UsageError(
+                "cannot resume the stream's order: " + "; ".join(differ) + "; build the loader "
+                "with the saved batch_size, shuffle, seed and buffer_size (world size and "
+                "num_workers may differ)"
+            )
+        epoch = _as_int("state['epoch']", state["epoch"], 0)
+        cursor = _as_int("state['cursor']", state["cursor"], 0)
+        if cursor % self.global_batch_size:
+            raise UsageError(
+                f"state['cursor']={cursor} is not a whole number of global batches of "
+                f"{self.global_batch_size}; pass a state saved by StreamLoader.state_dict()"
+            )
+        if bool(state["drop_last"]) != self.drop_last:
+            log.warning(
+                "resuming with drop_last=%s, saved with drop_last=%s",
+                self.drop_last,
+                state["drop_last"],
+            )
+        self._epoch, self._cursor = epoch, cursor
+
+
+def _first_process() -> bool:
+    """Whether this is the job's first process (data rank 0 of a tensor-parallel group is not
+    always it)."""
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
