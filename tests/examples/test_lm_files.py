@@ -143,3 +143,30 @@ def test_bad_data_is_one_line_and_exit_2_before_or_after_workers_start(tmp_path:
     done = run_multigpu([*base, "--data", str(folder), *cache], tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "shard-00.jsonl: line 2 is not JSON" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_hugging_face_tokenizer_sets_the_vocabulary_and_ends_documents_with_eos(tmp_path: Path):
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", ".", *dict.fromkeys(WORDS)])}
+    raw = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw, unk_token="[UNK]", eos_token="</s>"
+    ).save_pretrained(tmp_path / "tok")
+    folder = _folder(tmp_path)
+    data = ["--data", str(folder), "--data-cache", str(tmp_path / "cache")]
+    argv = [*TINY, *data, "--tokenizer", str(tmp_path / "tok"), "--block-size", "16"]
+    r0, _ = run_distributed(_train, world_size=2, args=([*argv, "--steps", "4"],))
+    corpus = r0["corpus"]
+    assert corpus["vocab_size"] == len(vocab) == 20 and corpus["documents"] == 360
+    assert corpus["tokenizer"] == str(tmp_path / "tok")
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 64, "block_size": 16}
+    whole = sum(p.numel() for p in build_model(vocab_size=20, **shape).parameters())
+    assert r0["n_params"] == whole  # embedding and head of the tokenizer's vocabulary
+    # a token per word, one for the "." and an EOS per document
+    texts = [json.loads(ln)["text"] for f in folder.iterdir() for ln in f.read_text().splitlines()]
+    expected = sum(len(t.split(" ")) + 2 for t in texts)
+    assert corpus["train_tokens"] + corpus["val_tokens"] == expected
+    # random words: nothing to learn beyond their frequencies in 4 steps, but it trains
+    assert 0 < r0["val_loss"] < 2 * r0["unigram_baseline"] and r0["tokens_per_second"] > 0
