@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from multigpu.errors import UsageError
 from multigpu.examples.lm import build_model, train
 from multigpu.examples.lm_options import build_parser
+from multigpu.launch.train import parse_job_args
 from multigpu.testing import run_distributed
 from tests.launch._util import run_multigpu
 
@@ -170,3 +172,14 @@ def test_a_hugging_face_tokenizer_sets_the_vocabulary_and_ends_documents_with_eo
     assert corpus["train_tokens"] + corpus["val_tokens"] == expected
     # random words: nothing to learn beyond their frequencies in 4 steps, but it trains
     assert 0 < r0["val_loss"] < 2 * r0["unigram_baseline"] and r0["tokens_per_second"] > 0
+
+
+def test_the_launcher_refuses_data_options_without_data_and_checks_data_paths(tmp_path: Path):
+    for option in (["--tokenizer", "gpt2"], ["--text-field", "body"], ["--data-cache", "c"]):
+        with pytest.raises(UsageError, match=f"{option[0]} {option[1]} was given without --data"):
+            parse_job_args("lm", option)
+    folder = _folder(tmp_path, shards=1, docs=2)
+    assert parse_job_args("lm", ["--data", str(folder)]).data == [str(folder)]
+    (folder / "x.csv").write_text("a,b\n")
+    with pytest.raises(UsageError, match=r"x\.csv: a \.csv file is not a format multigpu reads"):
+        parse_job_args("lm", ["--data", str(folder / "x.csv"), str(folder)])
