@@ -310,10 +310,34 @@ def _replicas(
     # This process hosts the job's record (a TCPStore) and may host the lighthouse: c10d's
     # C++ warnings ("The hostname of the client socket cannot be retrieved", twice per node
     # where the nodes' addresses have no names) and torchft's info lines said nothing a user
-    # acts on. Read when torch is imported, which happens below: set first. The children get
-    # the same (``launch/replicas.py``).
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("RUST_LOG", "error")
+    # acts on. The C++ level is read when torch is imported, on the way: set first, and put
+    # back after (a caller's process, e.g. a test calling main(), keeps its environment). The
+    # children get the same (``launch/replicas.py``).
+    quiet = {"TORCH_CPP_LOG_LEVEL": "ERROR", "RUST_LOG": "error"}
+    saved = {name: os.environ.get(name) for name in quiet}
+    for name, value in quiet.items():
+        os.environ.setdefault(name, value)
+    try:
+        return _replicas_quietly(command, ns, own, rest, options, chosen=chosen)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _replicas_quietly(
+    command: str,
+    ns: argparse.Namespace,
+    own: list[str],
+    rest: list[str],
+    options: LaunchOptions,
+    *,
+    chosen: Path | None = None,
+) -> int:
+    """``--replicas``: checked here (exit 2, nothing started), then one launcher per group
+    (``chosen``: ``multigpu train``'s output directory when it chose one)."""
     from multigpu.common.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
     from multigpu.launch.replicas import (
