@@ -320,11 +320,11 @@ def _replicas(
     try:
         return _replicas_quietly(command, ns, own, rest, options, chosen=chosen)
     finally:
-        for name, value in saved.items():
-            if value is None:
+        for name, before in saved.items():
+            if before is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = value
+                os.environ[name] = before
 
 
 def _replicas_quietly(
