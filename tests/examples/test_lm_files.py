@@ -81,6 +81,21 @@ def test_one_and_two_processes_train_the_same_on_files_below_the_unigram_baselin
     assert len(list((tmp_path / "cache").iterdir())) == 1  # tokenized once, found after
 
 
+def test_a_run_stopped_on_two_processes_resumes_on_one_to_the_uninterrupted_result(
+    tmp_path: Path,
+):
+    data = ["--data", str(_folder(tmp_path)), "--data-cache", str(tmp_path / "cache")]
+    argv = [*TINY, *data, "--steps", "16", "--eval-every", "16", "--checkpoint-every", "8"]
+    argv += ["--out", str(tmp_path / "run")]
+    whole = run_distributed(_train, world_size=2, args=(argv,))[0]
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-00000016")  # died after step 8
+    again = run_distributed(_train, world_size=1, args=(argv,))[0]
+    assert again["resumed_from_step"] == 8 and again["world_size"] == 1
+    # the loader's global cursor and the token-weighted loss: the same steps, to float error
+    assert again["val_loss"] == pytest.approx(whole["val_loss"], abs=2e-4)
+    assert [r["step"] for r in again["history"]] == [16]  # its train loss: steps 9-16 only
+
+
 def _params(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
