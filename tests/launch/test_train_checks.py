@@ -184,6 +184,7 @@ def test_the_job_parsers_import_no_torch():
     light = {"multigpu.errors", "multigpu.examples.job_cli"}
     light |= {f"multigpu.common.{name}" for name in ("choices", "variables", "arguments")}
     light |= {"multigpu.common.tracker_names", "multigpu.common.profile_window"}
+    light |= {"multigpu.common.text_sources"}  # --data: the stdlib only (glob, os, pathlib)
     packages = {"multigpu.common"}  # from multigpu.common import variables
     for module in (digits_parser, lm_parser, job_cli):
         names = set()
