@@ -126,3 +126,14 @@ def test_a_resume_over_changed_files_is_refused_naming_the_file(
     with pytest.raises(DataError, match=expected + ".*resume over the files") as e:
         _loader(tmp_path).load_state_dict(state)
     assert "\n" not in str(e.value)
+
+
+def test_the_replica_groups_sampler_keeps_the_files_order_and_fingerprint(tmp_path: Path) -> None:
+    from multigpu.replicas.shares import replica_sampler
+
+    record_workers.write_shards(tmp_path, 6, 10)
+    ds = RecordFiles(tmp_path, window=2)
+    sampler = make_loader(ds, batch_size=8, rank=0, world_size=1, seed=4).sampler
+    wide = replica_sampler(sampler, groups=2, group=1)
+    assert torch.equal(wide.global_order(0), ds.global_order(4, 0))
+    assert wide.state_dict()["files"] == ds.data_fingerprint()
