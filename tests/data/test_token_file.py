@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from multigpu.common.text_sources import check_sources, list_sources
-from multigpu.data import IGNORE_INDEX, PackedSequences, TokenFile, build_token_file
+from multigpu.data import IGNORE_INDEX, PackedSequences, TokenFile, build_token_file, token_file
 from multigpu.errors import DataError, UsageError
 
 
@@ -114,3 +114,15 @@ def test_bad_sources_are_one_line_naming_the_file_and_what_would_do(tmp_path: Pa
     with pytest.raises(DataError, match=r"nofield.jsonl: line 1 has no string field 'text'"):
         build_token_file([nofield], cache_dir=tmp_path / "c")
     assert not any((tmp_path / "c").iterdir())  # a failed build leaves nothing behind
+
+
+def test_a_text_file_is_copied_in_chunks_as_one_document(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(token_file, "_CHUNK", 3)  # a file larger than a chunk, as a huge one is
+    (tmp_path / "a.txt").write_text("0123456789")
+    (tmp_path / "b.txt").write_text("")  # empty: no document
+    _jsonl(tmp_path / "c.jsonl", ["xy"])
+    (tmp_path / "d.txt").write_text("abcd")
+    built = build_token_file([tmp_path / "a.txt", tmp_path], cache_dir=tmp_path / "cache")
+    tokens = TokenFile(built)
+    assert bytes(tokens.tokens.tolist()) == b"0123456789xyabcd"
+    assert tokens.starts.tolist() == [0, 10, 12]

@@ -56,6 +56,7 @@ FORMAT_VERSION = 1
 """Part of the cache key: a new layout never reads an old file."""
 
 _BATCH = 256  # documents tokenized per call of a Hugging Face tokenizer
+_CHUNK = 1 << 24  # bytes of a text file copied at a time (as bytes, a document may be any size)
 
 
 class ByteTokenizer:
@@ -161,6 +162,20 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[bytes]:
                 yield text.encode("utf-8")
 
 
+def _copy_bytes(path: Path, out: Any, digest: Any, starts: list[int], at: int) -> int:
+    """A text file as one document of bytes, copied in chunks (a file larger than memory too);
+    returns its length."""
+    copied = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            if not copied:
+                starts.append(at)
+            out.write(chunk)
+            digest.update(chunk)
+            copied += len(chunk)
+    return copied
+
+
 def _dtype(vocab_size: int) -> np.dtype[Any]:
     if vocab_size <= 2**8:
         return np.dtype(np.uint8)
@@ -224,6 +239,11 @@ def build_token_file(
 
             pending: list[bytes] = []
             for f in files:
+                if isinstance(tok, ByteTokenizer) and source_format(f) == "text":
+                    flush(pending)  # in order: what came before this file
+                    pending = []
+                    count += _copy_bytes(f, out, digest, starts, count)  # memory stays flat
+                    continue
                 for doc in _documents(f, text_field):
                     pending.append(doc)
                     if len(pending) >= _BATCH:
