@@ -211,8 +211,12 @@ def from_corpus(corpus: Corpus, block_size: int, eval_windows: int, world_size: 
     )
 
 
-def _counts(tokens: np.ndarray, vocab: int) -> torch.Tensor:
-    return torch.from_numpy(np.bincount(tokens, minlength=vocab))
+def _counts(tokens: np.ndarray, vocab: int, chunk: int = 1 << 24) -> torch.Tensor:
+    """How often each token occurs, counted a chunk at a time (bincount copies to int64)."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for at in range(0, len(tokens), chunk):
+        counts += np.bincount(tokens[at : at + chunk], minlength=vocab)[:vocab]
+    return torch.from_numpy(counts)
 
 
 def from_token_file(
