@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,6 @@ def test_a_text_file_is_copied_in_chunks_as_one_document(tmp_path: Path, monkeyp
     tokens = TokenFile(built)
     assert bytes(tokens.tokens.tolist()) == b"0123456789xyabcd"
     assert tokens.starts.tolist() == [0, 10, 12]
+    # pickled as its path (a loader worker that spawns), not its tokens
+    again = pickle.loads(pickle.dumps(PackedSequences(tokens, 4)))
+    assert len(pickle.dumps(tokens)) < 300 and again[1][0].tolist() == list(b"4567")

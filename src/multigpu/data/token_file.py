@@ -299,6 +299,10 @@ class TokenFile:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def __reduce__(self) -> tuple[type[TokenFile], tuple[Path]]:
+        # Pickled (loader workers that spawn) as its path: a memmap would pickle its contents.
+        return (TokenFile, (self.path,))
+
     @property
     def documents(self) -> int:
         return len(self.starts)
