@@ -256,3 +256,19 @@ def test_a_hugging_face_stream_shuffled_without_a_seed_is_refused(shards: list[s
         make_loader(hf.shuffle(buffer_size=4), batch_size=4, rank=0, world_size=1)
     seeded = make_loader(hf.shuffle(seed=1, buffer_size=4), batch_size=4, rank=0, world_size=1)
     assert sorted(i for b in seeded for i in b["id"].tolist()) == list(range(28))
+
+
+def test_a_checkpoint_keeps_it_as_a_loader() -> None:
+    from multigpu.checkpoint.objects import epoch_of, kind_of
+
+    ld = loader(10, 4, 0, 1)
+    list(ld)
+    assert kind_of(ld) == "loader" and epoch_of({"data": ld}) == 1
+
+
+def test_refused_in_one_line_under_replica_groups() -> None:
+    from multigpu.replicas.hook import ReplicaHook
+
+    hook = object.__new__(ReplicaHook)  # the refusal comes before the hook's own state
+    with pytest.raises(UsageError, match=r"stream \(Numbers\) under --replicas: .*RecordFiles"):
+        hook.on_loader(None, loader(10, 4, 0, 1))
