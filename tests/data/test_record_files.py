@@ -137,3 +137,34 @@ def test_the_replica_groups_sampler_keeps_the_files_order_and_fingerprint(tmp_pa
     wide = replica_sampler(sampler, groups=2, group=1)
     assert torch.equal(wide.global_order(0), ds.global_order(4, 0))
     assert wide.state_dict()["files"] == ds.data_fingerprint()
+
+
+def _write_tar(path: Path, first: int, samples: int) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as archive:
+        for k in range(first, first + samples):
+            for ext, body in (("json", json.dumps({"id": k}).encode()), ("txt", b"x" * k * 90)):
+                info = tarfile.TarInfo(f"train/{k:05d}.{ext}")
+                info.size = len(body)
+                archive.addfile(info, io.BytesIO(body))
+
+
+def test_tar_shards_give_webdataset_samples_and_a_cut_off_one_is_bad(tmp_path: Path) -> None:
+    for f in range(2):
+        _write_tar(tmp_path / f"shard-{f}.tar", f * 5, 5)
+    ds = RecordFiles(tmp_path)
+    assert len(ds) == 10
+    assert ds.bytes_read < sum(p.stat().st_size for p in tmp_path.iterdir()) / 2  # headers only
+    sample = ds[7]
+    assert sample["__key__"] == "train/00007" and json.loads(sample["json"]) == {"id": 7}
+    assert sample["txt"] == b"x" * 630
+    cut = tmp_path / "shard-1.tar"
+    cut.write_bytes(cut.read_bytes()[:3000])
+    with pytest.raises(
+        DataError, match=r"shard-1\.tar, sample 2 \(byte \d+\): (truncated|bad tar)"
+    ):
+        len(RecordFiles(tmp_path))
+    skipping = RecordFiles(tmp_path, on_bad="skip")
+    assert len(skipping) == 6 and skipping.bad_records == 1

@@ -1,7 +1,8 @@
 """``RecordFiles``: sharded record files as a map-style dataset that each rank reads its share of.
 
-Each file is a shard of records: JSON lines (a dict per line), text lines (a ``str`` per line)
-or parquet rows (a dict per row; needs ``pyarrow``, the ``parquet`` extra). An index of where each
+Each file is a shard of records: JSON lines (a dict per line), text lines (a ``str`` per line),
+parquet rows (a dict per row; needs ``pyarrow``, the ``parquet`` extra) or WebDataset tar samples
+(the members sharing a key, as ``{"__key__": key, ext: bytes, ...}``). An index of where each
 record lies (its byte offset and length; for parquet its row group and row) turns the files into
 a map-style dataset, so ``ctx.loader`` shards it exactly as any other: the same global batches at
 any world size and any ``num_workers``, a cursor that resumes on another world size, replica heal.
@@ -34,9 +35,11 @@ disappeared or appeared is refused in one line naming the file.
 from __future__ import annotations
 
 import glob
+import io
 import json
 import logging
 import os
+import tarfile
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -52,15 +55,65 @@ from multigpu.errors import DataError, UsageError
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("jsonl", "text", "parquet")
+FORMATS = ("jsonl", "text", "parquet", "tar")
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".txt": "text"}
-SUFFIXES[".parquet"] = "parquet"
+SUFFIXES.update({".parquet": "parquet", ".tar": "tar"})
 _CHUNK = 1 << 22  # bytes per read while indexing
 _ROW_GROUPS_KEPT = 8  # parquet row groups kept decoded per process
 
 
 def _utf8(data: bytes) -> str:
     return data.decode("utf-8")
+
+
+def _tar_sample(data: bytes) -> dict[str, Any]:
+    """A WebDataset sample from its members' bytes: ``{"__key__": key, ext: bytes, ...}``."""
+    sample: dict[str, Any] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                folder, name = os.path.split(member.name)
+                key, _, ext = name.partition(".")
+                sample["__key__"] = os.path.join(folder, key)
+                body = archive.extractfile(member)
+                sample[ext] = body.read() if body is not None else b""
+    except tarfile.TarError as e:
+        raise ValueError(f"bad tar: {e}") from e
+    return sample
+
+
+_PARSERS: dict[str, Callable[[bytes], Any]] = {
+    "jsonl": json.loads,
+    "text": _utf8,
+    "tar": _tar_sample,
+}
+
+
+class _Counting(io.RawIOBase):
+    """A file read through: counts and CRCs the bytes read (a tar's headers while indexing)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.count, self.crc = raw, 0, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self.raw.read(size)
+        self.count += len(data)
+        self.crc = zlib.crc32(data, self.crc)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self.raw.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self.raw.tell())
 
 
 @dataclass
@@ -98,13 +151,13 @@ def _expand(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) ->
             if not matches:
                 raise UsageError(
                     f"RecordFiles path {item!r} is no file, directory or matching glob; expected "
-                    "existing files (.jsonl, .txt, .parquet), directories of them or a glob"
+                    "existing files (.jsonl, .txt, .parquet, .tar), directories of them or a glob"
                 )
             found += matches
     unique = sorted(dict.fromkeys(os.path.abspath(p) for p in found))
     if not unique:
         raise UsageError(
-            f"RecordFiles found no .jsonl, .json, .ndjson, .txt or .parquet file in {given}; "
+            f"RecordFiles found no .jsonl, .json, .ndjson, .txt, .parquet or .tar file in {given}; "
             "name the files or a directory that holds them"
         )
     return unique
@@ -128,9 +181,10 @@ class RecordFiles(Dataset[Any]):
     """Records of sharded files, each read by the rank whose batch holds it; see the module doc.
 
     Args:
-        paths: files, directories (searched for .jsonl/.json/.ndjson/.txt/.parquet) or globs;
+        paths: files, directories (searched for .jsonl/.json/.ndjson/.txt/.parquet/.tar) or globs;
             sorted by path, each file a shard.
-        format: ``"jsonl"``, ``"text"`` or ``"parquet"``; ``None`` reads it from the suffixes.
+        format: ``"jsonl"``, ``"text"``, ``"parquet"`` or ``"tar"``; ``None`` reads it from the
+            suffixes.
         transform: applied to each record as it is read (e.g. tokenizing).
         on_bad: ``"raise"`` (a bad record ends the run in one line) or ``"skip"`` (bad records
             are left out of the dataset and counted).
@@ -261,9 +315,51 @@ class RecordFiles(Dataset[Any]):
         shard = _Shard(path, self.names[s], size, torch.empty(0, 2, dtype=torch.int64), 0, 0, None)
         if self.format == "parquet":
             self._index_parquet(shard)
+        elif self.format == "tar":
+            self._index_tar(shard)
         else:
             self._index_lines(shard)
         return shard
+
+    def _index_tar(self, shard: _Shard) -> None:
+        """WebDataset layout: consecutive members whose names share the part before the first
+        dot of the file name (the key) are one record; its span covers their headers and data."""
+        spans: list[tuple[int, int]] = []
+        key, start, end, ended = None, 0, 0, 0
+        with open(shard.path, "rb") as raw:
+            counted = _Counting(raw)
+            try:
+                with tarfile.open(fileobj=counted, mode="r:") as archive:
+                    for member in archive:
+                        if not member.isfile():
+                            continue
+                        folder, name = os.path.split(member.name)
+                        this = os.path.join(folder, name.split(".", 1)[0])
+                        if this != key:
+                            if key is not None:
+                                spans.append((start, end - start))
+                            key, start = this, member.offset
+                        blocks = -(-member.size // tarfile.BLOCKSIZE)  # data padded to blocks
+                        end = member.offset_data + blocks * tarfile.BLOCKSIZE
+                    ended = archive.offset  # where its end-of-archive blocks should start
+            except tarfile.TarError as e:
+                self._bad(shard, f"sample {len(spans) + 1} (byte {end})", f"bad tar ({e})")
+                key = None  # the rest of the file cannot be read: one bad record, counted
+        if key is not None:
+            spans.append((start, end - start))
+        # tarfile stops at a cut-off header without a word: a whole archive ends in two zero
+        # blocks, so one without them lost its end, and its last sample may lack members.
+        if spans and shard.size - ended < 2 * tarfile.BLOCKSIZE:
+            spans.pop()
+            self._bad(
+                shard,
+                f"sample {len(spans) + 1} (byte {start})",
+                f"truncated: the file ends at byte {shard.size} without the end of the archive",
+            )
+        self.bytes_read += counted.count
+        shard.crc = counted.crc
+        if spans:
+            shard.spans = torch.tensor(spans, dtype=torch.int64)
 
     def _index_lines(self, shard: _Shard) -> None:
         spans: list[tuple[int, int]] = []
@@ -411,7 +507,7 @@ class RecordFiles(Dataset[Any]):
     def _read_lines(self, where: Iterable[tuple[int, int, int, int]]) -> list[Any]:
         """The records at ``(shard, record, offset, length)``: one ``pread`` each."""
         handles, pread, records, total = self._handles, os.pread, [], 0
-        parse: Callable[[bytes], Any] = json.loads if self.format == "jsonl" else _utf8
+        parse: Callable[[bytes], Any] = _PARSERS[self.format]
         for s, k, a, b in where:
             fd = handles.get(s)
             if fd is None:
