@@ -168,3 +168,21 @@ def test_tar_shards_give_webdataset_samples_and_a_cut_off_one_is_bad(tmp_path: P
         len(RecordFiles(tmp_path))
     skipping = RecordFiles(tmp_path, on_bad="skip")
     assert len(skipping) == 6 and skipping.bad_records == 1
+
+
+def test_an_index_dir_spares_the_next_run_the_index_reading(tmp_path: Path) -> None:
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    total = record_workers.write_shards(data, 3, 10)
+    first = RecordFiles(data, index_dir=cache)
+    assert len(first) == 30 and first.bytes_read == total
+    again = RecordFiles(data, index_dir=cache)
+    assert len(again) == 30 and again.bytes_read == 0
+    assert again.data_fingerprint() == first.data_fingerprint() and again[13] == first[13]
+    changed = data / "part-001.jsonl"
+    changed.write_text(changed.read_text() + '{"id": 99}\n')
+    third = RecordFiles(data, index_dir=cache)
+    assert len(third) == 31 and third.bytes_read == changed.stat().st_size  # that file only
+    (data / "part-002.jsonl").write_text('{"id": 0}\n[]\n')
+    assert len(RecordFiles(data, index_dir=cache, on_bad="skip")) == 22
+    with pytest.raises(DataError, match=r"part-002\.jsonl, line 2: a JSON list"):
+        len(RecordFiles(data, index_dir=cache))  # the cached index still says it

@@ -15,7 +15,9 @@ The index is built at the first ``len()`` (``ctx.loader`` asks for it): in a dis
 (``torch.distributed`` initialized) rank ``r`` of ``W`` indexes the files ``s`` with
 ``s % W == r`` and the ranks exchange their indexes (``all_gather_object``), so each rank reads
 about 1/W of the bytes once. Every rank must therefore reach the first ``len()`` (as every rank
-reaches ``ctx.loader``). Alone, the process indexes every file.
+reaches ``ctx.loader``). Alone, the process indexes every file. With ``index_dir``, each file's
+index is kept there (keyed by path, size and modification time; written whole or not at all),
+and a later run reads none of the files' bytes to build it.
 
 Bad records are found while indexing (each record is parsed once there): ``on_bad="raise"`` ends
 the run in one line naming the file and the line; ``on_bad="skip"`` leaves them out of the
@@ -35,6 +37,7 @@ disappeared or appeared is refused in one line naming the file.
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import json
 import logging
@@ -83,6 +86,11 @@ def _tar_sample(data: bytes) -> dict[str, Any]:
         raise ValueError(f"bad tar: {e}") from e
     return sample
 
+
+_BAD_FIX = (
+    "; fix or remove the record, or pass on_bad='skip' to leave bad records out (they are counted)"
+)
+_CACHE_VERSION = 1
 
 _PARSERS: dict[str, Callable[[bytes], Any]] = {
     "jsonl": json.loads,
@@ -189,6 +197,8 @@ class RecordFiles(Dataset[Any]):
         on_bad: ``"raise"`` (a bad record ends the run in one line) or ``"skip"`` (bad records
             are left out of the dataset and counted).
         window: files whose records are shuffled together (the read locality of each rank).
+        index_dir: a directory to keep each file's index in (keyed by its path, size and
+            modification time), so that the next run (a resume) reads no byte to build it.
 
     Example:
         >>> import json, tempfile, pathlib
@@ -207,6 +217,7 @@ class RecordFiles(Dataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         on_bad: str = "raise",
         window: int = 4,
+        index_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.paths = _expand(paths)
         self.format = _format_of(self.paths, format)
@@ -224,6 +235,7 @@ class RecordFiles(Dataset[Any]):
         self.transform = transform
         self.on_bad = on_bad
         self.window = window
+        self.index_dir = os.fspath(index_dir) if index_dir is not None else None
         root = os.path.commonpath([os.path.dirname(p) for p in self.paths])
         self.names = [os.path.relpath(p, root) for p in self.paths]
         self.bytes_read = 0
@@ -296,10 +308,7 @@ class RecordFiles(Dataset[Any]):
     def _bad(self, shard: _Shard, where: str, what: str) -> None:
         line = f"data file {shard.path}, {where}: {what}"
         if self.on_bad == "raise":
-            raise DataError(
-                line + "; fix or remove the record, or pass on_bad='skip' to leave bad records "
-                "out (they are counted)"
-            )
+            raise DataError(line + _BAD_FIX)
         shard.bad += 1
         if shard.first_bad is None:
             shard.first_bad = line
@@ -307,19 +316,77 @@ class RecordFiles(Dataset[Any]):
     def _index_file(self, s: int) -> _Shard:
         path = self.paths[s]
         try:
-            size = os.path.getsize(path)
+            stat = os.stat(path)
         except OSError as e:
             raise DataError(
                 f"data file {path} cannot be read ({e}); expected a readable file"
             ) from e
-        shard = _Shard(path, self.names[s], size, torch.empty(0, 2, dtype=torch.int64), 0, 0, None)
+        cached = self._cached(path, stat)
+        if cached is not None:
+            return cached
+        empty = torch.empty(0, 2, dtype=torch.int64)
+        shard = _Shard(path, self.names[s], stat.st_size, empty, 0, 0, None)
         if self.format == "parquet":
             self._index_parquet(shard)
         elif self.format == "tar":
             self._index_tar(shard)
         else:
             self._index_lines(shard)
+        self._cache(shard, stat)
         return shard
+
+    def _cache_path(self, path: str, stat: os.stat_result) -> str | None:
+        if self.index_dir is None:
+            return None
+        key = f"{_CACHE_VERSION}|{self.format}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return os.path.join(self.index_dir, f"{os.path.basename(path)}.{digest}.index")
+
+    def _cached(self, path: str, stat: os.stat_result) -> _Shard | None:
+        """The file's index from ``index_dir``, when one was written for this path, size and
+        modification time (a bad record it left out still raises under ``on_bad="raise"``)."""
+        where = self._cache_path(path, stat)
+        if where is None or not os.path.exists(where):
+            return None
+        try:
+            saved = torch.load(where, weights_only=True)
+            shard = _Shard(
+                path,
+                self.names[self.paths.index(path)],
+                stat.st_size,
+                saved["spans"],
+                int(saved["crc"]),
+                int(saved["bad"]),
+                saved["first_bad"],
+            )
+        except Exception as e:  # an unreadable cache entry is rebuilt, never trusted
+            log.warning(
+                "multigpu: index cache %s unreadable (%s); indexing %s again", where, e, path
+            )
+            return None
+        if shard.bad and self.on_bad == "raise":
+            raise DataError(str(shard.first_bad) + _BAD_FIX)
+        return shard
+
+    def _cache(self, shard: _Shard, stat: os.stat_result) -> None:
+        where = self._cache_path(shard.path, stat)
+        if where is None:
+            return
+        state = {
+            "spans": shard.spans,
+            "crc": shard.crc,
+            "bad": shard.bad,
+            "first_bad": shard.first_bad,
+        }
+        try:
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            temporary = f"{where}.{os.getpid()}.tmp"
+            torch.save(state, temporary)
+            os.replace(temporary, where)  # whole or not at all: a reader never sees half
+        except OSError as e:
+            log.warning(
+                "multigpu: index cache %s not written (%s); the next run indexes again", where, e
+            )
 
     def _index_tar(self, shard: _Shard) -> None:
         """WebDataset layout: consecutive members whose names share the part before the first
