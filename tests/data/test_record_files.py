@@ -186,3 +186,25 @@ def test_an_index_dir_spares_the_next_run_the_index_reading(tmp_path: Path) -> N
     assert len(RecordFiles(data, index_dir=cache, on_bad="skip")) == 22
     with pytest.raises(DataError, match=r"part-002\.jsonl, line 2: a JSON list"):
         len(RecordFiles(data, index_dir=cache))  # the cached index still says it
+
+
+def test_parquet_is_shuffled_by_windows_of_row_groups_each_decoded_once(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    for f in range(3):
+        ids = list(range(f * 20, f * 20 + 20))
+        pq.write_table(pa.table({"id": ids}), tmp_path / f"p{f}.parquet", row_group_size=5)
+    ds = RecordFiles(tmp_path, window=2, transform=lambda r: r["id"])
+    order = ds.global_order(0, 0).tolist()
+    assert sorted(order) == list(range(60))
+    for w in range(6):  # each run of 10 positions: the rows of 2 row groups
+        assert len({i // 5 for i in order[w * 10 : (w + 1) * 10]}) == 2
+    index = ds.bytes_read
+    assert ds.__getitems__(order) == order
+    groups = sum(
+        pq.ParquetFile(p).metadata.row_group(g).column(0).total_compressed_size
+        for p in ds.paths
+        for g in range(4)
+    )
+    assert ds.bytes_read - index == groups  # each row group decoded once in the epoch

@@ -26,8 +26,10 @@ and rank 0 says their count once. Blank lines of a JSON-lines file are not recor
 
 Order (``shuffle=True``): ``global_order(seed, epoch)``: the files in an order drawn from
 ``(seed, epoch)``, then the records of each ``window`` consecutive files (in that order) shuffled
-together; so at any moment each rank reads from about ``window`` files. ``shuffle=False``: the
-natural order (file by file, record by record).
+together; so at any moment each rank reads from about ``window`` files. Parquet is decoded a row
+group at a time: there the units drawn and windowed are row groups (the window's kept decoded),
+and every rank that needs a row of a row group decodes it — parquet gives no 1/N share of bytes.
+``shuffle=False``: the natural order (file by file, record by record).
 
 Resume safety: ``data_fingerprint()`` (each file's name, size, record count and the CRC-32 of its
 bytes, found while indexing) is saved with the loader's state; a resume over files that changed,
@@ -62,7 +64,6 @@ FORMATS = ("jsonl", "text", "parquet", "tar")
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".txt": "text"}
 SUFFIXES.update({".parquet": "parquet", ".tar": "tar"})
 _CHUNK = 1 << 22  # bytes per read while indexing
-_ROW_GROUPS_KEPT = 8  # parquet row groups kept decoded per process
 
 
 def _utf8(data: bytes) -> str:
@@ -532,7 +533,7 @@ class RecordFiles(Dataset[Any]):
             )
             rows = group.to_pylist()
             self._row_groups[key] = rows
-            if len(self._row_groups) > _ROW_GROUPS_KEPT:
+            if len(self._row_groups) > self.window + 1:  # the window's, and the next
                 self._row_groups.popitem(last=False)
         else:
             self._row_groups.move_to_end(key)
@@ -599,18 +600,28 @@ class RecordFiles(Dataset[Any]):
         return state
 
     # ---- order and fingerprint ------------------------------------------------------------------
+    def _units(self) -> list[int]:
+        """The starts (and the end) of the runs of records read together: the files, or for
+        parquet the row groups (a row group is decoded whole)."""
+        self._index()
+        if self.format != "parquet":
+            return self._starts
+        groups = self._spans[:, 0]
+        change = torch.ones(len(groups), dtype=torch.bool)
+        change[1:] = groups[1:] != groups[:-1]
+        change[torch.tensor(self._starts[:-1], dtype=torch.int64)] = True  # each file's start
+        return [*torch.nonzero(change).flatten().tolist(), self._starts[-1]]
+
     def global_order(self, seed: int, epoch: int) -> torch.Tensor:
-        """The epoch's order: files drawn by ``(seed, epoch)``, records shuffled per window."""
-        shards = self._index()
-        generator = torch.Generator().manual_seed(derive_seed(seed, epoch, len(shards)))
-        files = torch.randperm(len(shards), generator=generator).tolist()
+        """The epoch's order: files (parquet: row groups) drawn by ``(seed, epoch)``, records
+        shuffled within each ``window`` of them."""
+        units = self._units()
+        generator = torch.Generator().manual_seed(derive_seed(seed, epoch, len(units) - 1))
+        drawn = torch.randperm(len(units) - 1, generator=generator).tolist()
         parts = []
-        for w in range(0, len(files), self.window):
+        for w in range(0, len(drawn), self.window):
             rows = torch.cat(
-                [
-                    torch.arange(self._starts[s], self._starts[s + 1])
-                    for s in files[w : w + self.window]
-                ]
+                [torch.arange(units[u], units[u + 1]) for u in drawn[w : w + self.window]]
             )
             parts.append(rows[torch.randperm(len(rows), generator=generator)])
         return torch.cat(parts)
