@@ -394,7 +394,7 @@ class RecordFiles(Dataset[Any]):
         dot of the file name (the key) are one record; its span covers their headers and data."""
         spans: list[tuple[int, int]] = []
         key, start, end, ended = None, 0, 0, 0
-        with open(shard.path, "rb") as raw:
+        with open(shard.path, "rb", buffering=0) as raw:  # counted: what the OS gave
             counted = _Counting(raw)
             try:
                 with tarfile.open(fileobj=counted, mode="r:") as archive:
