@@ -250,10 +250,17 @@ def test_a_hugging_face_stream_is_read_whole_by_every_worker_and_rank(shards: li
     assert ids(plain, 0, 1, 0, epochs=1)[0] == one[0]
 
 
-def test_a_hugging_face_stream_shuffled_without_a_seed_is_refused(shards: list[str]) -> None:
+def test_a_hugging_face_stream_shuffled_without_a_seed_or_split_by_node_is_refused(
+    shards: list[str],
+) -> None:
     hf = stream_workers.make_stream("hf", shards)
     with pytest.raises(UsageError, match="shuffles with a generator made without a seed"):
         make_loader(hf.shuffle(buffer_size=4), batch_size=4, rank=0, world_size=1)
+    from datasets.distributed import split_dataset_by_node
+
+    split = split_dataset_by_node(hf, rank=0, world_size=2)
+    with pytest.raises(UsageError, match="was split by split_dataset_by_node"):
+        make_loader(split, batch_size=4, rank=0, world_size=2)
     seeded = make_loader(hf.shuffle(seed=1, buffer_size=4), batch_size=4, rank=0, world_size=1)
     assert sorted(i for b in seeded for i in b["id"].tolist()) == list(range(28))
 

@@ -52,6 +52,12 @@ def unseeded_shuffle(stream: Any) -> bool:
     return False
 
 
+def split_by_node(stream: Any) -> bool:
+    """Whether an HF stream was split by ``datasets.distributed.split_dataset_by_node`` (its
+    ``_distributed`` config): each rank would then read another stream."""
+    return getattr(stream, "_distributed", None) is not None
+
+
 def describe(stream: Any) -> str:
     """A short name of ``stream`` for a line: ``datasets.IterableDataset`` or its class name."""
     kind = type(stream).__name__

@@ -97,6 +97,12 @@ def _check_options(stream: Any, options: Mapping[str, Any]) -> None:
             "whose workers read it from its start at each pass (the epoch and where to start "
             "reach them as they start); leave persistent_workers out"
         )
+    if hf_stream.is_hf_stream(stream) and hf_stream.split_by_node(stream):
+        raise UsageError(
+            "the Hugging Face stream was split by split_dataset_by_node, so each rank would read "
+            "another stream; give ctx.loader the whole stream (it deals each rank its part of "
+            "the same global batches)"
+        )
     if hf_stream.is_hf_stream(stream) and hf_stream.unseeded_shuffle(stream):
         raise UsageError(
             "the Hugging Face stream shuffles with a generator made without a seed, so each "
