@@ -58,6 +58,19 @@ def split_by_node(stream: Any) -> bool:
     return getattr(stream, "_distributed", None) is not None
 
 
+def prepare_worker(stream: Any) -> None:
+    """In a DataLoader worker, before reading an HF stream: what ``datasets`` does itself in a
+    worker (a path the loader bypasses) — fsspec's async lock made anew, since a forked worker
+    inherits the parent's, which a remote file system's reads could then wait on forever."""
+    if not is_hf_stream(stream):
+        return
+    try:
+        import fsspec.asyn
+    except ImportError:  # no fsspec: no such lock
+        return
+    fsspec.asyn.reset_lock()
+
+
 def describe(stream: Any) -> str:
     """A short name of ``stream`` for a line: ``datasets.IterableDataset`` or its class name."""
     kind = type(stream).__name__

@@ -215,6 +215,8 @@ class _RankBatches(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            hf_stream.prepare_worker(self.stream)
         p = self.pass_
         held: tuple[list[Any], int | None] | None = None
         index = 0  # this rank's batches so far in the pass; batch i is worker i % workers's
