@@ -89,3 +89,19 @@ def train(
                     break
         params = {k: v.detach().clone() for k, v in ctx.full_state_dict(model).items()}
         return {"params": params, "seen": seen, "step": step, "rank": int(os.environ["RANK"])}
+
+
+def resume_over_a_changed_file(data_dir: str, checkpoint_dir: str) -> str:
+    """Train 3 steps with a checkpoint, change one record of a file, resume: the refusal (the
+    Context ends a block that a usage error leaves with its line and exit code 2)."""
+    from multigpu.errors import DataError
+
+    train(data_dir, checkpoint_dir, 8, 3, 0)
+    changed = Path(data_dir) / "part-002.jsonl"
+    changed.write_text(changed.read_text().replace('"id": 2', '"id": 7', 1))  # same size
+    try:
+        train(data_dir, checkpoint_dir, 8, None, 0)
+    except SystemExit as e:
+        cause = e.__cause__
+        return str(cause) if isinstance(cause, DataError) else f"another error: {cause!r}"
+    return "resumed"

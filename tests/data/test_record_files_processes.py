@@ -81,3 +81,17 @@ def test_training_is_the_same_on_one_and_two_processes_and_resumes_across(
     assert len(seen) == steps * record_workers.GLOBAL_BATCH
     assert close(resumed[0]["params"], one["params"])
     assert not close(stopped[0]["params"], one["params"])
+
+
+def test_a_checkpoint_over_changed_files_is_refused_at_resume_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    record_workers.write_shards(data, 4, 10)
+    said = run_distributed(
+        record_workers.resume_over_a_changed_file, 1, args=(str(data), str(tmp_path / "ckpt"))
+    )[0]
+    assert said.startswith(
+        "data file part-002.jsonl changed since the checkpoint was saved (858 bytes, 10 records"
+    ), said
+    assert said.endswith("resume over the files the checkpoint was saved with, or start a new run")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.errors import CheckpointError, UsageError
+from multigpu.errors import CheckpointError, DataError, UsageError
 from multigpu.runtime.wrappers import unwrap_module
 
 
@@ -104,6 +104,8 @@ def load_into(name: str, obj: Any, state: Any) -> None:
             unwrap_module(obj).load_state_dict(state)  # strict: every key must match
         else:
             obj.load_state_dict(state)
+    except DataError:
+        raise  # the data files changed since the save: it names the file, and is the user's
     except (RuntimeError, KeyError, ValueError, TypeError, UsageError) as e:
         raise CheckpointError(
             f"checkpoint object {name!r} ({type(obj).__name__}) does not fit the saved state: {e}"
