@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -296,38 +297,38 @@ def _wants_replicas(ns: argparse.Namespace) -> bool:
     return any(getattr(ns, d, None) is not None for d in ours)
 
 
-def _replicas(
-    command: str,
-    ns: argparse.Namespace,
-    own: list[str],
-    rest: list[str],
-    options: LaunchOptions,
-    *,
-    chosen: Path | None = None,
-) -> int:
-    """``--replicas``: checked here (exit 2, nothing started), then one launcher per group
-    (``chosen``: ``multigpu train``'s output directory when it chose one)."""
-    # This process hosts the job's record (a TCPStore) and may host the lighthouse: c10d's
-    # C++ warnings ("The hostname of the client socket cannot be retrieved", twice per node
-    # where the nodes' addresses have no names) and torchft's info lines said nothing a user
-    # acts on. The C++ level is read when torch is imported, on the way: set first, and put
-    # back after (a caller's process, e.g. a test calling main(), keeps its environment). The
-    # children get the same (``launch/replicas.py``).
+def _quiet_native_logs(run: Callable[..., int]) -> Callable[..., int]:
+    """``run`` with c10d's C++ warnings and torchft's info lines off in this process (unless the
+    user set their levels), the environment as it was afterwards.
+
+    The replica groups' launcher hosts the job's record (a TCPStore) and may host the
+    lighthouse: c10d warned "The hostname of the client socket cannot be retrieved" twice per
+    node where the nodes' addresses have no names, and torchft logs every quorum; nothing a
+    user acts on. The C++ level is read when torch is imported, on the way: set first, put back
+    after (a caller's process, e.g. a test calling main(), keeps its environment). The children
+    get the same (``launch/replicas.py``).
+    """
     quiet = {"TORCH_CPP_LOG_LEVEL": "ERROR", "RUST_LOG": "error"}
-    saved = {name: os.environ.get(name) for name in quiet}
-    for name, value in quiet.items():
-        os.environ.setdefault(name, value)
-    try:
-        return _replicas_quietly(command, ns, own, rest, options, chosen=chosen)
-    finally:
-        for name, before in saved.items():
-            if before is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = before
+
+    @functools.wraps(run)
+    def quietly(*args: Any, **kwargs: Any) -> int:
+        saved = {name: os.environ.get(name) for name in quiet}
+        for name, value in quiet.items():
+            os.environ.setdefault(name, value)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            for name, before in saved.items():
+                if before is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = before
+
+    return quietly
 
 
-def _replicas_quietly(
+@_quiet_native_logs
+def _replicas(
     command: str,
     ns: argparse.Namespace,
     own: list[str],
