@@ -60,9 +60,11 @@ def make_stream(source: str, paths: list[str]) -> Any:
         return JsonLines(paths)
     from datasets import load_dataset
 
-    return load_dataset("json", data_files=paths, streaming=True, split="train").with_format(
-        "torch"
-    )
+    # A cache of its own beside the files, not the user's ~/.cache shared by tests side by side
+    # (xdist): one of them failed once with -n 2, not reproduced since; this rules the cache out.
+    cache = str(Path(paths[0]).parent / "hf-cache")
+    stream = load_dataset("json", data_files=paths, streaming=True, split="train", cache_dir=cache)
+    return stream.with_format("torch")
 
 
 class Lines(logging.Handler):

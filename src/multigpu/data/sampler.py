@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -96,7 +97,78 @@ def per_rank_batch_size(batch_size: int, world_size: int, accumulation_steps: in
     return batch_size // parts
 
 
-class ShardSampler(Sampler[list[int]]):
+class LaidOut:
+    """The public names of a batch layout, set by ``BatchLayout.apply``: a sampler or loader
+    that deals global batches as ``ShardSampler`` does."""
+
+    rank: int
+    world_size: int
+    accumulation_steps: int
+    global_batch_size: int
+    """Samples per optimizer step over all ranks and micro-steps."""
+    batch_size: int
+    """Samples per batch on this rank (the per-rank micro-batch)."""
+    seed: int
+    shuffle: bool
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """The arguments that lay a global batch out over ranks and micro-steps, checked: what
+    ``ShardSampler`` and ``StreamLoader`` (a stream dealt the same way) both take."""
+
+    rank: int
+    world_size: int
+    accumulation_steps: int
+    global_batch_size: int
+    batch_size: int
+    """Samples per batch on this rank (the per-rank micro-batch)."""
+    seed: int
+    shuffle: bool
+    drop_last: bool
+
+    @classmethod
+    def check(
+        cls,
+        *,
+        global_batch_size: int,
+        rank: int,
+        world_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool | None,
+        accumulation_steps: int,
+    ) -> BatchLayout:
+        """The layout of these arguments; a UsageError naming the first one that is wrong (a
+        rank out of range, a global batch that does not split evenly)."""
+        world_size = _as_int("world_size", world_size, 1)
+        rank = _as_int("rank", rank, 0)
+        if rank >= world_size:
+            raise UsageError(
+                f"rank={rank} is out of range for world_size={world_size}; "
+                f"expected 0 <= rank < {world_size}"
+            )
+        accumulation_steps = _as_int("accumulation_steps", accumulation_steps, 1)
+        global_batch_size = _as_int("batch_size", global_batch_size, 1)
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            accumulation_steps=accumulation_steps,
+            global_batch_size=global_batch_size,
+            batch_size=per_rank_batch_size(global_batch_size, world_size, accumulation_steps),
+            seed=_as_int("seed", seed, 0),
+            shuffle=bool(shuffle),
+            drop_last=bool(shuffle) if drop_last is None else bool(drop_last),
+        )
+
+    def apply(self, to: LaidOut) -> None:
+        """Set these as attributes of ``to`` (the sampler's and the loader's public names)."""
+        for field in fields(self):
+            setattr(to, field.name, getattr(self, field.name))
+
+
+class ShardSampler(Sampler[list[int]], LaidOut):
     """Batch sampler yielding this rank's index list per (micro-)step; see the module docstring.
 
     Args:
@@ -130,21 +202,11 @@ class ShardSampler(Sampler[list[int]]):
         self.source = source
         """The dataset, asked for its ``global_order`` and data fingerprint (module doc)."""
         self.num_samples = _as_int("num_samples", num_samples, 1)
-        self.world_size = _as_int("world_size", world_size, 1)
-        self.rank = _as_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise UsageError(
-                f"rank={self.rank} is out of range for world_size={self.world_size}; "
-                f"expected 0 <= rank < {self.world_size}"
-            )
-        self.accumulation_steps = _as_int("accumulation_steps", accumulation_steps, 1)
-        self.global_batch_size = _as_int("batch_size", global_batch_size, 1)
-        self.batch_size = per_rank_batch_size(
-            self.global_batch_size, self.world_size, self.accumulation_steps
-        )
-        self.seed = _as_int("seed", seed, 0)
-        self.shuffle = bool(shuffle)
-        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
+        BatchLayout.check(
+            global_batch_size=global_batch_size, rank=rank, world_size=world_size,
+            shuffle=shuffle, seed=seed, drop_last=drop_last,
+            accumulation_steps=accumulation_steps,
+        ).apply(self)  # fmt: skip
         if self.drop_last and self.num_samples < self.global_batch_size:
             raise UsageError(
                 f"batch_size={self.global_batch_size} is larger than the dataset "

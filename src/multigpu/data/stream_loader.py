@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from multigpu.common.log import warn_once
 from multigpu.data import hf_stream
-from multigpu.data.sampler import _as_int, derive_seed, per_rank_batch_size
+from multigpu.data.sampler import BatchLayout, LaidOut, _as_int, derive_seed
 from multigpu.errors import UsageError
 from multigpu.runtime.device import map_tensors, move_to_device
 from multigpu.torch_compat.dataloader import read_outside_worker
@@ -239,7 +239,7 @@ class _RankBatches(IterableDataset[Any]):
             yield end
 
 
-class StreamLoader:
+class StreamLoader(LaidOut):
     """Iterate this rank's part of each global batch of a stream read whole; see the module doc.
 
     The interface is ``DistributedLoader``'s (``epoch``, ``batch_size``, ``global_batch_size``,
@@ -290,22 +290,10 @@ class StreamLoader:
             )
         _check_options(stream, dataloader_kwargs)
         self.stream = stream
-        self.world_size = _as_int("world_size", world_size, 1)
-        self.rank = _as_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise UsageError(
-                f"rank={self.rank} is out of range for world_size={self.world_size}; "
-                f"expected 0 <= rank < {self.world_size}"
-            )
-        self.accumulation_steps = _as_int("accumulation_steps", accumulation_steps, 1)
-        self.global_batch_size = _as_int("batch_size", batch_size, 1)
-        self.batch_size = per_rank_batch_size(
-            self.global_batch_size, self.world_size, self.accumulation_steps
-        )
-        """Samples per batch on this rank (the per-rank micro-batch)."""
-        self.seed = _as_int("seed", seed, 0)
-        self.shuffle = bool(shuffle)
-        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
+        BatchLayout.check(
+            global_batch_size=batch_size, rank=rank, world_size=world_size, shuffle=shuffle,
+            seed=seed, drop_last=drop_last, accumulation_steps=accumulation_steps,
+        ).apply(self)  # fmt: skip
         self.buffer_size = _as_int("buffer_size", buffer_size, 1)
         self.num_samples: int | None = None
         """Unknown for a stream (``DistributedLoader``'s sampler knows its dataset's)."""
