@@ -36,7 +36,7 @@ from multigpu.examples.job_tracking import TrackedSteps, instruments
 from multigpu.examples.progress import throughput_record, throughput_text
 from multigpu.examples.run_state import RunState, parameter_sha256
 from multigpu.instruments.hang.install import active_log
-from multigpu.instruments.hang.stragglers import SLOW, slowest
+from multigpu.instruments.hang.stragglers import slowest
 from multigpu.session.context import Context
 from multigpu.strategies import DDPStrategy
 
@@ -257,7 +257,7 @@ def _finish_epoch(
     if recorder is not None and ctx.is_distributed:  # step time outside collectives, per rank
         found = slowest(ctx.gather((recorder.busy_s, recorder.steps)))
         if found is not None:
-            record["slowest_rank"], record["slowest_ratio"] = found
+            record["slowest_rank"], record["slowest_ratio"], record["straggler"] = found
     run.history.append(record)
     return record
 
@@ -266,7 +266,7 @@ def _epoch_line(record: dict[str, Any], epochs: int) -> str:
     ratio = record.get("slowest_ratio", 0.0)
     straggler = (
         f"  straggler: rank {record['slowest_rank']} {ratio:.2f}x the median step time"
-        if ratio >= SLOW
+        if record.get("straggler")
         else ""
     )
     return (
