@@ -273,9 +273,26 @@ def test_a_checkpoint_keeps_it_as_a_loader() -> None:
     assert kind_of(ld) == "loader" and epoch_of({"data": ld}) == 1
 
 
-def test_refused_in_one_line_under_replica_groups() -> None:
-    from multigpu.replicas.hook import ReplicaHook
+def test_replica_groups_run_the_shares_a_plain_run_of_as_many_ranks_deals() -> None:
+    """Under --replicas (2 groups of 1 rank, accumulation 2) a stream's share j of each step
+    holds what rank j of a plain 2-rank run gets at that step; run again after a failed step or
+    after a heal that moved the position back, the step holds the same samples."""
+    from multigpu.replicas.shares import StreamSteps
 
-    hook = object.__new__(ReplicaHook)  # the refusal comes before the hook's own state
-    with pytest.raises(UsageError, match=r"stream \(Numbers\) under --replicas: .*RecordFiles"):
-        hook.on_loader(None, loader(10, 4, 0, 1))
+    def plain(rank: int) -> list[list[int]]:
+        ld = loader(40, 8, rank, 2, shuffle=True, seed=3, buffer_size=5, accumulation_steps=2)
+        return [b.tolist() for b in ld]
+
+    group_loader = loader(40, 8, 0, 1, shuffle=True, seed=3, buffer_size=5, accumulation_steps=2)
+    steps = StreamSteps(group_loader, None, None, None, width=1, groups=2)  # type: ignore[arg-type]
+    shares = []
+    while group_loader.epoch == 0:
+        shares.append([list(m) for j in (0, 1) for m in steps._micro_batches(j)])
+        steps._advance()
+    dealt = [plain(0), plain(1)]
+    assert len(shares) == 5 and group_loader.epoch == 1
+    for s, share in enumerate(shares):
+        assert share == [*dealt[0][2 * s : 2 * s + 2], *dealt[1][2 * s : 2 * s + 2]]
+    group_loader.load_state_dict({**group_loader.state_dict(), "epoch": 0, "cursor": 16})
+    again = [list(m) for j in (0, 1) for m in steps._micro_batches(j)]
+    assert again == shares[2]

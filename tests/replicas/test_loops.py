@@ -3,7 +3,8 @@
 README's `for epoch in range(E)` with a StepLR stepped per epoch (its counter restarts at 0 in the
 restarted group), and a Checkpointer-bounded `while ckpt.steps < N` with a StepLR stepped when
 `ctx.step` returns True (its count and the scheduler heal), and a `while loader.epoch < E` loop
-under `precision="16-mixed"` with a clip: both groups end with the parameters
+under `precision="16-mixed"` with a clip, and a Checkpointer loop over a stream (an
+IterableDataset through the loader's shuffle buffer): both groups end with the parameters
 of the uninterrupted run, exactly one process writes the user's `ctx.is_main` output, and torch
 says nothing of an overridden `optimizer.step()`. The survivor waits at step 40 until the killed
 group's next life has started, and goes on slowly until that life stepped (`JOB_WAIT_*`,
@@ -58,8 +59,13 @@ def _difference(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> f
         ("ckpt", "step", {}),
         # float16 with a clip: a survivor's shares each unscaled, the groups' infs agreed
         ("while", "step", {"JOB_PRECISION": "16-mixed", "JOB_CLIP": "0.5"}),
+        # a stream (an IterableDataset through the shuffle buffer), read whole by each group
+        ("ckpt", "epoch", {"JOB_DATA": "stream"}),
     ],
-    ids=["readme-steplr-per-epoch", "checkpointer-steplr-per-step", "while-16-mixed-clip"],
+    ids=[
+        "readme-steplr-per-epoch", "checkpointer-steplr-per-step", "while-16-mixed-clip",
+        "checkpointer-stream",
+    ],  # fmt: skip
 )
 def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_one_writer(
     shape: str, lr: str, job_env: dict[str, str], tmp_path: Path

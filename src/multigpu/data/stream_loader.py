@@ -35,15 +35,16 @@ pass reads the stream from its start and passes over the first ``cursor`` sample
 cannot seek). The last batch of the epoch moves the epoch on (the next step's batch is read
 before a step's last batch is handed out, to know it is the last).
 
-Under replica groups (``multigpu run --replicas``) a stream is refused in one line
-(``multigpu.replicas``: the groups' shares of a step need the sampler's index layout).
+Under replica groups (``multigpu run --replicas``) a training loader's steps are
+``multigpu.replicas.shares.StreamSteps`` (``replica_steps``): every group reads the stream whole
+in its training process and holds each step's global batch, of which it runs its shares.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,6 +324,8 @@ class StreamLoader(LaidOut):
         """Called with the loader as each batch is handed out (Context: the active loader)."""
         self.tokens_per_sample: int | None = None
         """Tokens in one sample (``ctx.loader(tokens_per_sample=)``), for ``ctx.throughput()``."""
+        self.replica_steps: Iterable[Any] | None = None
+        """Under replica groups: this group's shares of each global batch, used instead."""
         if self.world_size > 1 and self.rank == 0 and _first_process():
             warn_once(
                 log,
@@ -383,6 +386,9 @@ class StreamLoader(LaidOut):
 
     def __iter__(self) -> Iterator[Any]:
         """Run the rest of the current epoch on this rank, then move to the next epoch."""
+        if self.replica_steps is not None:
+            yield from self.replica_steps
+            return
         epoch, even = self._epoch, self.even_batches
         self._batches.pass_ = _Pass(epoch, self._cursor, even)
         self._generator.manual_seed(derive_seed(self.seed, epoch, self.rank))

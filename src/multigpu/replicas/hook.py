@@ -10,9 +10,9 @@ with its line (``Coordinator.check_job_state``).
   through the Context's ``before_step`` hook and each optimizer's step pre-hook — the user's
   objects are not patched.
 - ``ctx.loader(...)`` with whole global batches (training; ``drop_last``) reads this group's
-  shares of each step (``multigpu.replicas.shares``); a loader that keeps the last partial batch
-  (evaluation) is read whole by every group, its results reduced inside the group. Every loader's
-  position heals.
+  shares of each step (``multigpu.replicas.shares``; a stream is read whole by every group); a
+  loader that keeps the last partial batch (evaluation) is read whole by every group, its
+  results reduced inside the group. Every loader's position heals.
 - ``ctx.checkpointer(...)``: its step count heals, it counts only the steps that stepped, and it
   saves the job's step with the checkpoint (``JobStep``): after a restart of every group, the
   groups heal from the one whose checkpoint is furthest ahead.
@@ -20,8 +20,7 @@ with its line (``Coordinator.check_job_state``).
 - The Context's end: a clean end of the loop is the job's end; the counts go to the job's record.
 
 Refused with one line: strategies other than single/ddp/fsdp (pipeline and tensor parallel split
-the model, not the data), ``ctx.backward(num_items=...)`` (its count is a group's only) and
-``ctx.loader`` over a stream (``StreamLoader``: no indices to share out among the groups).
+the model, not the data) and ``ctx.backward(num_items=...)`` (its count is a group's only).
 """
 
 from __future__ import annotations
@@ -37,13 +36,14 @@ from torch import nn
 from multigpu.common.replica_record import JobRecord
 from multigpu.common.store_bound import store_call_bound
 from multigpu.common.store_listen import listening_store
+from multigpu.data.stream_loader import StreamLoader
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import UsageError
 from multigpu.instruments.hooks import Hook
 from multigpu.replicas.coordinator import Coordinator
 from multigpu.replicas.heal_state import HealState
 from multigpu.replicas.settings import ReplicaSettings
-from multigpu.replicas.shares import ReplicaSteps, replica_sampler
+from multigpu.replicas.shares import IndexSteps, ReplicaSteps, StreamSteps, replica_sampler
 from multigpu.replicas.step_gate import StepGate
 from multigpu.runtime import dist
 
@@ -161,31 +161,29 @@ class ReplicaHook(Hook):
         return host, int(port)
 
     def on_loader(self, ctx: Any, loader: Any) -> None:
-        if not hasattr(loader, "sampler"):  # a StreamLoader: no indices to share out
-            raise UsageError(
-                f"ctx.loader over a stream ({type(loader.stream).__name__}) under --replicas: "
-                "the groups' shares of a step are a map-style dataset's indices; give a "
-                "map-style dataset (multigpu.data.RecordFiles reads JSON-lines, text or parquet "
-                "files) or run without --replicas"
-            )
-        if loader.sampler.drop_last:  # training: this group's shares of each step
+        layout = loader if isinstance(loader, StreamLoader) else loader.sampler  # a LaidOut
+        if layout.drop_last:  # training: this group's shares of each step
             c = self.coordinator
-            sampler, groups = loader.sampler, c.settings.groups
-            try:
-                loader.sampler = replica_sampler(sampler, groups=groups, group=c.settings.group)
-            except UsageError as e:
-                parts = groups * sampler.world_size * sampler.accumulation_steps
-                batch = sampler.global_batch_size
+            groups, width = c.settings.groups, layout.world_size
+            batch, k = layout.global_batch_size, layout.accumulation_steps
+            parts = groups * width * k
+            if batch % parts:
                 low, high = (batch // parts) * parts, (batch // parts + 1) * parts
                 raise UsageError(
                     f"batch_size={batch} does not split into {groups} replica groups x "
-                    f"{sampler.world_size} process(es) x accumulation_steps="
-                    f"{sampler.accumulation_steps}: each process's share would be "
-                    f"{batch / parts:.2f} samples; use a multiple of {parts}, e.g. "
+                    f"{width} process(es) x accumulation_steps={k}: each process's share would "
+                    f"be {batch / parts:.2f} samples; use a multiple of {parts}, e.g. "
                     + (f"{low} or {high}" if low else f"{high}")
-                ) from e
-            width = loader.sampler.world_size // c.settings.groups
-            loader.replica_steps = ReplicaSteps(loader, c, self.gate, self.state, width=width)
+                )
+            steps: ReplicaSteps
+            if isinstance(loader, StreamLoader):
+                steps = StreamSteps(loader, c, self.gate, self.state, width, groups)
+            else:
+                loader.sampler = replica_sampler(
+                    loader.sampler, groups=groups, group=c.settings.group
+                )
+                steps = IndexSteps(loader, c, self.gate, self.state, width=width)
+            loader.replica_steps = steps
         self.state.add_loader(loader)  # evaluation's too: its epoch count (a shuffle) heals
 
     def on_checkpointer(self, ctx: Any, checkpointer: Any) -> None:

@@ -27,6 +27,7 @@ known only once the step's quorum is, and a DataLoader's workers would have fetc
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 from multigpu.common.log import warn_once
 from multigpu.data import DistributedLoader
 from multigpu.data.sampler import ShardSampler
+from multigpu.data.stream_loader import StreamLoader
 from multigpu.errors import ReplicaError
 from multigpu.replicas.coordinator import Coordinator, JobOver
 from multigpu.replicas.heal_state import HealState
@@ -77,15 +79,18 @@ def replica_sampler(sampler: ShardSampler, *, groups: int, group: int) -> ShardS
 
 
 class ReplicaSteps:
-    """The iteration of one training loader under replica groups (``loader.replica_steps``)."""
+    """The iteration of one training loader under replica groups (``loader.replica_steps``):
+    the step loop shared by a map-style loader (``IndexSteps``) and a stream (``StreamSteps``),
+    which say where the loader is, what a share's micro-batches hold and how the cursor moves."""
 
     def __init__(
         self,
-        loader: DistributedLoader,
+        loader: Any,
         coordinator: Coordinator,
         gate: StepGate,
         state: HealState,
         width: int,
+        local_rank: int,
     ) -> None:
         self.loader = loader
         self.coordinator = coordinator
@@ -93,7 +98,7 @@ class ReplicaSteps:
         self.state = state
         self.width = width
         """W: the ranks of a group."""
-        self.local_rank = loader.sampler.rank % width
+        self.local_rank = local_rank
         self.empty_passes = 0
         if getattr(loader.dataloader, "num_workers", 0):
             warn_once(
@@ -102,6 +107,31 @@ class ReplicaSteps:
                 "process (num_workers is not used): a group's shares are known only once each "
                 "step's quorum is",
             )
+
+    # What a kind of loader says -------------------------------------------------------------
+
+    def _epoch(self) -> int:
+        raise NotImplementedError
+
+    def _epoch_done(self) -> bool:
+        """Whether no whole global batch is left in the epoch at the cursor."""
+        raise NotImplementedError
+
+    def _next_epoch(self) -> None:
+        raise NotImplementedError
+
+    def _advance(self) -> None:
+        """The cursor past the step's global batch (into the next epoch at its end)."""
+        raise NotImplementedError
+
+    def _micro_batches(self, share: int) -> list[list[Any]]:
+        """Share ``share``'s micro-batches on this rank of the group, each a list of samples."""
+        raise NotImplementedError
+
+    def _collate(self, samples: list[Any]) -> Any:
+        raise NotImplementedError
+
+    # The step loop --------------------------------------------------------------------------
 
     def _after_the_end(self) -> None:
         """A pass after the job's end yields nothing: a loop that counts its passes ends; one
@@ -116,34 +146,15 @@ class ReplicaSteps:
                 "nothing, or bound it by the loader (loader.epoch) or a Checkpointer (ckpt.steps)"
             )
 
-    def _advance(self) -> None:
-        sampler = self.loader.sampler
-        cursor = sampler.cursor + sampler.global_batch_size
-        if cursor + sampler.global_batch_size > sampler.num_samples:
-            sampler._epoch, sampler._cursor = sampler.epoch + 1, 0  # the epoch is done
-        else:
-            sampler._cursor = cursor
-
     def _decided(self, committed: bool) -> None:
         if committed:
             self._advance()
 
-    def _shares(self) -> list[list[list[int]]]:
-        """This participant's shares of the step: each its micro-batches' sample indices."""
-        sampler, c = self.loader.sampler, self.coordinator
-        order = sampler._order(sampler.epoch)
-        shares = []
-        for share in shares_of(c.participant_rank, c.participants, c.settings.groups):
-            spans = sampler._spans(share * self.width + self.local_rank, sampler.cursor)
-            shares.append([order[a:b].tolist() for a, b, _ in spans[: sampler.accumulation_steps]])
-        return shares
-
     def __iter__(self) -> Iterator[Any]:
-        loader, sampler, c = self.loader, self.loader.sampler, self.coordinator
-        collate = loader.dataloader.collate_fn
-        epoch = sampler.epoch
-        if sampler.cursor + sampler.global_batch_size > sampler.num_samples:
-            sampler._epoch, sampler._cursor = epoch + 1, 0  # resumed at the end of an epoch
+        loader, c = self.loader, self.coordinator
+        epoch = self._epoch()
+        if self._epoch_done():
+            self._next_epoch()  # resumed at the end of an epoch
             return
         again = False
         while True:
@@ -157,15 +168,18 @@ class ReplicaSteps:
             # The step's start, for each share (its RNG draws) and the last one (schedulers);
             # a step run again after a failure starts from the same snapshot.
             self.state.begin_step(again=again)
-            if sampler.epoch != epoch:  # healed into a later epoch: this pass runs that one
-                epoch = sampler.epoch
-            shares = self._shares()
+            if self._epoch() != epoch:  # healed into a later epoch: this pass runs that one
+                epoch = self._epoch()
+            shares = [
+                self._micro_batches(share)
+                for share in shares_of(c.participant_rank, c.participants, c.settings.groups)
+            ]
             for t, micro_batches in enumerate(shares):
                 last_share = t == len(shares) - 1
                 if t:  # another group's share: its draws, and no scheduler step of the others
                     self.state.restore(schedulers=last_share)
-                for i, indices in enumerate(micro_batches):
-                    batch = collate([loader.dataset[k] for k in indices])
+                for i, samples in enumerate(micro_batches):
+                    batch = self._collate(samples)
                     if loader.device is not None:
                         batch = move_to_device(batch, loader.device)
                     ends_share = i == len(micro_batches) - 1
@@ -179,5 +193,114 @@ class ReplicaSteps:
                 self._advance()
             c.on_decided = None
             c.leave_step()
-            if sampler.epoch != epoch:
+            if self._epoch() != epoch:
                 return
+
+
+class IndexSteps(ReplicaSteps):
+    """A map-style loader's steps: its sampler (``replica_sampler``) cuts each share."""
+
+    def __init__(
+        self,
+        loader: DistributedLoader,
+        coordinator: Coordinator,
+        gate: StepGate,
+        state: HealState,
+        width: int,
+    ) -> None:
+        super().__init__(loader, coordinator, gate, state, width, loader.sampler.rank % width)
+
+    def _epoch(self) -> int:
+        return int(self.loader.sampler.epoch)
+
+    def _epoch_done(self) -> bool:
+        sampler = self.loader.sampler
+        return bool(sampler.cursor + sampler.global_batch_size > sampler.num_samples)
+
+    def _next_epoch(self) -> None:
+        sampler = self.loader.sampler
+        sampler._epoch, sampler._cursor = sampler.epoch + 1, 0
+
+    def _advance(self) -> None:
+        sampler = self.loader.sampler
+        sampler._cursor = sampler.cursor + sampler.global_batch_size
+        if self._epoch_done():
+            self._next_epoch()
+
+    def _micro_batches(self, share: int) -> list[list[Any]]:
+        sampler, dataset = self.loader.sampler, self.loader.dataset
+        order = sampler._order(sampler.epoch)
+        spans = sampler._spans(share * self.width + self.local_rank, sampler.cursor)
+        return [
+            [dataset[k] for k in order[a:b].tolist()]
+            for a, b, _ in spans[: sampler.accumulation_steps]
+        ]
+
+    def _collate(self, samples: list[Any]) -> Any:
+        return self.loader.dataloader.collate_fn(samples)
+
+
+class StreamSteps(ReplicaSteps):
+    """A stream's steps (``StreamLoader``): every group reads the stream whole, as every rank
+    does, and holds the step's global batch, so that a step run again after a failure, or a
+    survivor running an absent group's share, takes the same samples. Share ``j`` on rank ``l``
+    of the group is the global batch's part of virtual rank ``j*W + l`` of ``R*W``, cut into the
+    loader's micro-batches, as ``replica_sampler`` cuts a map-style one. A heal sets the loader's
+    epoch and cursor; the stream is then read again from the start of that epoch's order."""
+
+    def __init__(
+        self,
+        loader: StreamLoader,
+        coordinator: Coordinator,
+        gate: StepGate,
+        state: HealState,
+        width: int,
+        groups: int,
+    ) -> None:
+        super().__init__(loader, coordinator, gate, state, width, loader.rank)
+        self.part = loader.global_batch_size // (groups * width)
+        """Samples of a share on one rank."""
+        self._reading: tuple[int, int, Iterator[Any]] | None = None
+        """(epoch, samples read, the epoch's order) of the pass being read."""
+        self._held: tuple[tuple[int, int], list[Any] | None] | None = None
+        """((epoch, cursor), that step's global batch, None when the epoch has no whole one)."""
+
+    def _global_batch(self) -> list[Any] | None:
+        loader = self.loader
+        at = (loader.epoch, loader.cursor)
+        if self._held is not None and self._held[0] == at:
+            return self._held[1]
+        epoch, cursor = at
+        if self._reading is None or self._reading[0] != epoch or self._reading[1] > cursor:
+            self._reading = (epoch, 0, loader._batches.order(epoch))
+        _, read, items = self._reading
+        big = loader.global_batch_size
+        samples = list(itertools.islice(items, cursor - read, cursor - read + big))
+        self._reading = (epoch, cursor + len(samples), items)  # at the stream's end: past it
+        whole = samples if len(samples) == loader.global_batch_size else None
+        self._held = (at, whole)
+        return whole
+
+    def _epoch(self) -> int:
+        return int(self.loader.epoch)
+
+    def _epoch_done(self) -> bool:
+        return self._global_batch() is None
+
+    def _next_epoch(self) -> None:
+        self.loader._epoch, self.loader._cursor = self.loader.epoch + 1, 0
+
+    def _advance(self) -> None:
+        self.loader._cursor += self.loader.global_batch_size
+        if self._epoch_done():  # read ahead: a stream says its end only when it is reached
+            self._next_epoch()
+
+    def _micro_batches(self, share: int) -> list[list[Any]]:
+        batch = self._global_batch()
+        assert batch is not None, "a step began where the epoch had no whole global batch"
+        lo = (share * self.width + self.local_rank) * self.part
+        micro = self.part // self.loader.accumulation_steps
+        return [batch[a : a + micro] for a in range(lo, lo + self.part, micro)]
+
+    def _collate(self, samples: list[Any]) -> Any:
+        return self.loader._batches.collate(samples)

@@ -24,7 +24,8 @@ restarted group can join their quorum), so that its heal lands mid-run whatever 
 speed. ``JOB_PRECISION`` (default ``32``) is ``init``'s
 precision and ``JOB_CLIP=X`` clips the gradient norm to X before ``ctx.step`` (``ckpt``, ``while``).
 ``JOB_DRIFT_AT=S``: group 1 nudges a weight after step S (what a bug would do; the groups' checks
-must find it).
+must find it). ``JOB_DATA=stream``: the same samples as a ``torch.utils.data.IterableDataset``
+(a stream, shuffled through the loader's buffer) instead of a ``TensorDataset``.
 """
 
 import os
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 import multigpu
 
@@ -43,6 +44,18 @@ STEPS = EPOCHS * STEPS_PER_EPOCH
 
 out, shape, schedule = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 strategy = sys.argv[4] if len(sys.argv) > 4 else "ddp"
+
+
+class Stream(IterableDataset):
+    """The samples of a TensorDataset as a stream: read in order, no index."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __iter__(self):
+        return (self.data[i] for i in range(len(self.data)))
+
+
 pause = float(os.environ.get("JOB_SLEEP", "0"))
 group = os.environ.get("MULTIGPU_REPLICA_GROUP", "plain")
 every = int(os.environ.get("JOB_CKPT_EVERY", "10" if shape == "ckpt" else "0"))
@@ -65,7 +78,10 @@ with multigpu.init(seed=0, strategy=strategy, precision=precision) as ctx:
     elif schedule == "step":
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
     model, optimizer = ctx.setup(model, optimizer)
-    loader = ctx.loader(data, batch_size=BATCH)
+    if os.environ.get("JOB_DATA") == "stream":
+        loader = ctx.loader(Stream(data), batch_size=BATCH, buffer_size=64)
+    else:
+        loader = ctx.loader(data, batch_size=BATCH)
     ckpt = None
     if every:
         ckpt = ctx.checkpointer(
