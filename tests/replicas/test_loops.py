@@ -63,9 +63,11 @@ def _difference(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> f
         ("ckpt", "epoch", {"JOB_DATA": "stream"}),
     ],
     ids=[
-        "readme-steplr-per-epoch", "checkpointer-steplr-per-step", "while-16-mixed-clip",
+        "readme-steplr-per-epoch",
+        "checkpointer-steplr-per-step",
+        "while-16-mixed-clip",
         "checkpointer-stream",
-    ],  # fmt: skip
+    ],
 )
 def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_one_writer(
     shape: str, lr: str, job_env: dict[str, str], tmp_path: Path
