@@ -52,6 +52,7 @@ SUBCOMMANDS = {
     "ckpt": "inspect or convert checkpoints",
     "bench": "collective bandwidth and scaling",
     "slurm": "write an sbatch script",
+    "sky": "write a SkyPilot task YAML (one `multigpu run` per node)",
 }
 """The subcommands whose module ``multigpu.cli.NAME`` has ``NAME_main(argv) -> exit code``, and
 their line in ``multigpu --help``."""
