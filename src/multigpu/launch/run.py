@@ -13,7 +13,8 @@ and what to check.
 
 Environment variables read: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (kept when set), ``CUDA_VISIBLE_DEVICES`` and the
-others ``multigpu.gpus`` reads, ``PATH`` (for ``--no-python`` programs), torchrun's ``PET_*``.
+others ``multigpu.gpus`` reads, ``PATH`` (for ``--no-python`` programs), torchrun's ``PET_*`` and
+SkyPilot's ``SKYPILOT_*`` (``multigpu.launch.engine_topology``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from multigpu.errors import MultiGPUError, UsageError
 from multigpu.launch import ports
 from multigpu.launch.agent import multigpu_agent
 from multigpu.launch.cpu_allocator import tbb_libraries
+from multigpu.launch.engine_topology import with_engine_topology
 from multigpu.launch.failure_summary import (
     USAGE_EXIT_CODE,
     exit_code,
@@ -82,7 +84,10 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
     from multigpu.gpus import claim_gpus, list_gpus, parse_gpu_request, select_gpus
 
     env = os.environ
-    options = with_slurm_topology(options, env)  # `srun multigpu run`: one launcher per node
+    engine = with_engine_topology(options, env)  # PET_* (Kubernetes), SkyPilot's variables
+    if engine.line:
+        say(engine.line)
+    options = with_slurm_topology(engine.options, env)  # `srun multigpu run`: one per node
     check_torchrun_numbers(options)  # torch asserts some of them only once the agent runs
     cores = usable_cores()
     if options.gpus is not None:
