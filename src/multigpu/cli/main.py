@@ -53,6 +53,7 @@ SUBCOMMANDS = {
     "bench": "collective bandwidth and scaling",
     "slurm": "write an sbatch script",
     "sky": "write a SkyPilot task YAML (one `multigpu run` per node)",
+    "k8s": "write a Kubernetes TrainJob or PyTorchJob (one `multigpu run` per pod)",
 }
 """The subcommands whose module ``multigpu.cli.NAME`` has ``NAME_main(argv) -> exit code``, and
 their line in ``multigpu --help``."""
