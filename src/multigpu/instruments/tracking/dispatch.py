@@ -173,6 +173,8 @@ class Tracking(Hook):
         refused (a full disk: ENOSPC three times chained, 56-72 lines with both ranks'), else
         as it is. The Context's end then writes nothing more (its own try would fail alike)."""
         self._broken = True
+        if isinstance(error, MultiGPUError) and error.said_in_full:
+            raise error  # a tracker's own line (an MLflow server that does not answer)
         line = disk_failure(self.directory, what, error)
         if line is None:
             raise error
@@ -205,6 +207,8 @@ class Tracking(Hook):
         said = "continuing its run" if continuing else "a new run"
         if continuing and record.last_step is not None:
             said += f"; steps up to {record.last_step} are there and not sent again"
+        places = [w for tracker, _ in self._trackers if (w := tracker.where())]
+        said += "".join(f"; {w}" for w in places)
         ctx.print(f"tracking: {', '.join(self.names)} in {self.directory} ({said})")
         return record
 

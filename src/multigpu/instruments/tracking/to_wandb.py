@@ -1,7 +1,12 @@
 """The ``wandb`` tracker: one Weights & Biases run, resumed by its id.
 
-The user's environment decides where it goes (``WANDB_MODE=offline`` keeps it on disk for a
-later ``wandb sync``; ``WANDB_PROJECT``, else project ``multigpu``); files go to ``DIR/wandb``.
+W&B's own settings decide where it goes, as for any W&B script: online by default (to
+``WANDB_BASE_URL``, a team's W&B server, else wandb.ai; ``WANDB_API_KEY`` or ``wandb login``),
+``WANDB_MODE=offline`` keeps it on disk for a later ``wandb sync``; ``WANDB_ENTITY``,
+``WANDB_PROJECT`` (else project ``multigpu``), ``WANDB_NAME`` (else the log directory's name),
+``WANDB_RUN_ID`` (a new run's id), ``WANDB_DIR`` (else files go to ``DIR/wandb``), ``WANDB_TAGS``
+... are W&B's to read: only what they leave unset is passed to ``wandb.init``, since an argument
+there overrides its variable. The line that opens the run says its page (online) or its folder.
 A continued run is ``wandb.init(id=<the run's id>, resume="allow")``; W&B rejects a step lower
 than its current one, so the steps the run already has are not sent again. Offline, each job
 of the run is a directory of its own (``offline-run-*-<id>``) that ``wandb sync`` merges.
@@ -12,7 +17,8 @@ and a traceback ending in ``worker_exit._on_sigint`` where the worker's hook say
 are put back as they were (the run's exit code is given to ``finish``), and a run that ends by an
 error or Ctrl-C finishes without W&B's summary panel (its 20 lines would follow the error's one).
 
-Environment variables read: ``WANDB_PROJECT`` (and whatever ``wandb`` itself reads).
+Environment variables read: ``WANDB_PROJECT``, ``WANDB_NAME``, ``WANDB_DIR`` (whether set; and
+whatever ``wandb`` itself reads).
 """
 
 from __future__ import annotations
@@ -44,13 +50,15 @@ class WandbTracker(Tracker):
         run_id = opening.ids.get("wandb") if opening.continuing else None
         config = {**opening.config, "multigpu": dict(opening.environment)}
         self.directory.mkdir(parents=True, exist_ok=True)
+        # W&B's variables win: an argument given to wandb.init would override its variable.
+        env = os.environ
         hook, leave = sys.excepthook, sys.exit
         try:
             self._run = wandb.init(
-                project=os.environ.get("WANDB_PROJECT") or "multigpu",
-                dir=str(self.directory),
-                id=run_id,  # None: wandb makes one (kept in the run file)
-                name=opening.name,
+                project=None if env.get("WANDB_PROJECT") else "multigpu",
+                dir=None if env.get("WANDB_DIR") else str(self.directory),
+                id=run_id,  # None: WANDB_RUN_ID, else wandb makes one (kept in the run file)
+                name=None if env.get("WANDB_NAME") else opening.name,
                 resume="allow",
                 config=config,
                 # The launcher owns this process's output: no console capture.
@@ -64,6 +72,12 @@ class WandbTracker(Tracker):
 
     def ids(self) -> dict[str, str]:
         return {"wandb": str(self._run.id)}
+
+    def where(self) -> str:
+        run = self._run
+        if run.settings._offline:
+            return f"wandb: run {run.id} offline in {run.settings.sync_dir} (wandb sync uploads it)"
+        return f"wandb: run {run.id} at {run.url}"
 
     def write(self, logged: Sequence[Logged]) -> None:
         for step, walltime, values in logged:  # W&B's service process writes them

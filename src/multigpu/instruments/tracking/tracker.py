@@ -64,6 +64,11 @@ class Tracker:
         """The ids that name this tracker's run, kept in the run file."""
         return {}
 
+    def where(self) -> str | None:
+        """Where the run went, in a few words, when more than the log directory says it (an
+        MLflow server, a W&B page); said once as the run opens."""
+        return None
+
     def log(self, values: Mapping[str, Any], step: int, now: float) -> None:
         """Keep ``values`` (floats, or one-element GPU tensors) at ``step``, logged at wall time
         ``now``, for the next ``flush``."""
