@@ -125,7 +125,7 @@ def help_argv(argv: list[str]) -> list[str]:
         if argv[i] == "--model" and i + 1 < len(argv):
             head += argv[i : i + 2]
             i += 2
-        elif re.fullmatch(r"[a-z]+", argv[i]):
+        elif re.fullmatch(r"[a-z][a-z0-9]*", argv[i]):  # k8s too
             head.append(argv[i])
             i += 1
         else:
