@@ -64,9 +64,10 @@ def load(python: str, path: Path) -> dict:
 def test_the_task_loads_in_skypilots_loader(tmp_path: Path, sky_python: str) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
     out = tmp_path / "task.yaml"
-    argv = ["sky", "--nodes", "2", "--gpus", "A100:8", "--out", str(out),
-            "--mount", "/checkpoints=s3://team-bucket/run1", "--setup", "pip install rich",
-            "train.py", "--lr", "0.1", "--note", "it's"]  # fmt: skip
+    # The issue's order (script, then options), the script's own --nodes after "--".
+    argv = ["sky", "train.py", "--lr", "0.1", "--nodes", "2", "--gpus", "A100:8",
+            "--out", str(out), "--mount", "/checkpoints=s3://team-bucket/run1",
+            "--setup", "pip install rich", "--note", "it's", "--", "--nodes", "9"]  # fmt: skip
     done = run_multigpu(argv, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}; launch it with: sky launch -c CLUSTER")
@@ -79,7 +80,8 @@ def test_the_task_loads_in_skypilots_loader(tmp_path: Path, sky_python: str) -> 
     assert 'HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)' in run
     assert (
         'multigpu run --gpus 8 --nnodes "$SKYPILOT_NUM_NODES" --node-rank "$SKYPILOT_NODE_RANK" '
-        "--master-addr \"$HEAD_IP\" --master-port 29500 train.py --lr 0.1 --note 'it'\"'\"'s'"
+        "--master-addr \"$HEAD_IP\" --master-port 29500 train.py --lr 0.1 --note 'it'\"'\"'s' "
+        "--nodes 9"
     ) in run
     assert subprocess.run(["bash", "-n", "-c", run], check=False).returncode == 0
     again = run_multigpu(["sky", "--nodes", "1", "--out", str(out), "train.py"], tmp_path)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from multigpu.cli.k8s import split_argv  # the same options-anywhere rule as `multigpu k8s`
 from multigpu.common.arguments import Parser, whole_arg
 from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
@@ -90,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-o", "--out", help="write the YAML here, atomically (default: stdout)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
-    p.add_argument("script", help="the training script, relative to --workdir")
+    p.add_argument(
+        "script",
+        help="the training script, relative to --workdir (options of "
+        "multigpu sky may also follow it; the script's own that share a name go "
+        "after --)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return p
 
@@ -130,8 +136,18 @@ def task_from(ns: argparse.Namespace) -> SkyTask:
 
 
 def sky_main(argv: Sequence[str]) -> int:
-    """Entry point of ``multigpu sky``; returns the exit code."""
-    ns = build_parser().parse_args(list(argv))
+    """Entry point of ``multigpu sky``; returns the exit code.
+
+    Its options may stand before or after the script (``multigpu sky train.py --nodes 2``), as
+    ``multigpu k8s``'s; the script's own arguments that share a name with one go after ``--``.
+    """
+    parser = build_parser()
+    if any(a in ("-h", "--help") for a in argv[: argv.index("--") if "--" in argv else None]):
+        parser.print_help()
+        return 0
+    own, script_args = split_argv(argv, parser)
+    ns = parser.parse_args(own)
+    ns.args = [*ns.args, *script_args]
     text = task_from(ns).to_yaml()  # every check before anything is written
     if ns.out is None:
         sys.stdout.write(text)
