@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -103,6 +104,8 @@ def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
         return  # it answered
     except (OSError, ValueError) as e:  # refused, no such host, timed out, a malformed URI
         why = getattr(e, "reason", None) or e
+        if isinstance(why, ssl.SSLError):
+            return  # it answered in TLS: its certificate is MLflow's to check (its variables)
         raise UsageError(
             f"mlflow: MLFLOW_TRACKING_URI={shown(uri)} did not answer within {timeout:g} s "
             f"({why}); expected a running MLflow tracking server there: start it or correct "
@@ -159,7 +162,7 @@ class MlflowTracker(Tracker):
     def _check_same_place(self, went: str, run_id: str) -> None:
         """Refuse to continue run ``run_id``, which went to ``went``, anywhere else."""
         here = shown(self._server)
-        if went == here:
+        if went.rstrip("/") == here.rstrip("/"):
             return
         place = {"": "the store in the run's directory (MLFLOW_TRACKING_URI unset)"}
         raise UsageError(
