@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from multigpu.cli.main import main
+from multigpu.testing.distributed import free_port
 from tests.launch._util import child_env, run_multigpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_the_run_section_trains_two_nodes_as_one_job(tmp_path: Path, sky_python:
     work.mkdir()
     shutil.copy(ROOT / "examples" / "minimal.py", work / "minimal.py")
     out = tmp_path / "task.yaml"
-    port = random.randrange(20000, 30000)
+    port = free_port()
     argv = ["sky", "--nodes", "2", "--cpu", "1", "--port", str(port), "--workdir", str(work),
             "-o", str(out), "minimal.py"]  # fmt: skip
     assert run_multigpu(argv, tmp_path).returncode == 0
