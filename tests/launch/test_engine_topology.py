@@ -122,3 +122,16 @@ def test_no_variables_change_nothing() -> None:
     options = LaunchOptions(script="t.py", cpu=2)
     got = with_engine_topology(options, {"HOME": "/root", "MASTER_PORT": "1234"})
     assert got.options == options and got.line == "" and got.used == ()
+
+
+def test_one_node_job_keeps_the_store_on_loopback(tmp_path: Path) -> None:
+    one = {**TRAINJOB_NODE1, "PET_NNODES": "1", "PET_NODE_RANK": "0"}
+    got = with_engine_topology(LaunchOptions(script="t.py", cpu=1), one)
+    assert got.options.torchrun == {}  # no rendezvous at the pod's address: --standalone
+    plain = with_engine_topology(LaunchOptions(script="t.py"), one)  # no --cpu: its count is read
+    assert dict(plain.options.torchrun) == {"nproc_per_node": "1"}
+    assert plain.line == "from the environment: PET_NPROC_PER_NODE=1; options typed win"
+    done = run_multigpu(["run", "--dry-run", "--cpu", "1", MINIMAL], tmp_path, **one)
+    assert done.returncode == 0, done.stderr
+    line = _torchrun_line(done.stdout)
+    assert "--standalone" in line and "--master-addr" not in line, line

@@ -16,6 +16,9 @@ An engine that starts one launcher per node tells each one who it is through var
   ``MASTER_PORT`` or 29500 (every node computes the same without talking). Read only when no
   ``PET_*`` variable and no command-line option names the topology.
 
+Where they name one node (``PET_NNODES=1``), their rendezvous address and port are left out: one
+node needs none, and ``multigpu run`` keeps its store on loopback (``--standalone``).
+
 Where the variables name a job of several nodes but the command line asks for one node
 (``--nnodes 1``, ``--standalone``), the launch is refused: a node that trains alone writes the
 same checkpoints as every other node on a shared volume, while the others wait for it.
@@ -179,6 +182,10 @@ def with_engine_topology(options: LaunchOptions, environ: Mapping[str, str]) -> 
     if not any(d in found for d in (*_TOPOLOGY, *RDZV_DESTS)) and not typed_topology:
         found.update(skypilot_options(environ) or {})
     named = _multi_node(found)
+    if "nnodes" in found and named is None and not options.given("nnodes"):
+        # One node (a TrainJob of numNodes 1): its store stays on loopback on a free port
+        # (--standalone) rather than on the pod's address at the operator's fixed port.
+        found = {d: v for d, v in found.items() if d not in (*_TOPOLOGY, *RDZV_DESTS)}
     applied = {d: v for d, v in found.items() if not options.given(d)}
     merged = {**options.torchrun, **{d: value for d, (_, value) in applied.items()}}
     result = dataclasses.replace(options, torchrun=MappingProxyType(merged))
@@ -196,6 +203,9 @@ def with_engine_topology(options: LaunchOptions, environ: Mapping[str, str]) -> 
 
 
 def _line(options: LaunchOptions, applied: Mapping[str, tuple[str, Any]]) -> str:
+    values = ", ".join(f"{name}={value}" for name, value in applied.values())
+    if not any(d in applied for d in (*_TOPOLOGY, *RDZV_DESTS)):
+        return f"from the environment: {values}; options typed win"
     nnodes = str(options.get("nnodes", "1"))
     if options.get("rdzv_backend", "static") != "static":
         where = f"{options.get('rdzv_backend')} rendezvous at {options.get('rdzv_endpoint', '')}"
@@ -206,5 +216,4 @@ def _line(options: LaunchOptions, applied: Mapping[str, tuple[str, Any]]) -> str
             f"{options.get('master_port', 29500)}"
         )
         who = f"node {options.get('node_rank', 0)} of {nnodes}"
-    values = ", ".join(f"{name}={value}" for name, value in applied.values())
     return f"{who} from the environment ({values}), {where}; options typed win"
