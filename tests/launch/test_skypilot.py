@@ -76,6 +76,7 @@ def test_the_task_loads_in_skypilots_loader(tmp_path: Path, sky_python: str) -> 
     assert task["accelerators"] == [{"A100": 8}]
     assert task["workdir"] == "." and task["storage_mounts"] == ["/checkpoints"]
     assert "pip install torch==" in task["setup"] and "pip install rich" in task["setup"]
+    assert "pip install multigpu==" in task["setup"]  # the workdir is not a multigpu checkout
     run = task["run"]
     assert 'HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)' in run
     assert (
@@ -178,3 +179,12 @@ def test_a_script_outside_the_workdir_is_refused(
 ) -> None:
     assert main(["sky", "--nodes", "2", str(ROOT / "examples" / "minimal.py")]) == 2
     assert "is outside the workdir" in capsys.readouterr().err
+
+
+def test_a_multigpu_checkout_as_workdir_installs_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # SkyPilot copies the checkout: the nodes run this very code
+    out = tmp_path / "task.yaml"
+    assert main(["sky", "examples/minimal.py", "--nodes", "2", "--out", str(out)]) == 0
+    assert "\n  pip install -e .\n" in out.read_text()

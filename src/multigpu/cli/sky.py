@@ -4,6 +4,7 @@ node of a SkyPilot cluster (the YAML's shape: ``multigpu.launch.skypilot``)."""
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -29,6 +30,18 @@ def _installed_versions() -> tuple[str, str]:
         torch_version = ""
     torch_spec = f"torch=={torch_version}" if torch_version else "torch"
     return torch_spec, f"multigpu=={multigpu.__version__}"
+
+
+def _multigpu_spec(workdir: Path) -> str:
+    """``-e .`` when ``workdir`` is a multigpu source tree (SkyPilot copies it to the nodes, so
+    they run this very code), else this version of multigpu from the package index."""
+    try:
+        project = (workdir / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        project = ""
+    if re.search(r'^name\s*=\s*"multigpu"', project, flags=re.M):
+        return "-e ."
+    return _installed_versions()[1]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--install",
-        default=multigpu_spec,
-        help=f"what setup pip-installs for multigpu ({multigpu_spec}; a wheel in the workdir, "
-        "a git URL, or -e . for a checkout)",
+        help=f"what setup pip-installs for multigpu (default: -e . when --workdir is a "
+        f"multigpu checkout, else {multigpu_spec}; or a wheel in the workdir, a git URL)",
     )
     p.add_argument(
         "--setup",
@@ -129,7 +141,7 @@ def task_from(ns: argparse.Namespace) -> SkyTask:
         port=ns.port,
         max_restarts=ns.max_restarts,
         torch_spec=ns.torch,
-        multigpu_spec=ns.install,
+        multigpu_spec=ns.install or _multigpu_spec(workdir),
         setup=tuple(ns.setup),
         mounts=tuple(Mount.parse(m) for m in ns.mount),
     )
