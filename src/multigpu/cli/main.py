@@ -1,5 +1,6 @@
 """The ``multigpu`` command (argparse only): run, train, verify, doctor, bench, estimate, ckpt,
-slurm, gpus. ``pyproject``'s ``[project.scripts]`` and ``python -m multigpu`` call ``main``.
+slurm, sky, k8s, gpus. ``pyproject``'s ``[project.scripts]`` and ``python -m multigpu`` call
+``main``.
 
 The parsers of the launching commands are here: ``multigpu run`` is torchrun's own parser
 (``torch.distributed.run.get_args_parser``) with multigpu's options added, so every torchrun
@@ -206,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{run,train,verify,doctor,bench,estimate,ckpt,slurm,gpus}",
+        metavar="{run,train,verify,doctor,bench,estimate,ckpt,slurm,sky,k8s,gpus}",
     )
     run = build_run_parser()
     sub.add_parser(
