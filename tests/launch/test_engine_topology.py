@@ -44,16 +44,16 @@ def test_pet_variables_plan_node_1_of_2_at_the_given_master(tmp_path: Path) -> N
     ], done.stderr
 
 
-def test_typed_options_win_over_the_variables(tmp_path: Path) -> None:
-    done = run_multigpu(
-        ["run", "--dry-run", "--cpu", "1", "--node-rank", "0", "--master-port", "29600", MINIMAL],
-        tmp_path,
-        **TRAINJOB_NODE1,
-    )
-    assert done.returncode == 0, done.stderr
-    line = _torchrun_line(done.stdout)
-    assert "--node-rank=0" in line and "--master-port=29600" in line, line
-    assert "--nnodes=2" in line, line
+def test_typed_options_win_over_the_variables() -> None:
+    typed = LaunchOptions(script="t.py", cpu=1, torchrun={"node_rank": 0, "master_port": 29600})
+    got = with_engine_topology(typed, TRAINJOB_NODE1)
+    assert dict(got.options.torchrun) == {
+        "node_rank": 0,
+        "master_port": 29600,
+        "nnodes": "2",
+        "master_addr": "job-node-0-0.job",
+    }
+    assert got.used == ("PET_NNODES", "PET_MASTER_ADDR")  # said: only what was used
 
 
 def test_one_node_asked_under_a_multi_node_job_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -124,14 +124,11 @@ def test_no_variables_change_nothing() -> None:
     assert got.options == options and got.line == "" and got.used == ()
 
 
-def test_one_node_job_keeps_the_store_on_loopback(tmp_path: Path) -> None:
+def test_one_node_job_keeps_the_store_on_loopback() -> None:
     one = {**TRAINJOB_NODE1, "PET_NNODES": "1", "PET_NODE_RANK": "0"}
     got = with_engine_topology(LaunchOptions(script="t.py", cpu=1), one)
-    assert got.options.torchrun == {}  # no rendezvous at the pod's address: --standalone
+    # No rendezvous at the pod's address: the plan's --standalone (a loopback store).
+    assert got.options.torchrun == {} and got.options.max_nodes == 1
     plain = with_engine_topology(LaunchOptions(script="t.py"), one)  # no --cpu: its count is read
     assert dict(plain.options.torchrun) == {"nproc_per_node": "1"}
     assert plain.line == "from the environment: PET_NPROC_PER_NODE=1; options typed win"
-    done = run_multigpu(["run", "--dry-run", "--cpu", "1", MINIMAL], tmp_path, **one)
-    assert done.returncode == 0, done.stderr
-    line = _torchrun_line(done.stdout)
-    assert "--standalone" in line and "--master-addr" not in line, line
