@@ -220,7 +220,9 @@ def shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return stream_workers.write_shards(tmp_path, 4, 7)
 
 
-def ids(stream: Any, rank: int, world: int, workers: int, epochs: int = 2) -> list[list[int]]:
+def ids(
+    stream: Any, rank: int, world: int, workers: int, epochs: int = 2, **kw: Any
+) -> list[list[int]]:
     ld = make_loader(
         stream,
         batch_size=4,
@@ -229,25 +231,34 @@ def ids(stream: Any, rank: int, world: int, workers: int, epochs: int = 2) -> li
         num_workers=workers,
         buffer_size=5,
         seed=3,
+        **kw,
     )
     return [[i for b in ld for i in b["id"].tolist()] for _ in range(epochs)]
 
 
-def test_a_hugging_face_stream_is_read_whole_by_every_worker_and_rank(shards: list[str]) -> None:
+@pytest.mark.parametrize("lanes", [None, 1])
+def test_a_hugging_face_stream_gives_the_same_batches_to_any_ranks_and_workers(
+    shards: list[str], lanes: int | None
+) -> None:
+    """By lanes (the default: its 4 shards in 4 lanes, each rank of 2 reading 2 of them) or read
+    whole by every worker and rank (lanes=1): the same global batches either way."""
     hf = stream_workers.make_stream("hf", shards)
-    plain = stream_workers.make_stream("plain", shards)
-    one = ids(hf, 0, 1, 0)
+    one = ids(hf, 0, 1, 0, lanes=lanes)
     assert len(one[0]) == 28 and sorted(one[0]) == list(range(28))  # 28 = 7 · 4: none dropped
     assert one[0] != one[1]
-    # Its own worker split would give each of 2 workers 2 of the 4 shards: read whole instead.
-    assert ids(hf, 0, 1, 2) == one
-    two = [ids(hf, r, 2, w) for r, w in ((0, 0), (1, 2))]
+    # Its own worker split would give each of 2 workers 2 of the 4 shards: bypassed.
+    assert ids(hf, 0, 1, 2, lanes=lanes) == one
+    two = [ids(hf, r, 2, w, lanes=lanes) for r, w in ((0, 0), (1, 2))]
     for epoch in range(2):
         steps = global_steps([[r[epoch][i : i + 2] for i in range(0, 14, 2)] for r in two])
         assert [i for s in steps for i in s] == one[epoch]
-    # Epoch 0: the same order as the plain stream over the same files (HF reorders its shards
-    # by itself from epoch 1, told the epoch by set_epoch).
-    assert ids(plain, 0, 1, 0, epochs=1)[0] == one[0]
+    if lanes == 1:
+        # Epoch 0: the same order as the plain stream over the same files (HF reorders its
+        # shards by itself from epoch 1, told the epoch by set_epoch).
+        plain = stream_workers.make_stream("plain", shards)
+        assert ids(plain, 0, 1, 0, epochs=1)[0] == one[0]
+    else:  # each batch takes one sample from each lane: a shard (7 records) each
+        assert all(len({i // 7 for i in one[0][a : a + 4]}) == 4 for a in range(0, 28, 4))
 
 
 def test_a_hugging_face_stream_shuffled_without_a_seed_or_split_by_node_is_refused(

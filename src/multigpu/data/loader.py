@@ -254,8 +254,9 @@ def make_loader(
     every sample exactly once (ranks may then get uneven or no last batches).
 
     A stream (torch's or Hugging Face's ``IterableDataset``) gets a ``StreamLoader`` instead:
-    every rank reads it whole and keeps its part of the same global batches (``buffer_size``: its
-    shuffle buffer; see ``multigpu.data.stream_loader``).
+    every rank keeps its part of the same global batches, reading the stream whole, or only its
+    lanes of a stream with shards (``buffer_size``: its shuffle buffer; ``lanes``: see
+    ``multigpu.data.stream_loader`` and ``multigpu.data.stream_lanes``).
 
     Raises:
         UsageError: a dataset without ``__len__``, a ``batch_size`` that does not split evenly,

@@ -2,9 +2,13 @@
 
 For a ``torch.utils.data.IterableDataset`` or a Hugging Face ``datasets.IterableDataset``
 (``load_dataset(..., streaming=True)``), which ``ctx.loader`` / ``make_loader`` hand here. Such a
-stream has no index and no shards multigpu can split: splitting a generator by rank would change
-the global order with the world size. So **every rank reads the stream whole** (said once, in
-one line, by rank 0 when the loader is made) and keeps its own part of each global batch.
+stream has no index: splitting a generator by rank would change the global order with the world
+size. So **every rank reads the stream whole** (said once, in one line, by rank 0 when the loader
+is made) and keeps its own part of each global batch. A stream with shards (``n_shards`` and
+``shard()``: a Hugging Face stream over several files) is read by lanes instead for a training
+loader (``drop_last``), each rank reading only its lanes' shards
+(``multigpu.data.stream_lanes``); this module doc describes the whole reading, which such a
+stream falls back to for an epoch whose shards are too uneven, and with ``lanes=1``.
 
 Global order of an epoch: the stream's order (a stream with ``set_epoch``, as HF's, is told the
 epoch first) passed through a shuffle buffer of ``buffer_size`` samples drawn from a
@@ -42,6 +46,7 @@ in its training process and holds each step's global batch, of which it runs its
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -52,9 +57,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from multigpu.common.log import warn_once
-from multigpu.data import hf_stream
+from multigpu.data import hf_stream, stream_lanes
 from multigpu.data.sampler import BatchLayout, LaidOut, _as_int, derive_seed
-from multigpu.errors import UsageError
+from multigpu.errors import DataError, UsageError
 from multigpu.runtime.device import map_tensors, move_to_device
 from multigpu.torch_compat.dataloader import read_outside_worker
 
@@ -241,7 +246,7 @@ class _RankBatches(IterableDataset[Any]):
 
 
 class StreamLoader(LaidOut):
-    """Iterate this rank's part of each global batch of a stream read whole; see the module doc.
+    """Iterate this rank's part of each global batch of a stream; see the module doc.
 
     The interface is ``DistributedLoader``'s (``epoch``, ``batch_size``, ``global_batch_size``,
     ``accumulation_steps``, ``ends_step``, ``on_batch``, ``tokens_per_sample``, ``set_epoch``,
@@ -252,7 +257,13 @@ class StreamLoader(LaidOut):
             ``datasets.IterableDataset``; it is iterated once per pass, by each rank and worker.
         batch_size: the GLOBAL batch per optimizer step.
         buffer_size: samples in the shuffle buffer (memory: that many samples per process and
-            worker); a larger buffer mixes farther.
+            worker); a larger buffer mixes farther. Read by lanes, the window each lane is
+            shuffled in.
+        lanes: for a stream with shards (``n_shards`` and ``shard()``, as a Hugging Face
+            stream over several files): the lanes its shards are read in, so that each rank
+            reads only its share (``multigpu.data.stream_lanes``); None: as many as shards, at
+            most the global batch and 64, for a training loader (``drop_last``), else 1; 1: read
+            whole by every rank. The global order depends on it, not on the world size.
         collate_fn: makes a batch of a list of samples (torch's ``default_collate`` if None).
         **dataloader_kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``,
             ``prefetch_factor``, ``worker_init_fn``, ``timeout``...).
@@ -278,6 +289,7 @@ class StreamLoader(LaidOut):
         drop_last: bool | None = None,
         accumulation_steps: int = 1,
         buffer_size: int = DEFAULT_BUFFER_SIZE,
+        lanes: int | None = None,
         device: torch.device | str | None = None,
         even_batches: bool | Callable[[], bool] = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -296,6 +308,11 @@ class StreamLoader(LaidOut):
             seed=seed, drop_last=drop_last, accumulation_steps=accumulation_steps,
         ).apply(self)  # fmt: skip
         self.buffer_size = _as_int("buffer_size", buffer_size, 1)
+        self._n_shards = stream_lanes.shard_count(stream)
+        self.lanes = self._check_lanes(lanes)
+        """Lanes the stream's shards are read in (1: read whole by every rank)."""
+        self._shard_counts: list[int] | None = None
+        self._saved_counts: list[int] | None = None
         self.num_samples: int | None = None
         """Unknown for a stream (``DistributedLoader``'s sampler knows its dataset's)."""
         self._epoch = 0
@@ -305,9 +322,19 @@ class StreamLoader(LaidOut):
         self._non_blocking = bool(dataloader_kwargs.get("pin_memory", False))
         self._generator = torch.Generator()
         self._batches = _RankBatches(self, collate_fn or default_collate)
+        self._lane_chunks = stream_lanes.LaneChunks(
+            stream, self._n_shards, seed=self.seed, shuffle=self.shuffle, window=self.buffer_size
+        )
         try:
             self.dataloader: DataLoader[Any] = DataLoader(
                 self._batches,
+                batch_size=None,
+                collate_fn=_as_is,
+                generator=self._generator,
+                **dataloader_kwargs,
+            )
+            self._lane_loader: DataLoader[Any] = DataLoader(
+                self._lane_chunks,
                 batch_size=None,
                 collate_fn=_as_is,
                 generator=self._generator,
@@ -327,13 +354,56 @@ class StreamLoader(LaidOut):
         self.replica_steps: Iterable[Any] | None = None
         """Under replica groups: this group's shares of each global batch, used instead."""
         if self.world_size > 1 and self.rank == 0 and _first_process():
+            self._say_how_it_is_read()
+
+    def _check_lanes(self, lanes: int | None) -> int:
+        name = hf_stream.describe(self.stream)
+        if lanes is None:
+            return stream_lanes.default_lanes(self._n_shards, self.global_batch_size) if (
+                self.drop_last
+            ) else 1  # fmt: skip
+        lanes = _as_int("lanes", lanes, 1)
+        if lanes == 1:
+            return 1
+        if not self._n_shards:
+            raise UsageError(
+                f"lanes={lanes} was given, but the stream {name} has no shards to read by "
+                "(n_shards >= 2 and shard(num_shards=, index=)); leave lanes out"
+            )
+        if lanes > min(self._n_shards, self.global_batch_size):
+            raise UsageError(
+                f"lanes={lanes} is more than the stream's {self._n_shards} shards or the global "
+                f"batch_size={self.global_batch_size}; use at most "
+                f"{min(self._n_shards, self.global_batch_size)}"
+            )
+        if not self.drop_last:
+            raise UsageError(
+                f"lanes={lanes} with drop_last=False: lanes give whole global batches only; "
+                "use drop_last=True, or lanes=1 to keep the last partial batch"
+            )
+        return lanes
+
+    def _say_how_it_is_read(self) -> None:
+        name, world, lanes = hf_stream.describe(self.stream), self.world_size, self.lanes
+        if lanes == 1:
+            why = "its shards are not read by lanes (lanes=1)" if self._n_shards else (
+                "it has no shards multigpu can split"
+            )  # fmt: skip
             warn_once(
                 log,
-                "the stream %s is read whole by each of the %s ranks (it has no shards "
-                "multigpu can split); RecordFiles(...) reads only each rank's share of files",
-                hf_stream.describe(stream),
-                self.world_size,
-            )
+                "the stream %s is read whole by each of the %s ranks (%s); RecordFiles(...) "
+                "reads only each rank's share of files",
+                name, world, why,
+            )  # fmt: skip
+        elif lanes % world:
+            warn_once(
+                log,
+                "the stream %s is read by shard in %s lanes, which %s ranks do not divide: two "
+                "ranks read each lane at the boundary of their parts (lanes=%s reads 1/%s each)",
+                name, lanes, world, max(world, lanes // world * world), world,
+            )  # fmt: skip
+        else:
+            log.debug("stream %s: %s shards in %s lanes", name, self._n_shards, lanes)
 
     @property
     def even_batches(self) -> bool:
@@ -384,10 +454,111 @@ class StreamLoader(LaidOut):
         parts = (share + (1 if q < extra else 0) for q in range(self.world_size))
         return [full * k + -(-part // micro) for part in parts]
 
+    def _counts(self) -> list[int]:
+        """Each shard's records, counted once by the ranks together (a collective)."""
+        if self._shard_counts is None:
+            self._shard_counts = stream_lanes.count_shards(self.stream, self._n_shards)
+            self._check_counts()
+        return self._shard_counts
+
+    def _check_counts(self) -> None:
+        saved, now = self._saved_counts, self._shard_counts
+        if saved is None or now is None or saved == now:
+            return
+        name = hf_stream.describe(self.stream)
+        if len(saved) != len(now):
+            raise DataError(
+                f"the stream {name} has {len(now)} shards, but the checkpoint's position was "
+                f"saved over {len(saved)}; resume over the same files, or start anew"
+            )
+        shard = next(i for i, (a, b) in enumerate(zip(saved, now, strict=True)) if a != b)
+        raise DataError(
+            f"shard {shard} of the stream {name} holds {now[shard]} records, but "
+            f"{saved[shard]} when the checkpoint's position was saved: the data changed; "
+            "resume over the same files, or start anew"
+        )
+
+    def _plan(self, epoch: int) -> stream_lanes.LanePlan | None:
+        """The epoch's lane plan, or None when it is read whole."""
+        if self.lanes == 1:
+            return None
+        found = stream_lanes.plan(
+            self._counts(), lanes=self.lanes, global_batch_size=self.global_batch_size,
+            seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+        )  # fmt: skip
+        if found is None and self.rank == 0 and _first_process():
+            warn_once(
+                log,
+                "the stream %s is read whole by each rank in epoch %s: its %s shards "
+                "(%s to %s records) are too uneven to cut into %s lanes",
+                hf_stream.describe(self.stream), epoch, self._n_shards,
+                min(self._counts()), max(self._counts()), self.lanes,
+            )  # fmt: skip
+        return found
+
+    def global_batches(self, epoch: int, start_step: int) -> Iterator[list[Any]]:
+        """The whole global batches of ``epoch`` from step ``start_step`` on, each a list of its
+        samples in position order, read in this process (replica groups read a stream so)."""
+        big = self.global_batch_size
+        p = self._plan(epoch)
+        if p is None:
+            items = itertools.islice(self._batches.order(epoch), start_step * big, None)
+            while len(batch := list(itertools.islice(items, big))) == big:
+                yield batch
+            return
+        chunks = stream_lanes.LaneChunks(
+            self.stream, self._n_shards, seed=self.seed, shuffle=self.shuffle,
+            window=self.buffer_size,
+        )  # fmt: skip
+        chunks.pass_ = stream_lanes.LanePass(p, epoch, start_step, 0, big)
+        for run in chunks:
+            for pairs in run:
+                yield [sample for _, sample in sorted(pairs, key=lambda pair: pair[0])]
+
+    def _lanes_pass(self, p: stream_lanes.LanePlan) -> Iterator[Any]:
+        """The rest of the epoch by lanes: each step's samples gathered from the workers' lanes
+        (one list from each worker in turn), in position order, cut into micro-batches."""
+        epoch, big, micro = self._epoch, self.global_batch_size, self.batch_size
+        start = self._cursor // big
+        if start >= p.steps:  # resumed at the epoch's end
+            self._epoch, self._cursor = epoch + 1, 0
+            return
+        lo = self.rank * (big // self.world_size)
+        self._lane_chunks.pass_ = stream_lanes.LanePass(p, epoch, start, lo, lo + micro * (
+            self.accumulation_steps
+        ))  # fmt: skip
+        self._generator.manual_seed(derive_seed(self.seed, epoch, self.rank))
+        device = self.device if self.device is not None and self.device.type != "cpu" else None
+        workers = max(1, int(getattr(self._lane_loader, "num_workers", 0)))
+        collate = self._batches.collate
+        chunks = iter(self._lane_loader)
+        held: list[list[Any]] = []
+        for step in range(start, p.steps):
+            if not held:  # the next run of steps: one chunk from each worker in turn
+                runs = [next(chunks) for _ in range(workers)]
+                held = [[pair for run in runs for pair in run[i]] for i in range(len(runs[0]))]
+            pairs = held.pop(0)
+            samples = [pair[1] for pair in sorted(pairs, key=lambda pair: int(pair[0]))]
+            for m in range(self.accumulation_steps):
+                batch = collate(samples[m * micro : (m + 1) * micro])
+                if device is not None:
+                    batch = move_to_device(batch, device, non_blocking=self._non_blocking)
+                self.ends_step = m == self.accumulation_steps - 1
+                if self.ends_step:
+                    at = (epoch, (step + 1) * big)
+                    self._epoch, self._cursor = (epoch + 1, 0) if step + 1 == p.steps else at
+                if self.on_batch is not None:
+                    self.on_batch(self)
+                yield batch
+
     def __iter__(self) -> Iterator[Any]:
         """Run the rest of the current epoch on this rank, then move to the next epoch."""
         if self.replica_steps is not None:
             yield from self.replica_steps
+            return
+        p = self._plan(self._epoch)
+        if p is not None:
+            yield from self._lanes_pass(p)
             return
         epoch, even = self._epoch, self.even_batches
         self._batches.pass_ = _Pass(epoch, self._cursor, even)
@@ -426,6 +597,8 @@ class StreamLoader(LaidOut):
             "buffer_size": self.buffer_size,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "lanes": self.lanes,
+            "shard_counts": self._shard_counts,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -451,6 +624,8 @@ class StreamLoader(LaidOut):
         keys: Sequence[str] = ("global_batch_size", "shuffle", "seed")
         if self.shuffle:
             keys = (*keys, "buffer_size")
+        if "lanes" in state:  # saved since streams are read by lanes
+            keys = (*keys, "lanes")
         differ = [
             f"{key}: saved {state[key]!r}, now {ours[key]!r}"
             for key in keys
@@ -459,8 +634,8 @@ class StreamLoader(LaidOut):
         if differ:
             raise UsageError(
                 "cannot resume the stream's order: " + "; ".join(differ) + "; build the loader "
-                "with the saved batch_size, shuffle, seed and buffer_size (world size and "
-                "num_workers may differ)"
+                "with the saved batch_size, shuffle, seed, buffer_size and lanes (world size "
+                "and num_workers may differ)"
             )
         epoch = _as_int("state['epoch']", state["epoch"], 0)
         cursor = _as_int("state['cursor']", state["cursor"], 0)
@@ -475,6 +650,9 @@ class StreamLoader(LaidOut):
                 self.drop_last,
                 state["drop_last"],
             )
+        counts = state.get("shard_counts")
+        self._saved_counts = [int(c) for c in counts] if counts is not None else None
+        self._check_counts()
         self._epoch, self._cursor = epoch, cursor
 
 

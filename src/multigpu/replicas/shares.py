@@ -260,8 +260,8 @@ class StreamSteps(ReplicaSteps):
         super().__init__(loader, coordinator, gate, state, width, loader.rank)
         self.part = loader.global_batch_size // (groups * width)
         """Samples of a share on one rank."""
-        self._reading: tuple[int, int, Iterator[Any]] | None = None
-        """(epoch, samples read, the epoch's order) of the pass being read."""
+        self._reading: tuple[int, int, Iterator[list[Any]]] | None = None
+        """(epoch, its next step, its global batches from there) of the pass being read."""
         self._held: tuple[tuple[int, int], list[Any] | None] | None = None
         """((epoch, cursor), that step's global batch, None when the epoch has no whole one)."""
 
@@ -270,16 +270,14 @@ class StreamSteps(ReplicaSteps):
         at = (loader.epoch, loader.cursor)
         if self._held is not None and self._held[0] == at:
             return self._held[1]
-        epoch, cursor = at
-        if self._reading is None or self._reading[0] != epoch or self._reading[1] > cursor:
-            self._reading = (epoch, 0, loader._batches.order(epoch))
-        _, read, items = self._reading
-        big = loader.global_batch_size
-        samples = list(itertools.islice(items, cursor - read, cursor - read + big))
-        self._reading = (epoch, cursor + len(samples), items)  # at the stream's end: past it
-        whole = samples if len(samples) == loader.global_batch_size else None
-        self._held = (at, whole)
-        return whole
+        epoch, step = loader.epoch, loader.cursor // loader.global_batch_size
+        if self._reading is None or self._reading[0] != epoch or self._reading[1] > step:
+            self._reading = (epoch, step, loader.global_batches(epoch, step))
+        _, next_step, batches = self._reading
+        batch = next(itertools.islice(batches, step - next_step, None), None)
+        self._reading = (epoch, step + 1, batches)
+        self._held = (at, batch)
+        return batch
 
     def _epoch(self) -> int:
         return int(self.loader.epoch)

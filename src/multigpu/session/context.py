@@ -343,9 +343,10 @@ class Context(RankTools, Checkpointing, Metering):
         and MFU of ``ctx.throughput()``.
 
         A stream (a ``torch.utils.data.IterableDataset`` or a Hugging Face
-        ``datasets.IterableDataset``) gets a ``StreamLoader``: every rank reads it whole and
-        keeps its part of the same global batches; ``buffer_size=`` sets its shuffle buffer
-        (``multigpu.data.stream_loader``).
+        ``datasets.IterableDataset``) gets a ``StreamLoader``: every rank keeps its part of the
+        same global batches, reading it whole, or only its lanes of a stream with shards (a
+        Hugging Face stream over several files); ``buffer_size=`` sets its shuffle buffer,
+        ``lanes=`` its lanes (``multigpu.data.stream_loader``, ``multigpu.data.stream_lanes``).
         """
         check_tokens_per_sample(tokens_per_sample)
         # The data-parallel ranks split the data; a tensor-parallel group shares one batch.
