@@ -174,3 +174,19 @@ def test_lanes_a_stream_cannot_give_are_refused(stream: Any, kw: dict[str, Any],
 def test_an_evaluation_loader_keeps_the_last_batch_and_reads_whole() -> None:
     ld = loader(Sharded(sizes(*[5] * 4)), 0, 1, shuffle=False)
     assert ld.lanes == 1 and [i for b in ld for i in b.tolist()] == list(range(20))
+
+
+def test_replica_groups_run_the_lanes_batches_a_plain_run_deals() -> None:
+    """Under --replicas (2 groups of 1 rank) each group reads every lane in its process: share
+    j of each step is what rank j of a plain 2-rank run reads from its lanes."""
+    from multigpu.replicas.shares import StreamSteps
+
+    stream = Sharded(sizes(*[20] * 8))
+    group_loader = loader(stream, 0, 1)
+    steps = StreamSteps(group_loader, None, None, None, width=1, groups=2)  # type: ignore[arg-type]
+    shares = []
+    while group_loader.epoch == 0:
+        shares.append([list(m) for j in (0, 1) for m in steps._micro_batches(j)])
+        steps._advance()
+    dealt = [[b.tolist() for b in loader(stream, r, 2)] for r in range(2)]
+    assert shares == [[dealt[0][s], dealt[1][s]] for s in range(20)]
