@@ -107,9 +107,13 @@ def test_skypilot_variables_give_the_static_rendezvous_at_node_0() -> None:
     assert skypilot_options({**env, "SKYPILOT_NUM_NODES": "1"}) is None  # one node: nothing to say
     with pytest.raises(UsageError, match="SKYPILOT_NODE_IPS"):
         skypilot_options({**env, "SKYPILOT_NODE_IPS": "10.1.0.4"})
-    # Typed topology: SkyPilot's variables are not read at all.
+    # Typed topology: SkyPilot's variables are not used (the run line of `multigpu sky` types
+    # them) ...
     typed = LaunchOptions(script="t.py", torchrun={"rdzv_endpoint": "h:1", "nnodes": "2"})
     assert with_engine_topology(typed, env).used == ()
+    # ... but one node typed inside a task of two is still refused.
+    with pytest.raises(UsageError, match=r"SKYPILOT_NUM_NODES=2.*--nnodes 1"):
+        with_engine_topology(LaunchOptions(script="t.py", torchrun={"nnodes": "1"}), env)
 
 
 def test_bad_pet_value_is_one_usage_error_naming_the_variable() -> None:

@@ -147,6 +147,12 @@ def skypilot_options(environ: Mapping[str, str]) -> dict[str, tuple[str, Any]] |
     }
 
 
+def _skypilot_nodes(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, value) when SkyPilot's variables name more than one node."""
+    text = environ.get("SKYPILOT_NUM_NODES", "")
+    return ("SKYPILOT_NUM_NODES", text) if text.strip().isdigit() and int(text) > 1 else None
+
+
 def _multi_node(values: Mapping[str, tuple[str, Any]]) -> tuple[str, str] | None:
     """(variable, value) when the variables name more than one node."""
     if "nnodes" not in values:
@@ -181,7 +187,10 @@ def with_engine_topology(options: LaunchOptions, environ: Mapping[str, str]) -> 
     typed_topology = any(options.given(d) for d in (*_TOPOLOGY, *RDZV_DESTS))
     if not any(d in found for d in (*_TOPOLOGY, *RDZV_DESTS)) and not typed_topology:
         found.update(skypilot_options(environ) or {})
-    named = _multi_node(found)
+        sky_named = None
+    else:
+        sky_named = _skypilot_nodes(environ)  # not used, but a multi-node task all the same
+    named = _multi_node(found) or sky_named
     if "nnodes" in found and named is None and not options.given("nnodes"):
         # One node (a TrainJob of numNodes 1): its store stays on loopback on a free port
         # (--standalone) rather than on the pod's address at the operator's fixed port.
