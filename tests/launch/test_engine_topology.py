@@ -136,3 +136,17 @@ def test_one_node_job_keeps_the_store_on_loopback() -> None:
     plain = with_engine_topology(LaunchOptions(script="t.py"), one)  # no --cpu: its count is read
     assert dict(plain.options.torchrun) == {"nproc_per_node": "1"}
     assert plain.line == "from the environment: PET_NPROC_PER_NODE=1; options typed win"
+
+
+def test_verify_and_bench_runs_stay_on_this_machine_inside_a_pod(tmp_path: Path) -> None:
+    # `multigpu verify` / `bench` compare process counts on one machine: their `multigpu run`
+    # children must not join the pod's multi-node job through the inherited PET_* variables.
+    from multigpu.diagnostics.bench import scaling
+    from multigpu.diagnostics.verify import child_env
+
+    pod = {**TRAINJOB_NODE1, "SKYPILOT_NUM_NODES": "2", "HOME": "/root"}
+    verify_env = child_env(pod, tmp_path, 5, device="cpu", deterministic=False)
+    bench_env = scaling.child_env(pod, tmp_path, 5, threads=1)
+    for env in (verify_env, bench_env):
+        assert env["HOME"] == "/root"
+        assert not [k for k in env if k.startswith(("PET_", "SKYPILOT_"))], env

@@ -50,6 +50,7 @@ from multigpu.diagnostics.diagnose import (
 from multigpu.diagnostics.options import VerifyOptions, device_for_runs
 from multigpu.diagnostics.records import RunRecord, load_run, run_label
 from multigpu.diagnostics.report import RunOutcome, VerifyResult, render, to_json
+from multigpu.launch.engine_topology import one_machine_env
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def child_env(
         >>> env["MULTIGPU_VERIFY_STEPS"], env["OMP_NUM_THREADS"], env["GLOO_SOCKET_IFNAME"]
         ('20', '1', 'lo')
     """
-    env = dict(environ)
+    env = one_machine_env(environ)  # this machine's runs, also in a pod of a multi-node job
     env.update(
         MULTIGPU_VERIFY_DIR=str(directory),
         MULTIGPU_VERIFY_STEPS=str(steps),

@@ -147,6 +147,23 @@ def skypilot_options(environ: Mapping[str, str]) -> dict[str, tuple[str, Any]] |
     }
 
 
+SKYPILOT_VARIABLES = ("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS")
+
+
+def one_machine_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables that make ``multigpu run`` join a job of several
+    nodes: for the runs of ``multigpu verify`` and ``bench``, which compare process counts on
+    this machine alone, also inside a pod or a SkyPilot task.
+
+    Example:
+        >>> one_machine_env({"PET_NNODES": "2", "SKYPILOT_NODE_RANK": "1", "HOME": "/root"})
+        {'HOME': '/root'}
+    """
+    return {
+        k: v for k, v in environ.items() if not k.startswith("PET_") and k not in SKYPILOT_VARIABLES
+    }
+
+
 def _skypilot_nodes(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """(variable, value) when SkyPilot's variables name more than one node."""
     text = environ.get("SKYPILOT_NUM_NODES", "")

@@ -24,6 +24,7 @@ from multigpu.diagnostics.bench.sizes import DEFAULT_SIZES, OPS, format_size
 from multigpu.diagnostics.bench.splits import load_before, report_console
 from multigpu.diagnostics.child_run import run_child
 from multigpu.errors import LaunchError, UsageError
+from multigpu.launch.engine_topology import one_machine_env
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def bench_comm(options: CommOptions, directory: Path) -> dict[str, Any]:
     device, nproc = comm_devices(options)
     out = directory / "comm.json"
     command = worker_command(options, device, nproc, out)
-    env = dict(os.environ)
+    env = one_machine_env(os.environ)  # this machine's processes, also in a pod of a job
     if device == "cpu":
         env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: loopback, whatever the hostname says
     what = f"{nproc} GPUs (nccl)" if device == "cuda" else f"{nproc} CPU processes (gloo)"

@@ -38,6 +38,7 @@ from multigpu.diagnostics.bench.splits import core_splits, fastest, load_before,
 from multigpu.diagnostics.child_run import run_child
 from multigpu.diagnostics.options import device_for_runs
 from multigpu.launch.cpu_split import SplitRecord, save_record, script_key, torch_version
+from multigpu.launch.engine_topology import one_machine_env
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ def child_env(
     environ: Mapping[str, str], directory: Path, total_steps: int, threads: int | None
 ) -> dict[str, str]:
     """One run's environment: the caller's plus the recorder's variables and the threads."""
-    env = dict(environ)
+    env = one_machine_env(environ)  # this machine's runs, also in a pod of a multi-node job
     env.update(MULTIGPU_BENCH_DIR=str(directory), MULTIGPU_BENCH_STEPS=str(total_steps))
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
