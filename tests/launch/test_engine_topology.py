@@ -150,3 +150,12 @@ def test_verify_and_bench_runs_stay_on_this_machine_inside_a_pod(tmp_path: Path)
     for env in (verify_env, bench_env):
         assert env["HOME"] == "/root"
         assert not [k for k in env if k.startswith(("PET_", "SKYPILOT_"))], env
+
+
+def test_replica_groups_under_a_multi_node_job_are_refused() -> None:
+    from multigpu.launch.replicas import check_one_node_per_group
+
+    with pytest.raises(UsageError, match=r"--replicas under PET_NNODES=2 .*env -u PET_NNODES"):
+        check_one_node_per_group({}, TRAINJOB_NODE1)
+    check_one_node_per_group({}, {"PET_NNODES": "1"})  # one node: the groups stay here
+    check_one_node_per_group({}, None)

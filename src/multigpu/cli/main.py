@@ -355,7 +355,7 @@ def _replicas(
     from multigpu.launch.run import prepare
 
     plan = plan_replicas(ns.replicas, ns.lighthouse, ns.replica_group)
-    check_one_node_per_group(options.torchrun)
+    check_one_node_per_group(options.torchrun, os.environ)  # PET_NNODES=2: refused too
     check_no_rendezvous(options.torchrun, plan)
     check_iface(plan, options.iface)
     if command == "train":

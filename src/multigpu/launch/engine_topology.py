@@ -164,6 +164,25 @@ def one_machine_env(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def engine_nodes(environ: Mapping[str, str]) -> str | None:
+    """``NAME=VALUE`` of the variable by which an engine names a job of several nodes, else None.
+
+    Example:
+        >>> engine_nodes({"PET_NNODES": "1:4"}), engine_nodes({"SKYPILOT_NUM_NODES": "1"})
+        ('PET_NNODES=1:4', None)
+    """
+    text = environ.get("PET_NNODES")
+    if text is not None:
+        try:
+            many = parse_nnodes(text)[1] > 1
+        except UsageError:
+            many = False  # said by with_engine_topology, in its own words
+        if many:
+            return f"PET_NNODES={text}"
+    named = _skypilot_nodes(environ)
+    return f"{named[0]}={named[1]}" if named else None
+
+
 def _skypilot_nodes(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """(variable, value) when SkyPilot's variables name more than one node."""
     text = environ.get("SKYPILOT_NUM_NODES", "")

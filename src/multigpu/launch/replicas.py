@@ -39,13 +39,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from multigpu.common.host import local_addresses
 from multigpu.common.replica_record import JobRecord, job_summary
 from multigpu.errors import UsageError
+from multigpu.launch.engine_topology import engine_nodes
 from multigpu.launch.failure_summary import say
 from multigpu.launch.replica_output import GroupOutput, ending_line
 from multigpu.launch.worker_guard import die_with_parent
@@ -153,9 +154,19 @@ def _is_loopback(host: str) -> bool:
         return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
 
 
-def check_one_node_per_group(torchrun: Any) -> None:
+def check_one_node_per_group(torchrun: Any, environ: Mapping[str, str] | None = None) -> None:
     """A replica group runs on one node: its workers' store and gloo stay on that node, and the
-    groups of several nodes meet through ``--lighthouse``."""
+    groups of several nodes meet through ``--lighthouse``. ``environ``: where an engine's
+    variables (``PET_NNODES``, ``SKYPILOT_NUM_NODES``) name several nodes, every group would
+    join that job instead."""
+    named = engine_nodes(environ or {})
+    if named is not None and "nnodes" not in torchrun:
+        raise UsageError(
+            f"--replicas under {named} (an engine's job of several nodes): a replica group runs "
+            f"on one node, and every group would join that job; leave --replicas out, or start "
+            f"one group per node with --replica-group G --lighthouse HOST:PORT and the engine's "
+            f"variables unset (env -u {named.split('=')[0]} ...; docs/fault-tolerance.md)"
+        )
     nnodes = str(torchrun.get("nnodes", "1"))
     if nnodes not in ("1", "1:1"):
         raise UsageError(
