@@ -42,7 +42,8 @@ def test_wandb_variables_win_and_a_resume_continues_their_run(tmp_path: Path) ->
     opened = [ln for ln in done.stdout.splitlines() if ln.startswith("tracking:")]
     assert len(opened) == 2 and all("wandb: run mgteam01 offline in " in ln for ln in opened)
     assert not (log_dir / "wandb").exists()  # WANDB_DIR, not the log directory
-    files = sorted(wandb_dir.glob("wandb/offline-run-*-mgteam01/run-mgteam01.wandb"))
+    # offline-run-TIME-ID, and -ID-1 for a second job starting within the same second
+    files = sorted(wandb_dir.glob("wandb/offline-run-*-mgteam01*/run-mgteam01.wandb"))
     assert len(files) == 2  # one run, two jobs
     runs = [r.run for f in files for r in records(f) if r.WhichOneof("record_type") == "run"]
     assert {(r.run_id, r.display_name, r.project, r.entity) for r in runs} == {
