@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from multigpu.data.indexed_streams import IndexedView, splits_itself
 from multigpu.data.sampler import ShardSampler, derive_seed
 from multigpu.data.stream_loader import StreamLoader, is_stream
 from multigpu.errors import UsageError
@@ -256,12 +257,16 @@ def make_loader(
     A stream (torch's or Hugging Face's ``IterableDataset``) gets a ``StreamLoader`` instead:
     every rank keeps its part of the same global batches, reading the stream whole, or only its
     lanes of a stream with shards (``buffer_size``: its shuffle buffer; ``lanes``: see
-    ``multigpu.data.stream_loader`` and ``multigpu.data.stream_lanes``).
+    ``multigpu.data.stream_loader`` and ``multigpu.data.stream_lanes``). A litdata or MosaicML
+    ``StreamingDataset``, which splits itself by rank when iterated, is dealt by index as a
+    map-style dataset (``multigpu.data.indexed_streams``).
 
     Raises:
         UsageError: a dataset without ``__len__``, a ``batch_size`` that does not split evenly,
             or a DataLoader option that would undo the sharding (or that DataLoader rejects).
     """
+    if splits_itself(dataset):  # litdata / MosaicML: iterated, each rank would get its own part
+        dataset = IndexedView(dataset)
     if is_stream(dataset):
         return StreamLoader(
             dataset,
