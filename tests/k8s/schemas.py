@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,13 @@ def errors(document: dict[str, Any]) -> list[str]:
     import jsonschema
 
     validator = jsonschema.Draft7Validator(object_schema(document["apiVersion"], document["kind"]))
-    return [
+    found = [
         f"{'/'.join(map(str, e.absolute_path)) or '.'}: {e.message}"
         for e in validator.iter_errors(document)
     ]
+    # The TrainJob CRD's own CEL rules (x-kubernetes-validations, which jsonschema does not
+    # run) and the PyTorchJob webhook's NameIsDNS1035Label: an RFC 1035 label, <= 63 characters.
+    name = str(document.get("metadata", {}).get("name", ""))
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
+        found.append(f"metadata/name: {name!r} is not an RFC 1035 DNS label of <= 63 characters")
+    return found

@@ -115,7 +115,9 @@ def test_the_schema_check_catches_what_a_cluster_refuses() -> None:
     job = manifests(K8sJob(script="t.py", image=IMG, name="t", nodes=2))[0]
     job["spec"]["trainer"]["numNodes"] = "2"  # a string where the CRD has an integer
     job["spec"]["trainer"]["numNode"] = 2  # a misspelt field (refused by --validate=strict)
+    job["metadata"]["name"] = "7-train"  # not an RFC 1035 label (the CRD's CEL rule)
     found = errors(job)
+    assert any("metadata/name" in e for e in found), found
     assert any("spec/trainer/numNodes" in e for e in found), found
     assert any("numNode" in e and "unexpected" in e for e in found), found
 
