@@ -78,7 +78,8 @@ def test_network_policy_admits_the_jobs_own_pods_only(capsys: pytest.CaptureFixt
 def test_pytorchjob_master_and_workers(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = k8s(capsys, "t.py", "--lr", "0.1", "--kind", "pytorchjob", "--nodes", "3",
                          "--cpu", "2", "--cpus-per-node", "4", "--memory", "8Gi", "--image", IMG,
-                         "--max-restarts", "2", "--timeout", "60")  # fmt: skip
+                         "--max-restarts", "2", "--timeout", "60", "--pvc", "ckpt",
+                         "--mount", "/ckpt")  # fmt: skip
     assert code == 0, err
     job, policy = documents(out)
     assert [errors(job), errors(policy)] == [[], []]
@@ -93,6 +94,13 @@ def test_pytorchjob_master_and_workers(capsys: pytest.CaptureFixture[str]) -> No
                                     "t.py", "--lr", "0.1"]  # fmt: skip
     resources = {"cpu": "4", "memory": "8Gi"}
     assert container["resources"] == {"limits": resources, "requests": resources}
+    for role in ("Master", "Worker"):  # the claim in every pod, where the annotation says
+        pod = specs[role]["template"]["spec"]
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod[
+            "volumes"
+        ]
+        assert {"name": "checkpoints", "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
+    assert job["metadata"]["annotations"] == {"multigpu/checkpoints": "/ckpt"}
 
 
 def test_elastic_pytorchjob_has_an_elastic_policy(capsys: pytest.CaptureFixture[str]) -> None:
