@@ -183,3 +183,14 @@ def test_out_writes_the_file_and_refuses_to_overwrite(
     assert k8s(capsys, *argv, "--nodes", "3", "--force")[0] == 0
     assert documents(out_file.read_text())[0]["spec"]["trainer"]["numNodes"] == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no temporary left
+
+
+def test_yaml_round_trips_the_awkward_values() -> None:
+    from multigpu.launch.kubernetes import to_yaml
+
+    awkward = ["", "yes", "No", "null", "~", "1:2", "0x10", "1e3", "--out", "a: b", "# x", "- y",
+               "it's", 'say "hi"', "line\nbreak", "tab\there", "é ü", "{a}", "[1]", "*ref", "&a",
+               "!tag", "%p", "@at", "`tick`", "x #y", "trailing ", " leading", "3"]  # fmt: skip
+    doc = {"args": awkward, "env": [{"name": v, "value": v} for v in awkward], "n": 3, "f": 0.5,
+           "b": True, "empty": {}, "none": []}  # fmt: skip
+    assert yaml.safe_load(to_yaml([doc], ["a comment"])) == doc
