@@ -132,12 +132,7 @@ def job_from(ns: argparse.Namespace, script_args: Sequence[str]) -> kubernetes.K
             "no node count was given; expected --nodes N (or --nnodes MIN:MAX with --kind "
             "pytorchjob); e.g. --nodes 2"
         )
-    if min_nodes is not None and ns.kind != "pytorchjob":
-        raise UsageError(
-            f"--nnodes {ns.nnodes} asks for an elastic job, which Kubeflow Trainer's TrainJob "
-            "has not; expected --kind pytorchjob with it, or --nodes N"
-        )
-    if ns.cpu is not None and ns.gpus_per_node:
+    if ns.cpu is not None and ns.gpus_per_node:  # even --cpu 1, which check() cannot tell
         raise UsageError(
             f"--cpu {ns.cpu} with --gpus-per-node {ns.gpus_per_node}: expected one of them; "
             "use --gpus-per-node for GPU nodes, --cpu N for CPU-only nodes"
