@@ -57,7 +57,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from multigpu.common.log import warn_once
-from multigpu.data import hf_stream, stream_lanes
+from multigpu.data import hf_stream, stream_lanes, webdataset_stream
 from multigpu.data.sampler import BatchLayout, LaidOut, _as_int, derive_seed
 from multigpu.errors import DataError, UsageError
 from multigpu.runtime.device import map_tensors, move_to_device
@@ -103,6 +103,7 @@ def _check_options(stream: Any, options: Mapping[str, Any]) -> None:
             "whose workers read it from its start at each pass (the epoch and where to start "
             "reach them as they start); leave persistent_workers out"
         )
+    webdataset_stream.check(stream)
     if hf_stream.is_hf_stream(stream) and hf_stream.split_by_node(stream):
         raise UsageError(
             "the Hugging Face stream was split by split_dataset_by_node, so each rank would read "
@@ -313,6 +314,7 @@ class StreamLoader(LaidOut):
         """Lanes the stream's shards are read in (1: read whole by every rank)."""
         self._shard_counts: list[int] | None = None
         self._saved_counts: list[int] | None = None
+        self._seeds_checked = False
         self.num_samples: int | None = None
         """Unknown for a stream (``DistributedLoader``'s sampler knows its dataset's)."""
         self._epoch = 0
@@ -560,6 +562,9 @@ class StreamLoader(LaidOut):
         if p is not None:
             yield from self._lanes_pass(p)
             return
+        if not self._seeds_checked:  # every rank passes here at its first pass: a collective
+            webdataset_stream.check_seeds_agree(self.stream)
+            self._seeds_checked = True
         epoch, even = self._epoch, self.even_batches
         self._batches.pass_ = _Pass(epoch, self._cursor, even)
         self._generator.manual_seed(derive_seed(self.seed, epoch, self.rank))
