@@ -190,3 +190,31 @@ def test_replica_groups_run_the_lanes_batches_a_plain_run_deals() -> None:
         steps._advance()
     dealt = [[b.tolist() for b in loader(stream, r, 2)] for r in range(2)]
     assert shares == [[dealt[0][s], dealt[1][s]] for s in range(20)]
+
+
+class BadRecord(Sharded):
+    """Shard 2's fifth record cannot be read (as a truncated JSON line raises)."""
+
+    def shard(self, num_shards: int, index: int) -> Sharded:
+        return BadRecord([self.shards[index]], self.reads) if index == 2 else Sharded(
+            [self.shards[index]], self.reads
+        )  # fmt: skip
+
+    def __iter__(self) -> Iterator[int]:
+        for i in super().__iter__():
+            if i == 2 * 20 + 5:
+                raise ValueError("JSON parse error: Invalid encoding in string. in row 5")
+            yield i
+
+
+@pytest.mark.parametrize("lanes", [None, 1])
+def test_a_bad_record_is_one_line_naming_where_it_is(lanes: int | None) -> None:
+    ld = loader(BadRecord(sizes(*[20] * 4)), 0, 1, lanes=lanes, shuffle=False, drop_last=True)
+    with pytest.raises(DataError) as caught:
+        list(ld)
+    where = "shard 2 of 4 of the stream BadRecord" if lanes is None else "the stream BadRecord"
+    after = 5 if lanes is None else 45
+    assert str(caught.value).startswith(
+        f"{where}{' (epoch 0)' if lanes else ''}: reading failed after record {after}: "
+        "ValueError: JSON parse error: Invalid encoding in string. in row 5; fix or remove"
+    )

@@ -69,7 +69,7 @@ def record(error: BaseException | None, environ: Any = None) -> bool:
         },
         "multigpu": {
             "type": type(error).__name__,
-            "message": str(error),
+            "message": own_message(error),
             "usage": isinstance(error, UsageError),
             "host": socket.gethostname(),
             "time": now,
@@ -84,6 +84,25 @@ def record(error: BaseException | None, environ: Any = None) -> bool:
     except OSError:
         return False  # the launcher then reports the exit code alone
     return True
+
+
+def own_message(error: BaseException) -> str:
+    r"""``error``'s message, without the wrapper a DataLoader worker's exception gets in the main
+    process (torch re-raises it as the same type with ``Caught X in DataLoader worker process
+    N.`` and the worker's whole traceback as its message): there, the original's last line.
+
+    Example:
+        >>> own_message(ValueError("Caught ValueError in DataLoader worker process 0.\n"
+        ...     "Original Traceback (most recent call last):\n  File ...\nValueError: bad row 3"))
+        'bad row 3'
+    """
+    message = str(error)
+    if not (message.startswith("Caught ") and "\nOriginal Traceback" in message):
+        return message
+    last = [line for line in message.splitlines() if line.strip()][-1]
+    name = type(error).__name__  # the traceback names it qualified: multigpu.errors.DataError
+    head, _, rest = last.partition(": ")
+    return rest if head == name or head.endswith(f".{name}") else last
 
 
 def read(data: Any) -> WorkerError | None:

@@ -47,6 +47,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from multigpu.data import hf_stream
 from multigpu.data.sampler import derive_seed
+from multigpu.data.stream_errors import named
 from multigpu.torch_compat.dataloader import read_outside_worker
 
 STEPS_PER_CHUNK = 8
@@ -86,7 +87,8 @@ def _part(stream: Any, n_shards: int, index: int, epoch: int) -> Iterator[Any]:
     set_epoch = getattr(part, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
-    return read_outside_worker(part)
+    where = f"shard {index} of {n_shards} of the stream {hf_stream.describe(stream)}"
+    return named(read_outside_worker(part), where)
 
 
 def count_shards(stream: Any, n_shards: int) -> list[int]:

@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from multigpu.common.log import warn_once
 from multigpu.data import hf_stream, stream_lanes, webdataset_stream
 from multigpu.data.sampler import BatchLayout, LaidOut, _as_int, derive_seed
+from multigpu.data.stream_errors import named
 from multigpu.errors import DataError, UsageError
 from multigpu.runtime.device import map_tensors, move_to_device
 from multigpu.torch_compat.dataloader import read_outside_worker
@@ -174,7 +175,8 @@ class _RankBatches(IterableDataset[Any]):
         set_epoch = getattr(self.stream, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
-        items = read_outside_worker(self.stream)
+        where = f"the stream {hf_stream.describe(self.stream)} (epoch {epoch})"
+        items = named(read_outside_worker(self.stream), where)
         if not self.shuffle:
             return iter(items)
         rng = random.Random(derive_seed(self.seed, epoch))
