@@ -77,3 +77,60 @@ def parse_with_target(
         )
     check_script(rest[0])
     return ns, {"target": rest[0], "is_module": False, "script_args": tuple(rest[1:])}
+
+
+def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """Split ``argv`` into a command's own tokens (the script first among its positionals) and
+    the script's arguments: the command's options may stand before or after the script
+    (``multigpu k8s train.py --nodes 2``); the script's own arguments that share a name with one
+    go after ``--``.
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> _ = p.add_argument("--nodes"), p.add_argument("script")
+        >>> split_argv(["t.py", "--epochs", "3", "--nodes", "2", "--", "--out", "x"], p)
+        (['--nodes', '2', 't.py'], ['--epochs', '3', '--out', 'x'])
+    """
+    takes_value = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            takes_value[option] = action.nargs != 0
+    own: list[str] = []
+    script: str | None = None
+    rest: list[str] = []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token == "--":
+            tail = tokens[i:]
+            if script is None and tail:
+                script, tail = tail[0], tail[1:]
+            rest += tail
+            break
+        name = token.split("=", 1)[0]
+        if token.startswith("-") and name in takes_value:
+            own.append(token)
+            if takes_value[name] and "=" not in token and i < len(tokens):
+                own.append(tokens[i])
+                i += 1
+        elif script is None and token.startswith("-"):
+            own.append(token)  # not ours, before the script: the parser names it
+        elif script is None:
+            script = token
+        else:
+            rest.append(token)
+    return [*own, *([script] if script is not None else [])], rest
+
+
+def parse_script_command(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str]] | None:
+    """Parse a command that takes a script and its arguments (``split_argv``): the namespace
+    and the script's arguments, or None after printing the help (``-h`` before any ``--``)."""
+    if any(a in ("-h", "--help") for a in argv[: argv.index("--") if "--" in argv else None]):
+        parser.print_help()
+        return None
+    own, script_args = split_argv(argv, parser)
+    return parser.parse_args(own), script_args

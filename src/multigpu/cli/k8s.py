@@ -9,12 +9,11 @@ the script's, and everything after ``--`` is the script's whatever its name.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from multigpu.cli.args import parse_script_command
+from multigpu.cli.output_file import print_or_write
 from multigpu.common.arguments import Parser, seconds_arg, whole_arg
-from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 from multigpu.launch import kubernetes
 from multigpu.launch.options import parse_nnodes
@@ -71,48 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
-    """Split ``argv`` into ``multigpu k8s``'s own tokens (the script first among its
-    positionals) and the script's arguments.
-
-    Example:
-        >>> split_argv(["t.py", "--epochs", "3", "--nodes", "2", "--", "--out", "x"],
-        ...            build_parser())
-        (['--nodes', '2', 't.py'], ['--epochs', '3', '--out', 'x'])
-    """
-    takes_value = {}
-    for action in parser._actions:
-        for option in action.option_strings:
-            takes_value[option] = action.nargs != 0
-    own: list[str] = []
-    script: str | None = None
-    rest: list[str] = []
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if token == "--":
-            tail = tokens[i:]
-            if script is None and tail:
-                script, tail = tail[0], tail[1:]
-            rest += tail
-            break
-        name = token.split("=", 1)[0]
-        if token.startswith("-") and name in takes_value:
-            own.append(token)
-            if takes_value[name] and "=" not in token and i < len(tokens):
-                own.append(tokens[i])
-                i += 1
-        elif script is None and token.startswith("-"):
-            own.append(token)  # not ours, before the script: the parser names it
-        elif script is None:
-            script = token
-        else:
-            rest.append(token)
-    return [*own, *([script] if script is not None else [])], rest
-
-
 def job_from(ns: argparse.Namespace, script_args: Sequence[str]) -> kubernetes.K8sJob:
     """The checked ``K8sJob`` of parsed options."""
     min_nodes: int | None = None
@@ -162,25 +119,13 @@ def job_from(ns: argparse.Namespace, script_args: Sequence[str]) -> kubernetes.K
 
 def k8s_main(argv: Sequence[str]) -> int:
     """Entry point of ``multigpu k8s``; returns the exit code."""
-    parser = build_parser()
-    if any(a in ("-h", "--help") for a in argv[: argv.index("--") if "--" in argv else None]):
-        parser.print_help()
-        return 0
-    own, script_args = split_argv(argv, parser)
-    ns = parser.parse_args(own)
+    parsed = parse_script_command(build_parser(), argv)
+    if parsed is None:
+        return 0  # --help
+    ns, script_args = parsed
     job = job_from(ns, [*ns.args, *script_args])
     text = kubernetes.to_yaml(kubernetes.manifests(job), kubernetes.header(job))
-    if ns.out is None:
-        sys.stdout.write(text)
-        return 0
-    out = Path(ns.out)
-    if out.exists() and not ns.force:
-        raise UsageError(f"{out} exists; expected a new path; pass --force to overwrite it")
-    if not out.parent.is_dir():
-        raise UsageError(
-            f"--out {out}: the directory {out.parent} does not exist; expected a file in an "
-            "existing directory; create it first"
-        )
-    atomic_write(out, lambda fh: fh.write(text.encode()))
-    print(f"wrote {out}; apply it with: kubectl apply -f {out}")
+    out = print_or_write(text, ns.out, force=ns.force)
+    if out is not None:
+        print(f"wrote {out}; apply it with: kubectl apply -f {out}")
     return 0

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu.cli.k8s import split_argv  # the same options-anywhere rule as `multigpu k8s`
+from multigpu.cli.args import parse_script_command
+from multigpu.cli.output_file import print_or_write
 from multigpu.common.arguments import Parser, whole_arg
-from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 from multigpu.launch.skypilot import DEFAULT_PORT, Accelerators, Mount, SkyTask, check_script
 
@@ -153,20 +152,13 @@ def sky_main(argv: Sequence[str]) -> int:
     Its options may stand before or after the script (``multigpu sky train.py --nodes 2``), as
     ``multigpu k8s``'s; the script's own arguments that share a name with one go after ``--``.
     """
-    parser = build_parser()
-    if any(a in ("-h", "--help") for a in argv[: argv.index("--") if "--" in argv else None]):
-        parser.print_help()
-        return 0
-    own, script_args = split_argv(argv, parser)
-    ns = parser.parse_args(own)
+    parsed = parse_script_command(build_parser(), argv)
+    if parsed is None:
+        return 0  # --help
+    ns, script_args = parsed
     ns.args = [*ns.args, *script_args]
     text = task_from(ns).to_yaml()  # every check before anything is written
-    if ns.out is None:
-        sys.stdout.write(text)
-        return 0
-    out = Path(ns.out)
-    if out.exists() and not ns.force:
-        raise UsageError(f"{out} exists; expected a new path; pass --force to overwrite it")
-    atomic_write(out, lambda fh: fh.write(text.encode()))
-    print(f"wrote {out}; launch it with: sky launch -c CLUSTER {shlex.quote(str(out))}")
+    out = print_or_write(text, ns.out, force=ns.force)
+    if out is not None:
+        print(f"wrote {out}; launch it with: sky launch -c CLUSTER {shlex.quote(str(out))}")
     return 0

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import stat
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from multigpu.cli.output_file import print_or_write
 from multigpu.common.arguments import Parser, whole_arg
-from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 
 
@@ -82,13 +81,8 @@ def slurm_main(argv: Sequence[str]) -> int:
             "them; use --gpus-per-node for GPU nodes, --cpu for CPU-only nodes"
         )
     text = sbatch_script(ns)
-    if ns.output is None:
-        sys.stdout.write(text)
-        return 0
-    out = Path(ns.output)
-    if out.exists() and not ns.force:
-        raise UsageError(f"{out} exists; expected a new path; pass --force to overwrite it")
-    atomic_write(out, lambda fh: fh.write(text.encode()))
-    out.chmod(out.stat().st_mode | stat.S_IXUSR)  # runnable as well as sbatch-able
-    print(f"wrote {out}; submit it with: sbatch {shlex.quote(str(out))}")
+    out = print_or_write(text, ns.output, force=ns.force, option="--output")
+    if out is not None:
+        out.chmod(out.stat().st_mode | stat.S_IXUSR)  # runnable as well as sbatch-able
+        print(f"wrote {out}; submit it with: sbatch {shlex.quote(str(out))}")
     return 0
