@@ -93,13 +93,6 @@ class HandDataset(Dataset[Any]):
         return json.loads(os.pread(fd, length, offset))
 
 
-def epoch_rate(loader: Any) -> float:
-    start, n = time.perf_counter(), 0
-    for batch in loader:
-        n += len(batch["id"])
-    return n / (time.perf_counter() - start)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=16)
@@ -129,22 +122,40 @@ def main() -> None:
         hand = DataLoader(
             hand_ds, batch_size=BATCH, shuffle=True, drop_last=True, num_workers=args.workers
         )
-        rates: dict[str, list[float]] = {"multigpu": [], "hand": []}
-        for repeat in range(args.repeats):  # alternating which goes first
-            for name in ("multigpu", "hand") if repeat % 2 == 0 else ("hand", "multigpu"):
-                rates[name].append(epoch_rate(ours if name == "multigpu" else hand))
-        a, b = statistics.median(rates["multigpu"]), statistics.median(rates["hand"])
-        print(
-            f"throughput, num_workers={args.workers}, batch {BATCH}, median of {args.repeats} "
-            f"epochs: multigpu {a:,.0f} records/s, hand-written DataLoader {b:,.0f} records/s, "
-            f"ratio {a / b:.3f}"
-        )
-        print(
-            "  each epoch, multigpu: "
-            + ", ".join(f"{x:,.0f}" for x in rates["multigpu"])
-            + "; hand: "
-            + ", ".join(f"{x:,.0f}" for x in rates["hand"])
-        )
+        report(compare(ours, hand, args.repeats, count=lambda b: len(b["id"])), args, BATCH)
+
+
+def compare(ours: Any, hand: Any, repeats: int, count: Any) -> dict[str, list[float]]:
+    """Records/s of ``repeats`` epochs of each loader, alternating (and which goes first);
+    ``count(batch)`` is a batch's records."""
+
+    def rate(loader: Any) -> float:
+        start, n = time.perf_counter(), 0
+        for batch in loader:
+            n += count(batch)
+        return n / (time.perf_counter() - start)
+
+    rates: dict[str, list[float]] = {"multigpu": [], "hand": []}
+    for repeat in range(repeats):
+        for name in ("multigpu", "hand") if repeat % 2 == 0 else ("hand", "multigpu"):
+            rates[name].append(rate(ours if name == "multigpu" else hand))
+    return rates
+
+
+def report(rates: dict[str, list[float]], args: Any, batch: int) -> None:
+    """Print the medians' ratio and every epoch's rate."""
+    a, b = statistics.median(rates["multigpu"]), statistics.median(rates["hand"])
+    print(
+        f"throughput, num_workers={args.workers}, batch {batch}, median of {args.repeats} "
+        f"epochs: multigpu {a:,.0f} records/s, hand-written DataLoader {b:,.0f} records/s, "
+        f"ratio {a / b:.3f}"
+    )
+    print(
+        "  each epoch, multigpu: "
+        + ", ".join(f"{x:,.0f}" for x in rates["multigpu"])
+        + "; hand: "
+        + ", ".join(f"{x:,.0f}" for x in rates["hand"])
+    )
 
 
 if __name__ == "__main__":

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from data_files import write
+from data_files import compare, report, write
 
 from multigpu.data import make_loader
 from multigpu.testing import run_distributed
@@ -79,13 +77,6 @@ def bytes_worker(directory: str) -> dict[str, Any]:
         return {"epochs": epochs, "lanes": loader.lanes}
 
 
-def epoch_rate(loader: Any) -> float:
-    start, n = time.perf_counter(), 0
-    for batch in loader:
-        n += len(batch)
-    return n / (time.perf_counter() - start)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=16)
@@ -115,23 +106,8 @@ def main() -> None:
             stream(str(directory)), batch_size=BATCH, num_workers=args.workers,
             collate_fn=collate,
         )  # fmt: skip
-        epoch_rate(ours), epoch_rate(hand)  # warm: ours counts the shards' records once here
-        rates: dict[str, list[float]] = {"multigpu": [], "hand": []}
-        for repeat in range(args.repeats):  # alternating which goes first
-            for name in ("multigpu", "hand") if repeat % 2 == 0 else ("hand", "multigpu"):
-                rates[name].append(epoch_rate(ours if name == "multigpu" else hand))
-        a, b = statistics.median(rates["multigpu"]), statistics.median(rates["hand"])
-        print(
-            f"throughput, num_workers={args.workers}, batch {BATCH}, median of {args.repeats} "
-            f"epochs: multigpu {a:,.0f} records/s, hand-written DataLoader {b:,.0f} records/s, "
-            f"ratio {a / b:.3f}"
-        )
-        print(
-            "  each epoch, multigpu: "
-            + ", ".join(f"{x:,.0f}" for x in rates["multigpu"])
-            + "; hand: "
-            + ", ".join(f"{x:,.0f}" for x in rates["hand"])
-        )
+        compare(ours, hand, 1, count=len)  # warm: ours counts the shards' records once here
+        report(compare(ours, hand, args.repeats, count=len), args, BATCH)
 
 
 if __name__ == "__main__":
