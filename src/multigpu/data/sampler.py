@@ -113,6 +113,34 @@ class LaidOut:
     drop_last: bool
 
 
+class Position:
+    """Where a sampler or loader is in its global order: the epoch and the samples of it already
+    consumed (``ShardSampler`` and ``StreamLoader`` alike)."""
+
+    _epoch: int
+    _cursor: int
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    @property
+    def cursor(self) -> int:
+        """Global samples of this epoch already consumed (a multiple of the global batch)."""
+        return self._cursor
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to ``epoch``; the cursor resets unless it already is the current epoch.
+
+        Not needed (the epoch advances by itself); kept so ``DistributedSampler`` habits and a
+        resumed run calling ``set_epoch(e)`` for the epoch it resumed in do no harm.
+        """
+        epoch = _as_int("epoch", epoch, 0)
+        if epoch != self._epoch:
+            self._epoch, self._cursor = epoch, 0
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """The arguments that lay a global batch out over ranks and micro-steps, checked: what
@@ -168,7 +196,7 @@ class BatchLayout:
             setattr(to, field.name, getattr(self, field.name))
 
 
-class ShardSampler(Sampler[list[int]], LaidOut):
+class ShardSampler(Sampler[list[int]], LaidOut, Position):
     """Batch sampler yielding this rank's index list per (micro-)step; see the module docstring.
 
     Args:
@@ -221,26 +249,6 @@ class ShardSampler(Sampler[list[int]], LaidOut):
         self._external_progress = False
 
     # ---- order and layout ------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
-        return self._epoch
-
-    @property
-    def cursor(self) -> int:
-        """Global samples of this epoch already consumed (a multiple of the global batch)."""
-        return self._cursor
-
-    def set_epoch(self, epoch: int) -> None:
-        """Jump to ``epoch``; the cursor resets unless it already is the current epoch.
-
-        Not needed (the epoch advances by itself); kept so ``DistributedSampler`` habits and a
-        resumed run calling ``set_epoch(e)`` for the epoch it resumed in do no harm.
-        """
-        epoch = _as_int("epoch", epoch, 0)
-        if epoch != self._epoch:
-            self._epoch, self._cursor = epoch, 0
-
     def global_order(self, epoch: int) -> torch.Tensor:
         """Return the epoch's global sample order (int64, length ``num_samples``)."""
         return self._order(_as_int("epoch", epoch, 0)).clone()

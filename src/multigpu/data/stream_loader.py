@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from multigpu.common.log import warn_once
 from multigpu.data import hf_stream, stream_lanes, webdataset_stream
-from multigpu.data.sampler import BatchLayout, LaidOut, _as_int, derive_seed
+from multigpu.data.sampler import BatchLayout, LaidOut, Position, _as_int, derive_seed
 from multigpu.data.stream_errors import named
 from multigpu.errors import DataError, UsageError
 from multigpu.runtime.device import map_tensors, move_to_device
@@ -248,7 +248,7 @@ class _RankBatches(IterableDataset[Any]):
             yield end
 
 
-class StreamLoader(LaidOut):
+class StreamLoader(LaidOut, Position):
     """Iterate this rank's part of each global batch of a stream; see the module doc.
 
     The interface is ``DistributedLoader``'s (``epoch``, ``batch_size``, ``global_batch_size``,
@@ -414,23 +414,6 @@ class StreamLoader(LaidOut):
         """Ranks with a batch fewer get an empty one (see ``DistributedLoader``)."""
         even = self._even_batches
         return bool(even() if callable(even) else even)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
-        return self._epoch
-
-    @property
-    def cursor(self) -> int:
-        """Samples of this epoch already consumed (a multiple of the global batch)."""
-        return self._cursor
-
-    def set_epoch(self, epoch: int) -> None:
-        """Jump to ``epoch`` (not needed: epochs advance by themselves); the cursor resets
-        unless it already is the current epoch."""
-        epoch = _as_int("epoch", epoch, 0)
-        if epoch != self._epoch:
-            self._epoch, self._cursor = epoch, 0
 
     def __len__(self) -> int:
         """This rank's batches left in the epoch, where the stream has a ``__len__``.
