@@ -16,12 +16,15 @@ from types import MappingProxyType
 from multigpu.errors import UsageError
 
 TRACKERS = MappingProxyType(
-    {"tensorboard": "tensorboard", "csv": None, "mlflow": "mlflow", "wandb": "wandb"}
+    {"tensorboard": "tensorboard", "csv": None, "mlflow": "mlflow", "wandb": "wandb", "ray": "ray"}
 )
-"""Each tracker's name and the package it needs (None: nothing beyond multigpu)."""
+"""Each tracker's name and the package it needs (None: nothing beyond multigpu). ``ray`` reports
+through ``ray.train.report``, in a Ray Train worker only."""
 
 EXTRA = "pip install 'multigpu[track]'"
-"""The install command of the optional extra that brings every tracker's package."""
+"""The install command of the optional extra that brings every tracker's package but Ray's."""
+OWN_EXTRA = MappingProxyType({"ray": "pip install 'multigpu[ray]'"})
+"""The trackers whose package comes with an extra of its own."""
 
 
 def parse_trackers(value: str | Sequence[str] | None, given_as: str) -> tuple[str, ...]:
@@ -76,7 +79,8 @@ def check_installed(name: str, given_as: str) -> None:
     if package is not None and importlib.util.find_spec(package) is None:
         raise UsageError(
             f"{_said(given_as, name)}: the {name} tracker needs the {package} package, which "
-            f"is not installed; run: {EXTRA} (or pip install {package}), or leave {name} out"
+            f"is not installed; run: {OWN_EXTRA.get(name, EXTRA)} (or pip install {package}), "
+            f"or leave {name} out"
         )
 
 

@@ -1,9 +1,10 @@
 """Where this process sits in a distributed job: ``detect(environ) -> ClusterEnv``.
 
-Sources, most specific first: torchrun (any ``env://`` launcher) > SLURM (an srun step) > MPI
-(mpirun/mpiexec) > single process. Each lives in its own module with a pure
-``from_environ(environ) -> ClusterEnv | None``. When two are present, the *innermost* launcher
-tells the truth and the outer one's variables were merely inherited:
+Sources, most specific first: Ray Train (a worker of ``TorchTrainer``: Ray's mark, ``NODE_RANK``
+and torchrun's position variables, no torchrun agent) > torchrun (any ``env://`` launcher) >
+SLURM (an srun step) > MPI (mpirun/mpiexec) > single process. Each lives in its own module with
+a pure ``from_environ(environ) -> ClusterEnv | None``. When two are present, the *innermost*
+launcher tells the truth and the outer one's variables were merely inherited:
 
 - ``srun torchrun`` / ``mpirun torchrun``: torchrun's agent (``TORCHELASTIC_RUN_ID``) wins,
   without comparison.
@@ -24,7 +25,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from multigpu.env import mpi, single, slurm, torchrun
+from multigpu.env import mpi, ray, single, slurm, torchrun
 from multigpu.env._common import to_int, value
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError
@@ -58,6 +59,11 @@ def detect(environ: Mapping[str, str] | None = None) -> ClusterEnv:
 
 
 def _detect(environ: Mapping[str, str]) -> ClusterEnv:
+    # Ray Train sets torchrun's variables itself (and a SLURM job's ray cluster inherits the
+    # step's): its workers are Ray's, whatever else the environment holds.
+    found = ray.from_environ(environ)
+    if found is not None:
+        return found
     # torchrun's agent is the innermost launcher: no scheduler is even read then.
     outer = None if torchrun.is_elastic(environ) else _scheduler(environ)
     if outer is not None and torchrun.is_present(environ) and not torchrun.is_complete(environ):

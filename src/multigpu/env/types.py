@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Source = Literal["torchrun", "slurm", "mpi", "single"]
+Source = Literal["torchrun", "ray", "slurm", "mpi", "single"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,7 +13,8 @@ class ClusterEnv:
     """The position of this process in a distributed job. Immutable; made by ``detect``."""
 
     source: Source
-    """Who launched us: ``torchrun`` (also ``multigpu run``), ``slurm``, ``mpi`` or ``single``."""
+    """Who launched us: ``torchrun`` (also ``multigpu run``), ``ray`` (a Ray Train worker, whose
+    process group Ray made), ``slurm``, ``mpi`` or ``single``."""
     rank: int
     """Global rank, 0 .. world_size - 1."""
     local_rank: int

@@ -17,7 +17,8 @@ T = TypeVar("T")
 
 
 def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.device:
-    """Return ``cuda:local_rank`` when CUDA is there (and wanted), else ``cpu``.
+    """Return ``cuda:local_rank`` when CUDA is there (and wanted), else ``cpu``; in a Ray Train
+    worker the device Ray gave it (``ray_device``).
 
     ``accelerator``: ``"auto"`` (CUDA if available), ``"cuda"`` (error without it) or ``"cpu"``;
     ``MULTIGPU_DEVICE=cpu`` (``settings.device``) forces the CPU.
@@ -38,6 +39,8 @@ def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.
         )
     if accelerator == "cpu" or forced_cpu:
         return torch.device("cpu")
+    if env.source == "ray":
+        return ray_device(accelerator)
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         if accelerator in ("cuda", "gpu"):
@@ -54,6 +57,26 @@ def rank_device(env: ClusterEnv, accelerator: str, settings: Settings) -> torch.
             f"start at most {count} processes per node, or use --cpu for CPU processes"
         )
     return torch.device("cuda", env.local_rank)
+
+
+def ray_device(accelerator: str) -> torch.device:
+    """A Ray Train worker's device: Ray's own (``ray.train.torch.get_device()``), not
+    ``cuda:LOCAL_RANK``. Ray sets each worker's ``CUDA_VISIBLE_DEVICES`` to the GPUs it gave that
+    worker, so local rank 1 may see one GPU, ``cuda:0``, or none (``use_gpu=False``).
+
+    Raises:
+        DeviceError: ``accelerator="cuda"`` but Ray gave this worker no GPU.
+    """
+    from ray.train.torch import get_device  # in a Ray Train worker: ray is there
+
+    device = get_device()
+    if accelerator in ("cuda", "gpu") and device.type != "cuda":
+        raise DeviceError(
+            f"accelerator={accelerator!r} was asked for but Ray gave this worker no GPU (its "
+            f"device is {device}); give TorchTrainer ScalingConfig(use_gpu=True), or "
+            "accelerator='cpu'"
+        )
+    return device
 
 
 def backend_for(device: torch.device, requested: str | None = None) -> str:

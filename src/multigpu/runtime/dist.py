@@ -20,7 +20,11 @@ from multigpu.common.store_listen import listening_store
 from multigpu.common.store_reach import StoreUnreachable, wait_until_listening
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import EnvError, UsageError
-from multigpu.torch_compat import import_before_process_groups, store_servers_made_by
+from multigpu.torch_compat import (
+    import_before_process_groups,
+    set_group_timeout,
+    store_servers_made_by,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +67,16 @@ def init_process_group(
     torchrun-launched workers rendezvous through ``env://`` (torchrun's own variables, and its
     agent's store when it shares it); SLURM and MPI tasks through ``tcp://master_addr:master_port``
     so nothing has to be written into ``os.environ``. True when this call created the group.
+
+    A group that exists already (Ray Train makes it before the training function runs, with
+    its own 1800 s) is adopted: it gets ``timeout``, so that a collective waits as long as this
+    job's hang tools expect, not half an hour.
     """
-    if env.world_size == 1 or is_initialized():
+    if is_initialized():
+        set_group_timeout(timeout)
+        log.debug("adopted the existing process group; its timeout is now %s", timeout)
+        return False
+    if env.world_size == 1:
         return False
     if not dist.is_available():
         raise EnvError(

@@ -34,6 +34,7 @@ from multigpu.instruments.hang.watchdog import start_watchdog
 from multigpu.instruments.hooks import Hook
 from multigpu.instruments.profile_record import ProfileHook
 from multigpu.instruments.tracking import DEFAULT_LOG_DIR, LogCheck, Tracking
+from multigpu.instruments.tracking.to_ray import RayReport, check_ray_worker
 from multigpu.instruments.verify_record import VerifyRecorder
 from multigpu.replicas import read_replicas
 from multigpu.replicas.hook import replica_hook
@@ -84,7 +85,8 @@ def init(
             for CPU).
         seed: seeds python, numpy, torch and CUDA identically on every rank; None leaves them.
         timeout: seconds (or a timedelta) any collective may wait before it fails instead of
-            hanging; default ``MULTIGPU_TIMEOUT`` or 300 s.
+            hanging; default ``MULTIGPU_TIMEOUT`` or 300 s. A process group made before this
+            call (Ray Train's) is adopted and given this timeout.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm in ``setup``.
         precision: ``"32"``, ``"bf16-mixed"`` (autocast to bfloat16; CPU and CUDA) or
             ``"16-mixed"`` (float16 autocast + GradScaler, used by ``ctx.backward``/``ctx.step``).
@@ -101,7 +103,9 @@ def init(
         profile_dir: where the traces go; default ``MULTIGPU_PROFILE_DIR``, else ``./profile``.
         log_to: experiment trackers ``ctx.log`` writes to, from rank 0: ``"tensorboard,csv"``
             or a sequence of ``tensorboard``, ``csv``, ``mlflow``, ``wandb``; default
-            ``MULTIGPU_LOG_TO``, else none.
+            ``MULTIGPU_LOG_TO``, else none. ``ray`` (in a Ray Train worker) reports what
+            ``ctx.log`` got through ``ray.train.report``, from every rank, before each
+            checkpoint save and at the end.
         log_dir: the trackers' directory, one run in it; a job resuming there continues that
             run. Default ``MULTIGPU_LOG_DIR``, else ``runs``.
         config: the run's hyperparameters (names to numbers, strings, bools), recorded by
@@ -162,6 +166,7 @@ def init(
         # its restarts): the groups log the same steps, into the same directory.
         writes = replicas is None or replicas.group == 0
         tracking = choose_tracking(log_to, log_dir, config, settings, env, writes=writes)
+        reporting = choose_ray_report(log_to, settings, env)
         if seed is not None:
             seed_everything(seed)  # refuses seed=-1
     except UsageError as e:
@@ -186,6 +191,8 @@ def init(
         hooks.append(ProfileHook(window, traces, env.rank, env.world_size))
     if tracking is not None:
         hooks.append(tracking)
+    if reporting is not None:
+        hooks.append(reporting)
     if chosen_compile is not None:
         hooks.append(CompileReport(chosen_compile))
     log.debug("initialised %s on %s (%s)", env, device, chosen_backend)
@@ -224,7 +231,8 @@ def choose_tracking(
 ) -> Tracking | LogCheck | None:
     """Rank 0's trackers (elsewhere, or where ``writes`` is false, the check of ``ctx.log``'s
     values alone; None with no tracker asked for), checked before anything starts: the names,
-    their packages, ``config``, and a log directory rank 0 can write."""
+    their packages, ``config``, and a log directory rank 0 can write. ``ray`` is not one of
+    them: it reports from every rank (``choose_ray_report``)."""
     names = settings.log_to if log_to is None else parse_trackers(log_to, "log_to=")
     if config is not None and not (
         isinstance(config, Mapping) and all(isinstance(k, str) for k in config)
@@ -233,6 +241,7 @@ def choose_tracking(
             f"config={config!r}: expected a mapping of hyperparameter names (strings) to "
             "values, e.g. config={'lr': 3e-4, 'batch_size': 64}"
         )
+    names = tuple(n for n in names if n != "ray")
     if not names:
         return None
     if env.rank != 0 or not writes:
@@ -240,6 +249,18 @@ def choose_tracking(
     directory = Path(log_dir or settings.log_dir or DEFAULT_LOG_DIR)
     writable(directory, "log directory", "give another log_dir= or MULTIGPU_LOG_DIR")
     return Tracking(names, directory, config=config, restarts=env.restart_count)
+
+
+def choose_ray_report(
+    log_to: str | Sequence[str] | None, settings: Settings, env: ClusterEnv
+) -> RayReport | None:
+    """Every rank's ``ray.train.report`` of ``ctx.log`` when ``ray`` is among the trackers (Ray's
+    report is a barrier of every worker), refused in one line outside a Ray Train worker."""
+    names = settings.log_to if log_to is None else parse_trackers(log_to, "log_to=")
+    if "ray" not in names:
+        return None
+    check_ray_worker(env.source)
+    return RayReport()
 
 
 def writable(directory: Path, what: str, fix: str) -> None:

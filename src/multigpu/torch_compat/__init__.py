@@ -74,6 +74,9 @@ when a torch release changes it, so upgrading torch is this package and those te
   ``get_worker_info()`` returns): ``read_outside_worker`` hides it while a stream advances, so
   that a stream which splits itself among workers (Hugging Face ``datasets``' does) is read whole
   by each (``multigpu.data.stream_loader`` keeps each worker's batches itself).
+- **An adopted group's timeout** (``distributed_c10d._set_pg_timeout``, the gloo backend's
+  ``options._timeout``): ``multigpu.init`` gives a group made by someone else (Ray Train's,
+  1800 s) its own timeout (``set_group_timeout``; ``group_timeout`` reads it back).
 - **torchft's manager server** (``torchft``, not torch: the optional extra ``ft``): torchft 0.2
   binds it to every interface, hard-coded; ``manager_server_bound_to`` binds it to one address.
 """
@@ -102,6 +105,7 @@ from multigpu.torch_compat.elastic import (
     launch_agent_made_by,
     store_servers_made_by,
 )
+from multigpu.torch_compat.process_group import group_timeout, set_group_timeout
 from multigpu.torch_compat.sharding import (
     FSDP_MIN_VERSION,
     REDISTRIBUTE_LOGGER,
@@ -164,6 +168,7 @@ __all__ = [
     "fully_shard_takes_module_lists",
     "grad_norm",
     "graph_breaks",
+    "group_timeout",
     "import_before_process_groups",
     "is_dtensor",
     "launch_agent_made_by",
@@ -177,6 +182,7 @@ __all__ = [
     "scaler_forget_unscale",
     "scaler_set_found_inf",
     "scaler_unscaled",
+    "set_group_timeout",
     "step_without_hooks",
     "store_servers_made_by",
     "unflattened_name",

@@ -277,6 +277,6 @@ def launch_checks(
     name = socket.gethostname()
     addr_row, local = master_addr_check(environ, interfaces)
     rows = [env_row, hostname_check(name, resolve(name), several_nodes=several), addr_row]
-    if env is None or env.source != "torchrun":  # torchrun's store owns MASTER_PORT
+    if env is None or env.source not in ("torchrun", "ray"):  # their store owns MASTER_PORT
         rows.append(port_check(environ, local=local))
     return rows, env
