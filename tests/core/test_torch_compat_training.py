@@ -140,7 +140,7 @@ class _RunsItsFirstBlockTwice(nn.Module):
 
 @pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")  # torch 2.13's export's own
 def test_a_module_run_again_in_another_pipeline_stage_is_named_with_a_call_suffix() -> None:
-    """``pipeline_shared`` maps a stage's copy of a reused module back by its name: torch.export
+    """``shared_tensors`` maps a stage's copy of a reused module back by its name: torch.export
     names the second call ``blocks.0@1``, and pipelining copies its parameters into that stage
     (``Pipe.replicated_params``); the schedules' ``scale_grads`` option exists (2.7+)."""
     from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B, SplitPoint

@@ -9,7 +9,7 @@ import pytest
 
 from multigpu.errors import UsageError
 from multigpu.launch.train import check_pipeline_options
-from multigpu.strategies.pipeline_plan import (
+from multigpu.strategies.pipeline.plan import (
     check_microbatches,
     check_schedule,
     default_split_points,

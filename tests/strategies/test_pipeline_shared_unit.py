@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from multigpu.errors import UsageError
-from multigpu.strategies.pipeline_shared import ModelNames, Sharing, live_tensors
+from multigpu.strategies.pipeline.shared_tensors import ModelNames, Sharing, live_tensors
 from tests.strategies.pipeline_shared_workers import SEQ, TiedLM
 
 # torch 2.13's export warns of its own deprecated LeafSpec on every trace.

@@ -32,9 +32,9 @@ from torch.distributed.pipelining import (
 
 from multigpu.errors import UsageError
 from multigpu.runtime.wrappers import SplitModel
-from multigpu.strategies.pipeline_plan import INTERLEAVED, check_batch
-from multigpu.strategies.pipeline_shared import ModelNames, Sharing, unique
-from multigpu.strategies.pipeline_trace import trace_for_pipeline
+from multigpu.strategies.pipeline.plan import INTERLEAVED, check_batch
+from multigpu.strategies.pipeline.shared_tensors import ModelNames, Sharing, unique
+from multigpu.strategies.pipeline.trace import trace_for_pipeline
 from multigpu.torch_compat import unscaled_schedule_kwargs
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -61,7 +61,7 @@ class PipelinedModel(SplitModel):
     ``plain`` is the plain view of the stages' parameters under the whole model's names
     (``blocks.2.attn.c_attn.weight``): ``unwrap_module`` knows a ``SplitModel`` and returns it,
     and checkpoints and optimizers see the unsplit model's names. A tensor several stages run
-    is one tensor there, under the unsplit model's names (``pipeline_shared``).
+    is one tensor there, under the unsplit model's names (``shared_tensors``).
     """
 
     def __init__(

@@ -6,9 +6,9 @@ the micro-batches. What multigpu adds around it: split points checked by name (o
 splitting the longest block list evenly), the optimizer kept on this stage's parameters, the
 loss on every rank (``ctx.forward_backward``), the whole batch fed to every process (the first
 stage reads the inputs, the last the targets), a parameter several stages run kept as one
-(``pipeline_shared``: tied embeddings, a block run twice), clipping by the whole model's norm,
+(``shared_tensors``: tied embeddings, a block run twice), clipping by the whole model's norm,
 checkpoints in which each stage saves its part under the unsplit model's names (DCP) with the
-optimizer's param groups of the whole model (``pipeline_state``: they resume under any
+optimizer's param groups of the whole model (``optimizer_state``: they resume under any
 strategy, schedule or stage count), and the bubble.
 """
 
@@ -30,10 +30,11 @@ from torch import nn
 from multigpu import torch_compat
 from multigpu.errors import UsageError
 from multigpu.runtime.wrappers import unwrap_module
-from multigpu.strategies import pipeline_state, state
+from multigpu.strategies import state
 from multigpu.strategies.base import Strategy, is_count, parameter_names, repoint_optimizers
 from multigpu.strategies.materialize import place
-from multigpu.strategies.pipeline_plan import (
+from multigpu.strategies.pipeline import optimizer_state as by_name
+from multigpu.strategies.pipeline.plan import (
     check_microbatches,
     check_schedule,
     check_split_points,
@@ -43,7 +44,7 @@ from multigpu.strategies.pipeline_plan import (
 )
 
 if TYPE_CHECKING:  # imported in setup: torch.distributed.pipelining pulls in torch._dynamo
-    from multigpu.strategies.pipeline_model import PipelinedModel
+    from multigpu.strategies.pipeline.model import PipelinedModel
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class PipelineStrategy(Strategy):
         for name, param in module.named_parameters(remove_duplicate=False):
             first.setdefault(id(param), name)
         for optimizer in optimizers:
-            self._groups[optimizer] = pipeline_state.group_names(optimizer, first)
+            self._groups[optimizer] = by_name.group_names(optimizer, first)
         wrapped = self.wrap(module)
         repoint_optimizers(unwrap_module(wrapped), optimizers, names, drop_missing=True)
         return wrapped
@@ -175,7 +176,7 @@ class PipelineStrategy(Strategy):
         example = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in example)
         module = place(module, self.device)  # the whole model: traced, then cut
         _without_kv_cache(module)
-        from multigpu.strategies.pipeline_model import PipelinedModel
+        from multigpu.strategies.pipeline.model import PipelinedModel
 
         wrapped = PipelinedModel(
             module,
@@ -250,15 +251,15 @@ class PipelineStrategy(Strategy):
         groups = self._groups.get(optimizer)
         if groups is None:
             order = _pipelined(module).names.order
-            groups = pipeline_state.gathered_group_names(module, optimizer, order)
+            groups = by_name.gathered_group_names(module, optimizer, order)
             self._groups[optimizer] = groups
-        return pipeline_state.optimizer_state(module, optimizer, groups, initialise=initialise)
+        return by_name.optimizer_state(module, optimizer, groups, initialise=initialise)
 
     def load_optimizer_state(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]
     ) -> None:
         """Load a state saved under any strategy, schedule or stage count."""
-        pipeline_state.load_optimizer_state(module, optimizer, saved)
+        by_name.load_optimizer_state(module, optimizer, saved)
 
     # ---- reports ------------------------------------------------------------------------------
     def bubble(self, model: nn.Module) -> dict[str, Any]:
@@ -317,7 +318,7 @@ def _without_kv_cache(module: nn.Module) -> None:
 
 def _is_pipelined(model: nn.Module) -> bool:
     # A model made by setup: its module is imported then (never at import, see TYPE_CHECKING).
-    made = sys.modules.get("multigpu.strategies.pipeline_model")
+    made = sys.modules.get("multigpu.strategies.pipeline.model")
     return made is not None and isinstance(model, made.PipelinedModel)
 
 
