@@ -178,10 +178,10 @@ def test_a_modules_own_tensor_tables_are_the_live_ones() -> None:
 
 
 def test_the_elastic_agent_still_calls_the_methods_multigpu_overrides() -> None:
-    """launch/agent.py overrides ``_monitor_workers`` and, from its result and
+    """launch/agent/ overrides ``_monitor_workers`` and, from its result and
     ``_remaining_restarts``, says the restart torch's run loop is about to make; the loop must
     still restart exactly then, and still ask the handler's public ``num_nodes_waiting`` before
-    a membership restart (launch/rendezvous.py says it there). Its rendezvous must still go
+    a membership restart (launch/agent/rendezvous.py says it there). Its rendezvous must still go
     through the handler's public ``next_rendezvous`` once (the nodes' check, the round's
     report)."""
     import inspect
@@ -215,7 +215,7 @@ def test_torchrun_still_builds_a_no_python_command_from_the_parsed_arguments() -
 
 
 def test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides() -> None:
-    """launch/agent.py extends ``run`` and overrides ``_exit_barrier``, reading the round's
+    """launch/agent/ extends ``run`` and overrides ``_exit_barrier``, reading the round's
     store from ``get_worker_group().store``: torch's run loop must still call the barrier once
     the workers succeed, ``run`` must still return the loop's result, and each rendezvous must
     still give the worker group the round's store."""
@@ -277,7 +277,7 @@ def test_fully_shard_takes_a_list_of_modules_sharing_a_weight_from_torch_2_5(gro
 def test_torchrun_still_builds_its_agent_and_rendezvous_handler_through_the_names_we_replace() -> (
     None
 ):
-    """launch/agent.py replaces ``launcher.api.LocalElasticAgent`` and
+    """launch/agent/ replaces ``launcher.api.LocalElasticAgent`` and
     ``rendezvous.registry.get_rendezvous_handler`` for the time of a launch: torch's
     ``launch_agent`` must still look both up by those module names when it runs."""
     import inspect

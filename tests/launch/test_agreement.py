@@ -17,7 +17,7 @@ from multigpu import torch_compat
 from multigpu.common.versions import local_versions
 from multigpu.errors import LaunchError, UsageError
 from multigpu.launch.agent import multigpu_agent
-from multigpu.launch.agreement import (
+from multigpu.launch.agent.start_agreement import (
     check_nodes_agree,
     disagreement,
     node_facts,

@@ -1,4 +1,4 @@
-"""launch/rendezvous.py: torch's c10d rendezvous handler seen through its public interface.
+"""launch/agent/rendezvous.py: torch's c10d rendezvous handler seen through its public interface.
 
 One real handler on a free loopback port (one node): each round's result reaches ``on_round``
 before ``next_rendezvous`` returns it, the rest is torch's, and ``shutdown`` acts once.
@@ -11,7 +11,7 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from multigpu.launch.rendezvous import ObservedRendezvous
+from multigpu.launch.agent.rendezvous import ObservedRendezvous
 from multigpu.testing.distributed import free_port
 
 

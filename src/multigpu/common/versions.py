@@ -4,9 +4,9 @@ Ranks with different torch (or Python, or multigpu) versions can pickle differen
 different collective algorithms or bucket gradients differently, and then hang or diverge far
 from the cause. Two checks use this: every worker shares its versions once, right after the
 process group is created (``multigpu.init``), and every node's ``multigpu run`` shares its own
-after each rendezvous, before any worker starts (``multigpu.launch.agreement``); a mismatch
-stops them all with the same message naming the hosts. No collectives here, so the launcher,
-which never creates a process group, can import it.
+after each rendezvous, before any worker starts (``multigpu.launch.agent.start_agreement``); a
+mismatch stops them all with the same message naming the hosts. No collectives here, so the
+launcher, which never creates a process group, can import it.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@
   ``--timeout`` (``multigpu.common.store_reach``): torch's client retried with back-off past it
   (37-68 s for 30 s) and then said nothing of what it waited for.
 - After each rendezvous round, before its workers start, it checks with the other nodes that
-  they were started alike (``agreement.check_nodes_agree``, called from the rendezvous
-  handler's public ``next_rendezvous``: ``launch/rendezvous.py``).
+  they were started alike (``start_agreement.check_nodes_agree``, called from the
+  rendezvous handler's public ``next_rendezvous``: ``rendezvous.py``).
 - It says when it restarts the workers and why, and each new round's size
   (``restart_reports``); it does not restart them for a failure that a restart meets again (a
   usage error, or a ``MultiGPUError`` marked ``final``): the run ends with its one line.
@@ -23,6 +23,10 @@ waits for the store first (``torch_compat.launch_agent_made_by``: the module nam
 them up by, and the two protected methods overridden, are torch internals listed with their
 canaries in ``torch_compat/elastic.py``). The exit barrier's bound is torch's own
 ``exit_barrier_timeout`` argument; torchrun's command line has no option for it.
+
+The agent's parts, beside it: ``start_agreement`` (the nodes started alike), ``exit_agreement``
+(one outcome for every node), ``rendezvous`` (torch's handler seen through its public
+interface), ``restart_reports`` (why the workers restart, each round's size).
 """
 
 from __future__ import annotations
@@ -34,12 +38,12 @@ from typing import Any
 
 from multigpu.common.store_listen import listening_store
 from multigpu.common.store_reach import wait_until_listening
-from multigpu.launch.agreement import check_nodes_agree, node_facts
-from multigpu.launch.exit_agreement import ExitAgreement
+from multigpu.launch.agent.exit_agreement import ExitAgreement
+from multigpu.launch.agent.restart_reports import RestartReports, RoundReports
+from multigpu.launch.agent.start_agreement import check_nodes_agree, node_facts
 from multigpu.launch.failure_summary import failures_of
 from multigpu.launch.options import parse_nnodes
 from multigpu.launch.ports import dialled_store
-from multigpu.launch.restart_reports import RestartReports, RoundReports
 from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.timeouts import STORE_GRACE_S, store_call_bound
 from multigpu.torch_compat import (
@@ -60,7 +64,7 @@ def multigpu_agent(timeout_s: float, nnodes: str, nproc_per_node: int) -> Iterat
     """
     from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
 
-    from multigpu.launch.rendezvous import ObservedRendezvous
+    from multigpu.launch.agent.rendezvous import ObservedRendezvous
 
     facts = node_facts(nnodes, nproc_per_node)
     stopped = StoppedWorkers()

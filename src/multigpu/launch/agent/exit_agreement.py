@@ -54,7 +54,7 @@ class ExitAgreement:
 
     ``barrier`` replaces torch's exit barrier (the workers all succeeded); ``announce_failure``
     follows a run whose workers failed for good. The agent that calls them is in
-    ``launch/agent.py``.
+    ``launch/agent/__init__.py``.
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -109,7 +109,7 @@ class ExitAgreement:
 
 def _close_rendezvous(worker_group: Any) -> None:
     # Now, while every node's store connection is still good; torch's launcher calls
-    # shutdown() again once the agent has returned, which launch/rendezvous.py makes a no-op.
+    # shutdown() again once the agent has returned, which launch/agent/rendezvous.py makes a no-op.
     worker_group.spec.rdzv_handler.shutdown()
 
 

@@ -11,10 +11,10 @@ on the launcher's stderr:
   the workers resume from the newest complete checkpoint (under ``--replicas``: heal from a live
   replica group; environment variable read: ``MULTIGPU_REPLICA_GROUPS``).
 
-The agent (``launch/agent.py``) calls ``RestartReports.failed`` from its override of torch's
+The agent (``launch/agent/``) calls ``RestartReports.failed`` from its override of torch's
 ``_monitor_workers`` when torch's loop will restart (canary in
 ``tests/core/test_torch_compat.py``); the rendezvous handler's public ``num_nodes_waiting`` and
-``next_rendezvous`` (``launch/rendezvous.py``) call ``RestartReports.admitting`` and
+``next_rendezvous`` (``launch/agent/rendezvous.py``) call ``RestartReports.admitting`` and
 ``RoundReports``.
 """
 
@@ -27,8 +27,8 @@ from multigpu.launch.failure_summary import failures_of, say, summary_line
 
 
 class RestartReports:
-    """Says why the agent restarts its workers: ``launch/agent.py`` hands it each failed check
-    that torch's agent answers with a restart (``failed``), and ``launch/rendezvous.py`` the
+    """Says why the agent restarts its workers: ``launch/agent/`` hands it each failed check
+    that torch's agent answers with a restart (``failed``), and ``launch/agent/rendezvous.py`` the
     nodes waiting to join (``admitting``), for which the agent restarts its healthy workers."""
 
     def failed(self, worker_group: Any, result: Any, remaining_restarts: int) -> None:
