@@ -8,22 +8,22 @@ import torch
 import torch.distributed as tdist
 
 import multigpu
-from multigpu.instruments.hang.install import WRAPPED, active_log
-from multigpu.throughput.wait import TIMED
+from multigpu.instruments.hang.install import active_log
+from multigpu.runtime.collective_taps import TAPPED
 
-NAMES = sorted({*WRAPPED, *TIMED} & set(dir(tdist)))
+NAMES = sorted(set(TAPPED) & set(dir(tdist)))
 
 
 def _torch_functions() -> dict[str, Any]:
     found = {name: getattr(tdist, name) for name in NAMES}
-    found["Work.wait"] = tdist.distributed_c10d.Work.wait
+    found["Work.wait"] = tdist.Work.wait
     return found
 
 
 def traced_while_a_context_lives() -> dict[str, Any]:
-    """torch.distributed's functions before, inside and after a Context (the hang recorder's
-    and the wait clock's wrappers), and a metric computed where every rank reads the same data
-    (a pipeline's processes) without any loader made."""
+    """torch.distributed's functions before, inside and after a Context (the tap the hang
+    recorder and the wait clock listen to), and a metric computed where every rank reads the
+    same data (a pipeline's processes) without any loader made."""
     before = _torch_functions()
     out: dict[str, Any] = {}
     with multigpu.init(strategy="pipeline", seed=0) as ctx:

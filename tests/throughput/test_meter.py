@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch.utils.data import TensorDataset
 
 import multigpu
 from multigpu.examples.lm import build_model
+from multigpu.runtime.collective_taps import Tap
 from multigpu.throughput import StepMeter
 from multigpu.throughput import meter as meter_module
 from multigpu.throughput import wait as wait_module
@@ -74,14 +76,20 @@ def test_a_step_lasts_from_the_previous_end_and_a_read_starts_a_new_window(clock
 
 def test_the_wait_clock_counts_the_main_thread_once_per_call(clock: Clock) -> None:
     waits = WaitClock()
-    sleep = waits.timed(clock.sleep)
-    nested = waits.timed(lambda: sleep(0.02))  # all_gather_object calls all_gather: once
-    nested()
+    space = SimpleNamespace(sleep=clock.sleep)
+    space.nested = lambda: space.sleep(0.02)  # all_gather_object calls all_gather: once
+    tap = Tap([(space, "sleep"), (space, "nested")])
+    tap.listen(waits)
+    space.nested()
     assert waits.seconds == pytest.approx(0.02)
-    other = threading.Thread(target=sleep, args=(0.05,))  # another thread: not the step's wait
+    other = threading.Thread(target=space.sleep, args=(0.05,))  # not the step's wait
     other.start()
     other.join()
     assert clock.now == pytest.approx(1000.07) and waits.seconds == pytest.approx(0.02)
+    tap.unlisten(waits)
+    assert space.sleep == clock.sleep  # the function itself again
+    space.sleep(0.01)
+    assert waits.seconds == pytest.approx(0.02)
 
 
 def test_flops_per_token_defaults_to_six_per_parameter_of_the_whole_model() -> None:

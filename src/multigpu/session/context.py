@@ -397,7 +397,7 @@ class Context(RankTools, Checkpointing, Metering):
         atexit.unregister(self.teardown)
         for ckpt in self._checkpointers:  # a background save must end before the group does
             ckpt.close()
-        self._meter.close()  # its wrappers of torch.distributed first: made after the hooks'
+        self._meter.close()  # the wait clock stops listening to torch.distributed's tap
         for hook in self._hooks:
             hook.on_teardown(self)
         self.strategy.teardown()

@@ -2,14 +2,15 @@
 
 Two sources, neither a profiler:
 
-- **Python-level collectives** (``install()``): the ``torch.distributed`` functions in ``TIMED``
-  and ``Work.wait`` are wrapped while a Context of several processes lives (its teardown calls
-  ``uninstall()``, which puts torch's functions back); the time the *main thread* spends inside
-  them is added up (a nested call — ``all_gather_object`` calls ``all_gather`` — counts once). This
-  is what FSDP2 waits on (its all-gathers and reduce-scatters go through
-  ``dist.all_gather_single`` / ``dist.reduce_scatter_single`` and ``Work.wait``), the pipeline's
-  sends and receives (``batch_isend_irecv`` and ``Work.wait``), a loss's ``num_items``
-  all-reduce and the gradient norm's.
+- **Python-level collectives** (``install()``): the clock listens to the tap on
+  ``torch.distributed`` (``multigpu.runtime.collective_taps``: its collective and point-to-point
+  functions and ``Work.wait``) while a Context of several processes lives (its teardown calls
+  ``uninstall()``); the time the *main thread* spends inside them is added up (a nested call —
+  ``all_gather_object`` calls ``all_gather`` — counts once). This is what FSDP2 waits on (its
+  all-gathers and reduce-scatters go through ``dist.all_gather_single`` /
+  ``dist.reduce_scatter_single`` and ``Work.wait``), the pipeline's sends and receives
+  (``batch_isend_irecv`` and ``Work.wait``), a loss's ``num_items`` all-reduce and the gradient
+  norm's.
 - **DDP's gradient all-reduce** runs in C++ (its reducer) where no wrapper sees it; it overlaps
   the backward pass, and what is left when the last gradient is computed is the exposed wait:
   ``DDPTail`` times the last ``register_post_accumulate_grad_hook`` of the step to the end of
@@ -23,109 +24,45 @@ on CUDA only DDP's tail is measured.
 
 from __future__ import annotations
 
-import functools
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 from torch import nn
 
-TIMED = (
-    "all_reduce",
-    "broadcast",
-    "reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_single",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "reduce_scatter_single",
-    "all_to_all",
-    "all_to_all_single",
-    "gather",
-    "scatter",
-    "barrier",
-    "send",
-    "recv",
-    "batch_isend_irecv",
-    "all_gather_object",
-    "broadcast_object_list",
-)
-"""The ``torch.distributed`` functions whose time on the main thread counts as waiting."""
+from multigpu.runtime import collective_taps
 
 
 class WaitClock:
-    """Seconds the main thread spent in ``TIMED`` calls and ``Work.wait`` since the start."""
+    """Seconds the main thread spent in the tap's calls (``collective_taps.TAPPED`` and
+    ``Work.wait``) while it listened: a ``collective_taps.Listener``."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._depth = 0
-        self._main = threading.main_thread().ident
 
-    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn``, its time on the main thread added to ``seconds``."""
+    def begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+        """A call begins: when."""
+        return time.perf_counter()
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if self._depth or threading.get_ident() != self._main:
-                return fn(*args, **kwargs)
-            self._depth += 1
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self._depth -= 1
-
-        wrapper.__multigpu_wait__ = True  # type: ignore[attr-defined]
-        return wrapper
+    def end(self, token: float, error: BaseException | None) -> None:
+        """The call that began at ``token`` ended: its time is waiting."""
+        self.seconds += time.perf_counter() - token
 
 
 CLOCK = WaitClock()
-"""This process's clock (the wrappers are process-wide, as ``torch.distributed`` is)."""
-
-_USERS = 0
-"""The Contexts timing now (``install`` minus ``uninstall``); the wrappers go with the last."""
-_WRAPPED: list[tuple[Any, str, Callable[..., Any], Callable[..., Any]]] = []
-"""``(owner, name, torch's function, our wrapper)`` while installed."""
+"""This process's clock (the tap is process-wide, as ``torch.distributed`` is)."""
 
 
 def install() -> WaitClock:
-    """Wrap ``TIMED`` and ``Work.wait`` (once, however many Contexts ask) until the matching
+    """Time the tap's calls (the tap counts how many Contexts asked) until the matching
     ``uninstall``; the clock they feed."""
-    global _USERS
-    _USERS += 1
-    if _USERS > 1:
-        return CLOCK
-    # ``Work`` is a pybind class: its attributes can be replaced (FSDP checks
-    # isinstance(work, Work), so the objects themselves cannot be wrapped).
-    work = tdist.distributed_c10d.Work
-    targets = [(tdist, name) for name in TIMED] + [(work, "wait")]
-    for owner, name in targets:
-        fn = getattr(owner, name, None)
-        if fn is not None and not getattr(fn, "__multigpu_wait__", False):
-            wrapper = CLOCK.timed(fn)
-            setattr(owner, name, wrapper)
-            _WRAPPED.append((owner, name, fn, wrapper))
+    collective_taps.listen(CLOCK)
     return CLOCK
 
 
 def uninstall() -> None:
-    """End one ``install``; the last one gives torch its functions back (one replaced again
-    since, by someone else, is left as it is)."""
-    global _USERS
-    if _USERS == 0:
-        return
-    _USERS -= 1
-    if _USERS:
-        return
-    for owner, name, fn, wrapper in reversed(_WRAPPED):
-        if getattr(owner, name, None) is wrapper:
-            setattr(owner, name, fn)
-    _WRAPPED.clear()
+    """End one ``install``; after the last one nothing is timed."""
+    collective_taps.unlisten(CLOCK)
 
 
 class DDPTail:

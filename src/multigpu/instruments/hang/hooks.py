@@ -75,7 +75,7 @@ class HangHook(Hook):
     def on_teardown(self, ctx: Any) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
-            uninstall()  # torch.distributed's own functions again: nothing is watched now
+            uninstall()  # nothing is recorded now (the tap's last listener gives torch its own)
 
     def _report_stragglers(self, watchdog: Watchdog, error: BaseException | None) -> None:
         store, rank, calls = watchdog.store, watchdog.rank, watchdog.collectives

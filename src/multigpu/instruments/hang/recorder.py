@@ -1,8 +1,9 @@
 """Recording every collective of this process: sequence number, op, shapes, dtype, call site.
 
-``multigpu.instruments.hang.install`` wraps the collectives of ``torch.distributed`` (the user's
-calls, multigpu's and any library's go through them) so that each call is numbered and remembered
-here with the Python line that made it, while a run is watched; ``ctx.backward`` adds a record for
+``multigpu.instruments.hang.install`` makes a log a listener of the tap on ``torch.distributed``
+(``multigpu.runtime.collective_taps``: the user's calls, multigpu's and any library's go through
+it) so that each call is numbered and remembered here with the Python line that made it, while a
+run is watched; ``ctx.backward`` adds a record for
 the backward pass, whose DDP gradient all-reduce runs in C++ and cannot be wrapped. The watchdog
 reads these records when a rank stops making progress. The cost is a Python wrapper and a short
 stack walk per collective, kept to a few microseconds: ``ctx.backward`` pays it at every step
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from multigpu.instruments.hang.trace import TRACE_SLOT
+from multigpu.runtime.collective_taps import WAIT
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +206,19 @@ class CollectiveLog:
             raise
         self._end(fields, None)
         return result
+
+    def begin(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+        """A call of the tap on ``torch.distributed`` begins (``collective_taps.Listener``): it
+        is recorded, unless it is a ``Work.wait`` (an async call's end; the call was recorded)
+        or runs inside a recorded backward pass."""
+        if name == WAIT or self._inside or _get_ident() != self._main:
+            return None
+        return self._start(name, tensors_of(args, kwargs), sys._getframe(1))
+
+    def end(self, token: list[Any] | None, error: BaseException | None) -> None:
+        """The call ``begin`` returned ``token`` for ended."""
+        if token is not None:
+            self._end(token, error)
 
     def _start(self, op: str, tensors: list[torch.Tensor] | None, frame: FrameType) -> list[Any]:
         site = user_site(frame)
