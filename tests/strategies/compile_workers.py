@@ -15,7 +15,7 @@ from torch import nn
 import multigpu
 from multigpu.examples import lm
 from multigpu.runtime.seed import seed_everything
-from multigpu.strategies.checkpointing import checkpointing_of
+from multigpu.strategies.activation_checkpointing import checkpointing_of
 from multigpu.torch_compat import fsdp_module_class
 
 STEPS = 4

@@ -22,7 +22,7 @@ from multigpu.runtime.device import move_to_device
 from multigpu.runtime.precision import Precision
 from multigpu.runtime.wrappers import unwrap_module
 from multigpu.strategies import state
-from multigpu.strategies.checkpointing import Checkpointing
+from multigpu.strategies.activation_checkpointing import ActivationCheckpointing
 from multigpu.strategies.compose import Composed, check_composition
 
 __all__ = ["Strategy", "unwrap_module"]
@@ -111,7 +111,7 @@ class Strategy(ABC):
         self.precision = Precision("32", self.device)
         self.compile: str | None = None
         """The ``torch.compile`` backend of the model's blocks (``init(compile=)``); None: off."""
-        self.checkpointing = Checkpointing("none")
+        self.checkpointing = ActivationCheckpointing("none")
         """The activation checkpointing policy (DDP, FSDP and tensor parallel take one)."""
         self.composed: Composed | None = None
         """What the last ``wrap`` checkpointed and compiled (``strategies.compose``)."""

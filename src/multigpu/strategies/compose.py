@@ -16,8 +16,8 @@ root: ``fully_shard`` (FSDP) or the DDP wrap. Why this order:
   as the compiled backward produces each gradient.
 
 A model without units (no block, nothing but the root) is compiled (and checkpointed) whole.
-A memory budget (``Checkpointing.mode == "budget"``) wraps no block: the block is compiled by a
-backend that sets the partitioner's budget while it compiles
+A memory budget (``ActivationCheckpointing.mode == "budget"``) wraps no block: the block is
+compiled by a backend that sets the partitioner's budget while it compiles
 (``torch_compat.backend_with_memory_budget``); nothing process-wide stays changed.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from multigpu.errors import UsageError
-from multigpu.strategies.checkpointing import Checkpointing, checkpoint_block
+from multigpu.strategies.activation_checkpointing import ActivationCheckpointing, checkpoint_block
 from multigpu.strategies.fsdp_ties import Unit
 from multigpu.torch_compat import backend_with_memory_budget
 
@@ -61,7 +61,9 @@ def resolve_backend(value: object, *, given_as: str) -> str | None:
     return value
 
 
-def check_composition(checkpointing: Checkpointing, backend: str | None, *, owner: str) -> None:
+def check_composition(
+    checkpointing: ActivationCheckpointing, backend: str | None, *, owner: str
+) -> None:
     """Refuse a memory budget without compile (only the compiler's partitioner acts on it)."""
     if checkpointing.mode == "budget" and backend is None:
         raise UsageError(
@@ -96,7 +98,7 @@ def compose(
     model: nn.Module,
     units: Sequence[Unit],
     *,
-    checkpointing: Checkpointing,
+    checkpointing: ActivationCheckpointing,
     backend: str | None,
     shard: Callable[[Unit], None] | None = None,
 ) -> Composed:
@@ -118,7 +120,7 @@ def compose(
     return Composed(len(blocks), named)
 
 
-def _prepare(block: nn.Module, checkpointing: Checkpointing, backend: str | None) -> None:
+def _prepare(block: nn.Module, checkpointing: ActivationCheckpointing, backend: str | None) -> None:
     """Activation checkpointing, then compile (in place: the block keeps its object and names,
     and ``fully_shard`` can still take it)."""
     checkpoint_block(block, checkpointing)

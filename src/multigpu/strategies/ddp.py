@@ -17,8 +17,8 @@ from torch.utils.hooks import RemovableHandle
 from multigpu.errors import UsageError
 from multigpu.runtime import tbb_malloc
 from multigpu.runtime.precision import AutocastModule
+from multigpu.strategies.activation_checkpointing import ActivationCheckpointing
 from multigpu.strategies.base import Strategy, is_count
-from multigpu.strategies.checkpointing import Checkpointing
 from multigpu.strategies.compose import block_units, compose
 from multigpu.strategies.compression import parse_compression, register_compression
 from multigpu.strategies.materialize import place
@@ -43,7 +43,7 @@ class DDPStrategy(Strategy):
         activation_checkpointing: recompute activations in the backward, per block (the units
             FSDP would shard): False, True or ``"full"``, ``"selective"`` (keep the matmul and
             attention outputs), or a memory budget in (0, 1) (needs ``init(compile=)``); see
-            ``multigpu.strategies.checkpointing``.
+            ``multigpu.strategies.activation_checkpointing``.
     """
 
     name = "ddp"
@@ -63,7 +63,9 @@ class DDPStrategy(Strategy):
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.checkpointing = Checkpointing.parse(activation_checkpointing, owner="DDPStrategy")
+        self.checkpointing = ActivationCheckpointing.parse(
+            activation_checkpointing, owner="DDPStrategy"
+        )
         # Refused here: torch would refuse them later, inside the first backward pass.
         if not is_count(powersgd_rank):
             raise UsageError(

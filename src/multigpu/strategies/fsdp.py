@@ -27,8 +27,8 @@ from multigpu.common.mesh import MeshShape
 from multigpu.errors import UsageError
 from multigpu.runtime import tbb_malloc
 from multigpu.runtime.wrappers import unwrap_module
+from multigpu.strategies.activation_checkpointing import ActivationCheckpointing
 from multigpu.strategies.base import Strategy, is_count
-from multigpu.strategies.checkpointing import Checkpointing
 from multigpu.strategies.compose import compose
 from multigpu.strategies.fsdp_ties import Unit
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, count_params, plan_units
@@ -68,7 +68,7 @@ class FSDPStrategy(Strategy):
             True or ``"full"`` (the whole unit: least memory, about a third more compute),
             ``"selective"`` (keep the matmul and attention outputs, recompute the cheap ops),
             or a memory budget in (0, 1), the share of activations kept (needs
-            ``init(compile=)``); see ``multigpu.strategies.checkpointing``.
+            ``init(compile=)``); see ``multigpu.strategies.activation_checkpointing``.
         replicate: HSDP: ranks holding whole replicas (each shards within ``world_size /
             replicate`` ranks, e.g. one node; gradients are averaged across the replicas).
         mesh_shape: the mesh as ``"replicate=2,shard=4"``, a dict or a ``MeshShape`` (instead
@@ -110,7 +110,7 @@ class FSDPStrategy(Strategy):
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
         policy = activation_checkpointing
-        self.checkpointing = Checkpointing.parse(policy, owner=type(self).__name__)
+        self.checkpointing = ActivationCheckpointing.parse(policy, owner=type(self).__name__)
         if mesh_shape is not None and replicate != 1:
             raise UsageError(
                 f"FSDPStrategy(replicate={replicate!r}, mesh_shape={mesh_shape!r}) gives the "

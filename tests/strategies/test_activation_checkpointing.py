@@ -13,7 +13,11 @@ from torch import nn
 import multigpu
 from multigpu.errors import UsageError
 from multigpu.examples import lm
-from multigpu.strategies.checkpointing import Checkpointing, checkpoint_block, checkpointing_of
+from multigpu.strategies.activation_checkpointing import (
+    ActivationCheckpointing,
+    checkpoint_block,
+    checkpointing_of,
+)
 from multigpu.strategies.compose import block_units, compose
 
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16}
@@ -37,7 +41,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 def _model(policy: object, backend: str | None = None) -> nn.Module:
     torch.manual_seed(0)
     model = lm.build_model(**SHAPE)
-    checkpointing = Checkpointing.parse(policy, owner="test")
+    checkpointing = ActivationCheckpointing.parse(policy, owner="test")
     compose(model, block_units(model), checkpointing=checkpointing, backend=backend)
     return model
 
@@ -95,7 +99,7 @@ def test_checkpointing_keeps_the_block_its_parameters_and_names_and_one_class_pe
     names = [n for n, _ in model.named_parameters()]
     blocks = list(model.blocks)
     for block in blocks:
-        checkpoint_block(block, Checkpointing.parse("selective", owner="test"))
+        checkpoint_block(block, ActivationCheckpointing.parse("selective", owner="test"))
     assert list(model.blocks) == blocks and [n for n, _ in model.named_parameters()] == names
     assert type(blocks[0]) is type(blocks[1]) and isinstance(blocks[0], lm.Block)
     assert checkpointing_of(blocks[0]) == "selective" and checkpointing_of(model) is None
@@ -157,7 +161,9 @@ def test_inductor_compiles_each_block_once_and_says_so(capsys: pytest.CaptureFix
 def test_tensor_parallel_refuses_the_checkpointing_torch_cannot_compile_there():
     for policy in ("full", 0.5):
         strategy = multigpu.TensorParallelStrategy({"l": object()}, tensor_parallel=1)
-        strategy.checkpointing = Checkpointing.parse(policy, owner="TensorParallelStrategy")
+        strategy.checkpointing = ActivationCheckpointing.parse(
+            policy, owner="TensorParallelStrategy"
+        )
         with pytest.raises(UsageError, match=r"torch's compiler fails on a tensor-parallel"):
             strategy.bind(torch.device("cpu"), 1, compile="aot_eager")
     eager = multigpu.TensorParallelStrategy(

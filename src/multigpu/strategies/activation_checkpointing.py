@@ -39,8 +39,8 @@ EXPECTED = (
 
 
 @dataclass(frozen=True)
-class Checkpointing:
-    """An activation checkpointing policy, parsed (``Checkpointing.parse``)."""
+class ActivationCheckpointing:
+    """An activation checkpointing policy, parsed (``ActivationCheckpointing.parse``)."""
 
     mode: str
     """``none``, ``full``, ``selective`` or ``budget``."""
@@ -48,14 +48,14 @@ class Checkpointing:
     """With ``budget``: the share of the activations kept, in (0, 1)."""
 
     @classmethod
-    def parse(cls, value: object, *, owner: str) -> Checkpointing:
+    def parse(cls, value: object, *, owner: str) -> ActivationCheckpointing:
         """``value`` (``False``/``None``, ``True``/``"full"``, ``"selective"``, a float in
         (0, 1)) as a policy; anything else is a UsageError naming ``owner`` (the class).
 
         Example:
-            >>> Checkpointing.parse(0.5, owner="FSDPStrategy").describe()
+            >>> ActivationCheckpointing.parse(0.5, owner="FSDPStrategy").describe()
             'budget 0.5'
-            >>> Checkpointing.parse(True, owner="FSDPStrategy").mode
+            >>> ActivationCheckpointing.parse(True, owner="FSDPStrategy").mode
             'full'
         """
         if value is None or value is False:
@@ -145,7 +145,7 @@ def _checkpointed_class(cls: type[nn.Module], mode: str) -> type[nn.Module]:
     return made
 
 
-def checkpoint_block(block: nn.Module, policy: Checkpointing) -> None:
+def checkpoint_block(block: nn.Module, policy: ActivationCheckpointing) -> None:
     """Make ``block`` recompute its activations in the backward, in place (a no-op for a policy
     that wraps no block: off, or a budget)."""
     if policy.wraps_blocks() and getattr(type(block), "_multigpu_checkpointing", None) is None:
