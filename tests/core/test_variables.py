@@ -26,7 +26,7 @@ BAD = {
     "MULTIGPU_LOG_LEVEL": ("loud", "one of debug, info, warning, error, critical"),
     "MULTIGPU_MESH": ("dp=2,pp=2", "a mesh shape ('pp' is not a mesh axis"),
     "MULTIGPU_PROFILE": ("5:3", "a window of optimizer steps FIRST:LAST, counted from 1 (the"),
-    "MULTIGPU_LOG_TO": ("tensorbord", "a list of tensorboard, csv, mlflow, wandb (unknown"),
+    "MULTIGPU_LOG_TO": ("tensorbord", "a list of tensorboard, csv, mlflow, wandb, ray (unknown"),
     "MULTIGPU_COMPILE": ("aot-eager", "1 or 0 (also true/false), or a torch.compile backend"),
 }
 

@@ -10,7 +10,7 @@ CUDA facts from a child process. A launched rank is a worker, and asks torch.cud
 Environment variables read: the whole environment is checked (see the check modules:
 ``OMP_NUM_THREADS``, ``LOCAL_WORLD_SIZE``, ``CUDA_VISIBLE_DEVICES``, ``GLOO_SOCKET_IFNAME``,
 ``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ``MASTER_PORT``, ``MULTIGPU_CPU_ALLOCATOR``,
-``LD_PRELOAD``, torchrun/SLURM/MPI variables);
+``LD_PRELOAD``, torchrun/SLURM/MPI/Ray Train variables);
 ``MULTIGPU_DEVICE`` (``cpu``: a launched rank stays on the CPU, as ``multigpu run --cpu`` asks).
 """
 
