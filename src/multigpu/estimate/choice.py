@@ -11,19 +11,15 @@ an optimizer with less state.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from multigpu.estimate.capacity import Capacity
-from multigpu.estimate.render import size
-
-if TYPE_CHECKING:
-    from multigpu.estimate.memory import MemoryEstimate
+from multigpu.estimate.figures import MemoryFigures, size
 
 HEADROOM = 0.8
 """The share of a rank's memory the model's state may take under the strategy chosen."""
 
 
-def choose(estimate: MemoryEstimate, capacity: Capacity) -> tuple[str, str]:
+def choose(estimate: MemoryFigures, capacity: Capacity) -> tuple[str, str]:
     """(``"ddp"`` or ``"fsdp"``, the one-line reason), from the estimate and the capacity
     (``"single"`` for one process: there is nothing to split).
 
@@ -61,7 +57,7 @@ def choose(estimate: MemoryEstimate, capacity: Capacity) -> tuple[str, str]:
     )
 
 
-def processes_needed(estimate: MemoryEstimate, usable: float) -> int | None:
+def processes_needed(estimate: MemoryFigures, usable: float) -> int | None:
     """The fewest processes over which FSDP's state takes at most ``usable`` bytes a rank
     (None: the gathered units alone take more).
 
@@ -81,7 +77,7 @@ def processes_needed(estimate: MemoryEstimate, usable: float) -> int | None:
     return max(1, math.ceil(whole / left))
 
 
-def _ways_out(estimate: MemoryEstimate, usable: float, capacity: Capacity) -> str:
+def _ways_out(estimate: MemoryFigures, usable: float, capacity: Capacity) -> str:
     ways = []
     needed = processes_needed(estimate, usable)
     if needed is not None and needed > estimate.world_size:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -53,13 +53,17 @@ from torch import nn
 from multigpu.errors import UsageError
 from multigpu.estimate import choice, render
 from multigpu.estimate.capacity import Capacity
+from multigpu.estimate.figures import (
+    ACTIVATIONS_NOTE,
+    STRATEGIES,
+    MemoryFigures,
+    StrategyMemory,
+)
 from multigpu.estimate.optimizers import optimizer_state_count
 from multigpu.strategies.fsdp_units import DEFAULT_MIN_BLOCK_PARAMS, plan_units
 
 PRECISIONS = ("32", "bf16-mixed")
 """The precisions the estimate knows (``16-mixed`` has no FSDP here)."""
-
-STRATEGIES = ("ddp", "fsdp", "fsdp+offload")
 
 __all__ = [
     "DEFAULT_MIN_BLOCK_PARAMS",
@@ -80,121 +84,12 @@ STEP_NOTE = (
     "the optimizer step's temporaries are not counted (on GPUs, one more copy of the "
     "parameters for Adam-like optimizers): give device= or capacity="
 )
-ACTIVATIONS_NOTE = (
-    "not included: activations (they grow with the batch and the sequence length), the "
-    "framework's own memory (torch, a CUDA context) and the allocator's slack"
-)
 
 
 @dataclass(frozen=True, kw_only=True)
-class StrategyMemory:
-    """One rank's bytes under one strategy."""
-
-    strategy: str
-    """``ddp``, ``fsdp`` or ``fsdp+offload``."""
-    params: int
-    """The parameters this rank holds (a shard under FSDP), and the model's buffers."""
-    grads: int
-    """Their gradients."""
-    optimizer: int
-    """The optimizer's state for them, and on GPUs its step's temporaries."""
-    buffers: int
-    """Communication and compute copies: DDP's buckets (and autocast's bf16 weights); FSDP's
-    gathered units, their unsharded gradients and the collectives' flat buffers."""
-    host: int = 0
-    """Of the above, what sits in CPU RAM rather than on the GPU (offload)."""
-    gpu_only: bool = False
-    """True for a strategy that means nothing on CPU processes (offload)."""
-    resume: int = 0
-    """What this rank holds at most while a checkpoint loads: the parameters, the optimizer
-    state and one buffer as large as the largest parameter (see the module doc); below the
-    training's sum for every model, and counted in ``total`` if it were not."""
-
-    @property
-    def total(self) -> int:
-        """Everything this rank holds for the model's training state, or to resume it from a
-        checkpoint when that were more."""
-        return max(self.params + self.grads + self.optimizer + self.buffers, self.resume)
-
-    @property
-    def device(self) -> int:
-        """What this rank's device holds (its GPU; on CPU processes: RAM, all of it)."""
-        return self.total - self.host
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryEstimate:
-    """A model's training state per rank, for each strategy (see the module doc)."""
-
-    parameters: int
-    """Number of parameters (elements; shared ones once)."""
-    param_bytes: int
-    """Their bytes as stored (float32: 4 per element)."""
-    world_size: int
-    """Processes sharing the work; FSDP shards over all of them."""
-    optimizer: str
-    """The optimizer's name (``adamw``, ``sgd-momentum``...)."""
-    states_per_param: int
-    """Parameter-sized state tensors the optimizer keeps per parameter."""
-    precision: str
-    """``"32"`` or ``"bf16-mixed"``."""
-    units: tuple[tuple[str, int], ...]
-    """FSDP's units (name, parameters), the root (``""``) last; ``a+b``: modules sharing
-    parameters (tied weights), one unit."""
-    unit_rule: str = ""
-    """How FSDP chose its blocks: ``declared: GPT2Block``, ``repeated: Block``, ``given: ...``
-    or ``children of 100,000+ parameters`` (``multigpu.strategies.fsdp_units``)."""
-    unit_warning: str | None = None
-    """One line when a unit holds most of the model (sharding then saves little), with the
-    ``FSDPStrategy(blocks=...)`` that splits it."""
-    strategies: tuple[StrategyMemory, ...] = field(default=())
-    """``ddp``, ``fsdp`` and ``fsdp+offload``, in that order."""
-    capacity: Capacity | None = None
-    """What a rank has, when given: ``fits`` and ``choose`` compare against it."""
-    resident_bytes: int = 0
-    """Parameter bytes the model already holds on ``resident_device`` (0 on the meta device):
-    already counted as used by the capacity, so they are added back to it."""
-    resident_device: str = "meta"
-    """The device type of the model's parameters (``meta``, ``cpu``, ``cuda``)."""
-    notes: tuple[str, ...] = (ACTIVATIONS_NOTE,)
-    """What the figures leave out or assume, one sentence each."""
-
-    def of(self, strategy: str) -> StrategyMemory:
-        """The estimate of one strategy (``ddp``, ``fsdp``, ``fsdp+offload``).
-
-        Example:
-            >>> with torch.device("meta"):
-            ...     net = nn.Linear(10, 10)
-            >>> estimate_memory(net, world_size=2, optimizer="sgd").of("ddp").total
-            880
-        """
-        for found in self.strategies:
-            if found.strategy == strategy:
-                return found
-        raise KeyError(f"{strategy!r}; expected one of {', '.join(STRATEGIES)}")
-
-    @property
-    def largest_unit(self) -> int:
-        """Parameters of the largest FSDP unit other than the root (0 when there is none)."""
-        return max((n for _, n in self.units[:-1]), default=0)
-
-    def room(self, capacity: Capacity | None = None) -> int | None:
-        """Bytes a rank has for the model's state: the capacity plus what the model already
-        holds on that kind of device (None without a capacity)."""
-        capacity = capacity or self.capacity
-        if capacity is None:
-            return None
-        held = self.resident_bytes if self.resident_device == capacity.kind else 0
-        return capacity.bytes + held
-
-    def fits(self, strategy: str, capacity: Capacity | None = None) -> bool | None:
-        """Whether a rank holds ``strategy``'s state (None: no capacity, or offload on CPUs)."""
-        room = self.room(capacity)
-        chosen = self.of(strategy)
-        kind = (capacity or self.capacity or Capacity(bytes=0, source="")).kind
-        if room is None or (chosen.gpu_only and kind != "cuda"):
-            return None
-        return chosen.device <= room
+class MemoryEstimate(MemoryFigures):
+    """A model's training state per rank, for each strategy (see the module doc): the figures
+    (``MemoryFigures``), what ``strategy="auto"`` picks from them, and their views."""
 
     def choose(self, capacity: Capacity | None = None) -> tuple[str, str]:
         """(``"ddp"`` or ``"fsdp"``, a one-line reason): what ``strategy="auto"`` picks.

@@ -9,35 +9,22 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from multigpu.estimate.capacity import GIB
+from multigpu.estimate.choice import choose
+from multigpu.estimate.figures import MemoryFigures, size
 
 WIDTH = 130
 """Columns the table needs without wrapping (wider terminals use their width)."""
 
 FIGURES = ("parameters", "param_bytes", "world_size", "optimizer", "states_per_param", "precision")
-"""The model's figures in the JSON, as ``MemoryEstimate`` names them."""
+"""The model's figures in the JSON, as ``MemoryFigures`` names them."""
 BYTES = ("params", "grads", "optimizer", "buffers", "total", "device", "host")
 """A strategy's bytes per rank, as ``StrategyMemory`` names them: the table's and JSON's columns."""
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from multigpu.estimate.memory import MemoryEstimate
 
-
-def size(value: float) -> str:
-    """Bytes as GiB, or MiB below a hundredth of a GiB.
-
-    Example:
-        >>> size(3 * 2**30), size(5 * 2**20), size(0)
-        ('3.00 GiB', '5.0 MiB', '0 B')
-    """
-    if value == 0:
-        return "0 B"
-    return f"{value / GIB:.2f} GiB" if value >= GIB / 100 else f"{value / 2**20:.1f} MiB"
-
-
-def _fit(estimate: MemoryEstimate, strategy: str) -> str:
+def _fit(estimate: MemoryFigures, strategy: str) -> str:
     fits = estimate.fits(strategy)
     if fits is None:
         return "GPU only" if estimate.of(strategy).gpu_only else "-"
@@ -45,7 +32,7 @@ def _fit(estimate: MemoryEstimate, strategy: str) -> str:
     return f"{'yes' if fits else 'no'} ({share:.0f}%)"
 
 
-def summary(estimate: MemoryEstimate) -> str:
+def summary(estimate: MemoryFigures) -> str:
     """One line about the model: parameters, optimizer, precision, processes, FSDP units.
 
     Example:
@@ -79,7 +66,7 @@ def count(n: int) -> str:
     return str(n)
 
 
-def units_line(estimate: MemoryEstimate) -> str:
+def units_line(estimate: MemoryFigures) -> str:
     """FSDP's units and their parameters in one line; a run of same-sized units named alike
     (a model's blocks) is shown as its first and last.
 
@@ -92,18 +79,18 @@ def units_line(estimate: MemoryEstimate) -> str:
         'FSDP units (repeated: Linear): 0 … 5 (6 × 160.4k), <root> (0) parameters'
     """
     runs: list[list[tuple[str, int]]] = []
-    for name, size in estimate.units:
+    for name, params in estimate.units:
         last = runs[-1][-1] if runs else None
-        if last is not None and last[1] == size and _alike(last[0], name):
-            runs[-1].append((name, size))
+        if last is not None and last[1] == params and _alike(last[0], name):
+            runs[-1].append((name, params))
         else:
-            runs.append([(name, size)])
+            runs.append([(name, params)])
     parts = []
     for run in runs:
         if len(run) >= 3:
             parts.append(f"{run[0][0]} … {run[-1][0]} ({len(run)} × {count(run[0][1])})")
         else:
-            parts.extend(f"{name or '<root>'} ({count(size)})" for name, size in run)
+            parts.extend(f"{name or '<root>'} ({count(params)})" for name, params in run)
     return f"FSDP units ({estimate.unit_rule}): {', '.join(parts)} parameters"
 
 
@@ -113,7 +100,7 @@ def _alike(a: str, b: str) -> bool:
     return pa == pb and na.isdigit() and nb.isdigit()
 
 
-def rich_view(estimate: MemoryEstimate, *, header: str | None = None) -> RenderableType:
+def rich_view(estimate: MemoryFigures, *, header: str | None = None) -> RenderableType:
     """The estimate as rich renderables: a header (default ``summary``), FSDP's units (and a
     warning when one holds most of the model), the table, what one rank has, what
     ``strategy="auto"`` chooses, and what the figures leave out."""
@@ -132,27 +119,27 @@ def rich_view(estimate: MemoryEstimate, *, header: str | None = None) -> Rendera
     lines.append(table)
     if estimate.capacity is not None:
         lines.append(Text(f"one rank has {size(estimate.room() or 0)}: {estimate.capacity.source}"))
-        name, why = estimate.choose()
+        name, why = choose(estimate, estimate.capacity)
         lines.append(Text(f"strategy='auto' chooses {name}: {why}"))
     lines.extend(Text(note) for note in estimate.notes)
     return Group(*lines)
 
 
-def as_text(estimate: MemoryEstimate, width: int = WIDTH) -> str:
+def as_text(estimate: MemoryFigures, width: int = WIDTH) -> str:
     """``rich_view`` rendered to plain text (no colours)."""
     out = io.StringIO()
     Console(file=out, width=width, no_color=True, highlight=False).print(rich_view(estimate))
     return out.getvalue()
 
 
-def as_json(estimate: MemoryEstimate) -> dict[str, Any]:
+def as_json(estimate: MemoryFigures) -> dict[str, Any]:
     """A JSON-ready dict: the model's figures, each strategy's bytes per rank, the fit."""
     out: dict[str, Any] = {name: getattr(estimate, name) for name in FIGURES}
     out |= {
         "units": len(estimate.units),
         "largest_unit": estimate.largest_unit,
         "fsdp_units": [
-            {"name": name or "<root>", "parameters": size} for name, size in estimate.units
+            {"name": name or "<root>", "parameters": params} for name, params in estimate.units
         ],
         "fsdp_unit_rule": estimate.unit_rule,
         "fsdp_unit_warning": estimate.unit_warning,
@@ -171,6 +158,6 @@ def as_json(estimate: MemoryEstimate) -> dict[str, Any]:
             "source": estimate.capacity.source,
             "kind": estimate.capacity.kind,
         }
-        name, why = estimate.choose()
+        name, why = choose(estimate, estimate.capacity)
         out["choice"] = {"strategy": name, "reason": why}
     return out
