@@ -9,8 +9,8 @@ anyway, and Ray's own idiom reports: before each checkpoint is saved (a ``Checkp
 ``ctx.save``'s) and when the ``with`` block ends without an error. A report holds the values
 logged since the one before (the latest of each name) and ``step``, the last step logged (a save
 in ``ckpt.step()`` comes before the loop logs that step: its report carries the steps before); a
-rank that logged nothing reports ``{}``, so the counts agree however the loop logs. Ray keeps rank 0's
-metrics with a checkpoint reported beside them, and gives every worker's to a
+rank that logged nothing reports ``{}``, so the counts agree however the loop logs. Ray keeps
+rank 0's metrics with a checkpoint reported beside them, and gives every worker's to a
 ``ray.train.UserCallback``'s ``after_report``.
 
 Environment variables read: none (``ray`` reads its own).
