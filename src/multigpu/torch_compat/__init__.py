@@ -26,7 +26,7 @@ when a torch release changes it, so upgrading torch is this package and those te
   rendezvous backends and of ``torch.distributed.rendezvous`` (``env://``, ``tcp://``), and
   ``DynamicRendezvousHandler._create_tcp_store_server``: for the time of a block they make their
   servers through multigpu (``store_listen``: bound to one address, not every interface).
-- **The elastic agent's protected methods** (``AGENT_OVERRIDES``): ``launch/agent.py``
+- **The elastic agent's protected methods** (``AGENT_OVERRIDES``): ``launch/agent/``
   overrides ``LocalElasticAgent``'s worker monitor (stopped workers let go on; the restart it
   leads to said by ``restart_reports``) and its exit barrier (``exit_agreement``) — torch offers
   no hooks for them; the rest goes through the public ``run`` and ``RendezvousHandler`` — and

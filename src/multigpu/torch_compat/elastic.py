@@ -4,10 +4,10 @@
 Every torch name the launcher reaches that is not torch's public API, and the canary in
 ``tests/core/test_torch_compat.py`` that fails when a torch release changes it:
 
-- ``SimpleElasticAgent._monitor_workers``: overridden in ``launch/agent.py`` (stopped workers
+- ``SimpleElasticAgent._monitor_workers``: overridden in ``launch/agent/`` (stopped workers
   let go on; a restart said, with its cause, when torch's loop will restart on the check's
   result) — ``test_the_elastic_agent_still_calls_the_methods_multigpu_overrides``.
-- ``SimpleElasticAgent._exit_barrier``: overridden in ``launch/agent.py`` (the nodes' exit
+- ``SimpleElasticAgent._exit_barrier``: overridden in ``launch/agent/`` (the nodes' exit
   agreement, ``launch/exit_agreement.py``) —
   ``test_the_elastic_agent_still_ends_through_the_exit_barrier_multigpu_overrides``.
 - ``SimpleElasticAgent._remaining_restarts``: read for whether the loop restarts, and the
