@@ -128,7 +128,7 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
     """Every local row, the detected environment, and this process's facts for the ranks."""
     import torch
 
-    from multigpu.diagnostics.doctor import cuda, network, ray_worker, system
+    from multigpu.diagnostics.doctor import cuda, engine, network, ray_worker, system
     from multigpu.gpus import read_facts
     from multigpu.gpus.torch_probe import has_gpu_device_node
     from multigpu.gpus.visible import visible_devices
@@ -162,6 +162,7 @@ def _local(environ: Mapping[str, str]) -> tuple[list[Check], ClusterEnv | None, 
         network.ifname_check("GLOO_SOCKET_IFNAME", environ, interfaces),
         network.ifname_check("NCCL_SOCKET_IFNAME", environ, interfaces),
         *launch_rows,
+        *engine.engine_rows(environ, interfaces),  # a pod's PET_* or SkyPilot's variables
         *ray_worker.ray_rows(environ, env),  # a TorchTrainer worker: Ray's rows
     ]
     used = network.used_interface(environ, interfaces)

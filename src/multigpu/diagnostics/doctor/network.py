@@ -178,7 +178,8 @@ def resolve(host: str) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-def _is_local(addresses: Sequence[str], interfaces: Sequence[Interface]) -> bool:
+def is_local(addresses: Sequence[str], interfaces: Sequence[Interface]) -> bool:
+    """Whether one of ``addresses`` is this machine's (a loopback or an interface's address)."""
     mine = {i.ipv4 for i in interfaces if i.ipv4}
     return any(ipaddress.ip_address(a).is_loopback or a in mine for a in addresses)
 
@@ -225,7 +226,7 @@ def master_addr_check(
             ),
             False,
         )
-    local = _is_local(addresses, interfaces)
+    local = is_local(addresses, interfaces)
     where = "this machine" if local else "another machine"
     return ok("launch", "MASTER_ADDR", f"{host} -> {', '.join(addresses)} ({where})"), local
 
