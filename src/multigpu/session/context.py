@@ -1,43 +1,81 @@
-"""Context: the one object a training script holds — ranks, device, wrapping, data, collectives.
+"""Context: the one object a training script holds — ranks, device, wrapping, data, collectives,
+checkpoints and throughput.
 
-Made by ``multigpu.init()``; passed explicitly, never a global singleton.
+Made by ``multigpu.init()``; passed explicitly, never a global singleton. One class in one file,
+in sections: ranks and collectives, model and optimizer, data, checkpoints, throughput, lifetime.
+Every collective works at world size 1 too, where it returns its input.
+
+Checkpoints: the strategy is the state adapter: it produces and loads the model and optimizer
+state as its wrapping holds it. ``ctx.save``'s checkpoint is the same kind of directory a
+``Checkpointer`` writes (sharded through DCP, atomic, with a manifest and checksums), without RNG
+states. The modules that save and load (DCP, and through it DTensor, FSDP and torch's elastic
+agent: about 1 s of CPU in every process) are imported by the methods that need them, so that a
+run that never checkpoints starts without them.
 """
 
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 from torch import nn
 
+from multigpu.checkpoint.hub import SUFFIX, is_hub
+from multigpu.checkpoint.layout import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    STATE_FILE,
+    TMP_PREFIX,
+    find_latest,
+    read_manifest,
+    usable,
+)
+from multigpu.checkpoint.loading import is_dcp_directory, unfinished_dcp
+from multigpu.checkpoint.objects import epoch_of, kind_of
 from multigpu.common import worker_error
 from multigpu.data import DistributedLoader, StreamLoader, make_loader
 from multigpu.env.types import ClusterEnv
-from multigpu.errors import UsageError
+from multigpu.errors import CheckpointMismatchError, CheckpointUnreadableError, UsageError
 from multigpu.instruments.hooks import Hook
+from multigpu.replicas.settings import group_directory
 from multigpu.runtime import dist
 from multigpu.runtime.device import move_to_device
 from multigpu.runtime.precision import Precision
 from multigpu.session import metrics, rank_memory
-from multigpu.session.context_checkpoints import Checkpointing
-from multigpu.session.context_comm import RankTools, report_failure
-from multigpu.session.context_metering import Metering, check_tokens_per_sample
 from multigpu.session.training import StepControl
 from multigpu.strategies import AutoStrategy, Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.throughput import StepMeter
 
-if TYPE_CHECKING:  # made by ctx.checkpointer, which imports it (see context_checkpoints)
+if TYPE_CHECKING:  # made by ctx.checkpointer, which imports it (see the module doc)
     from multigpu.checkpoint.manager import Checkpointer
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class Context(RankTools, Checkpointing, Metering):
+def check_tokens_per_sample(tokens: Any) -> None:
+    """Refuse a ``ctx.loader(tokens_per_sample=)`` that is not None or a whole number >= 1."""
+    whole = isinstance(tokens, int) and not isinstance(tokens, bool)
+    if tokens is not None and not (whole and tokens >= 1):
+        raise UsageError(
+            f"ctx.loader(tokens_per_sample={tokens!r}); expected a whole number >= 1: the "
+            "tokens of one sample, e.g. the sequence length"
+        )
+
+
+class Context:
     """Where this process runs and how to train in it.
 
     Use it as a context manager (or rely on the exit hook) so the process group is torn down
@@ -81,7 +119,7 @@ class Context(RankTools, Checkpointing, Metering):
         self._checkpointers: list[Checkpointer] = []
         self._meta_rng = MetaRng()
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
-        self._watching = self._in_ctx_step = False  # see Metering._watch_optimizers
+        self._watching = self._in_ctx_step = False  # see _watch_optimizers
         metrics.enter(self)  # its metrics ask it whether this rank's data repeats another's
         atexit.register(self.teardown)
 
@@ -95,6 +133,111 @@ class Context(RankTools, Checkpointing, Metering):
     def compile(self) -> str | None:
         """The ``torch.compile`` backend of ``setup``'s blocks (``init(compile=)``); None: off."""
         return self.strategy.compile
+
+    # ---- ranks and collectives ---------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node (its GPU index when on CUDA)."""
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.env.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this node."""
+        return self.env.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this node."""
+        return self.env.node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes in the job."""
+        return self.env.num_nodes
+
+    @property
+    def repeats_data(self) -> bool:
+        """Whether this rank reads the same data as a lower rank (a tensor-parallel group, a
+        pipeline's processes: ``Strategy.data_shard``); its metrics' states then stay out of
+        ``compute()``'s sums, so that each sample counts once."""
+        shard_of = self.strategy.data_shard
+        mine = shard_of(self.rank, self.world_size)[0]
+        return any(shard_of(r, self.world_size)[0] == mine for r in range(self.rank))
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the one that prints and writes files). Under replica groups
+        (``multigpu run --replicas``) on one process of the whole job: rank 0 of the group that
+        writes (see docs/fault-tolerance.md)."""
+        return self.env.rank == 0 and all(hook.writes_outputs(self) for hook in self._hooks)
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.env.world_size > 1
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives (bounded by the timeout)."""
+        dist.barrier()
+
+    def all_reduce(self, value: T, op: dist.ReduceOp = "mean") -> T:
+        """Reduce a tensor or number over ranks: ``mean``, ``sum``, ``max``, ``min``, ``prod``."""
+        return dist.all_reduce(value, op=op, device=self._comm_device())
+
+    def reduce(self, value: Any, op: str = "sum") -> NoReturn:
+        """Removed (it was an all-reduce, unlike torch's ``reduce`` to one rank): use
+        ``ctx.all_reduce(value, op="sum")``. Raises UsageError saying so, for one release."""
+        raise UsageError(
+            f"ctx.reduce(value, op={op!r}) was renamed: it is an all-reduce (every rank gets the "
+            f"result), unlike torch.distributed.reduce; use ctx.all_reduce(value, op={op!r})"
+        )
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank (tensors may differ in length)."""
+        return dist.gather(value, device=self._comm_device())
+
+    def broadcast(self, value: T, src: int = 0) -> T:
+        """Rank ``src``'s ``value`` on every rank."""
+        return dist.broadcast(value, src=src)
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def print(self, *args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
+        """``print`` on rank 0 only (``all_ranks=True``: every rank, prefixed with its rank).
+
+        The line is written in one call and flushed, so lines of different ranks never
+        interleave mid-line.
+        """
+        if not (all_ranks or self.is_main):
+            return
+        sep, end = kwargs.pop("sep", None), kwargs.pop("end", None)
+        text = (" " if sep is None else sep).join(str(a) for a in args)
+        if all_ranks and self.is_distributed:
+            text = f"[rank{self.rank}] {text}"
+        # Text and end in one write: print() writes them apart, and with unbuffered output (the
+        # launcher's PYTHONUNBUFFERED) another rank's line landed between them ("[rank0] a[rank1]
+        # a"). file=None, end=None: print's defaults.
+        builtins.print(text + ("\n" if end is None else end), end="", flush=True, **kwargs)
+
+    @contextlib.contextmanager
+    def rank_zero_first(self) -> Iterator[None]:
+        """Let rank 0 run the block first (e.g. a download), then the others."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
 
     # ---- model and optimizer ------------------------------------------------------------------
     def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
@@ -388,6 +531,204 @@ class Context(RankTools, Checkpointing, Metering):
             if outside:  # a tracker's start-up: not the training's time
                 self._meter.exclude(outside)
 
+    # ---- checkpoints --------------------------------------------------------------------------
+    def checkpointer(
+        self,
+        directory: str | Path,
+        *,
+        every_steps: int | None = None,
+        keep: int | None = None,
+        async_save: bool = False,
+        save_on_sigterm: bool = False,
+        lock_timeout: float = 0.0,
+        **objects: Any,
+    ) -> Checkpointer:
+        """A ``Checkpointer`` saving ``objects`` (and the GradScaler of ``16-mixed``) under
+        ``directory``: every ``every_steps`` calls of ``step()``, keeping the ``keep`` newest
+        (None: all); ``async_save`` writes in the background; ``save_on_sigterm`` saves and exits
+        143 when any rank gets SIGTERM. One run at a time holds ``directory``: another live
+        run's raises ``CheckpointLockedError`` (naming its pid and host) unless it lets go
+        within ``lock_timeout`` seconds; a dead run's hold ends with it. See
+        ``multigpu.checkpoint.manager``.
+        """
+        from multigpu.checkpoint.manager import Checkpointer
+
+        ckpt = Checkpointer(
+            group_directory(directory, os.environ),  # under --replicas: DIR/group-G
+            rank=self.rank,
+            world_size=self.world_size,
+            adapter=self.strategy,
+            comm_device=self._comm_device(),
+            timeout=self.timeout.total_seconds(),
+            every_steps=every_steps,
+            keep=keep,
+            async_save=async_save,
+            save_on_sigterm=save_on_sigterm,
+            describe=self.strategy.describe,
+            lock_timeout=lock_timeout,
+            before_save=self._before_save,
+            counts_step=lambda: all(hook.counts_step(self) for hook in self._hooks),
+        )
+        ckpt.track(**objects)
+        if self.precision.scaler is not None and "grad_scaler" not in objects:
+            ckpt.track(grad_scaler=self.precision.scaler)
+        self._checkpointers.append(ckpt)
+        for hook in self._hooks:
+            hook.on_checkpointer(self, ckpt)
+        return ckpt
+
+    def save(self, path: str | Path, state: Mapping[str, Any]) -> Path:
+        """Save ``state`` — models, optimizers, loaders, schedulers, plain values — at ``path``.
+
+        Collective: every rank calls it. The checkpoint is a directory written atomically (a
+        temp dir renamed once complete, with a manifest and checksums); models and optimizers
+        are sharded through DCP, so it loads on any world size under any strategy. RNG states
+        are not saved (use a ``Checkpointer`` for exact resume). An existing ``path`` is
+        replaced only when it is a multigpu checkpoint.
+        """
+        from multigpu.checkpoint.saving import SaveJob, decided_by_rank0, save
+
+        _check_names(state, "save")
+        final = Path(path)
+
+        def check() -> None:
+            if final.exists() and not (final / MANIFEST_FILE).is_file():
+                raise UsageError(
+                    f"ctx.save: {final} exists and is not a multigpu checkpoint; expected a new "
+                    "path (or an earlier checkpoint to replace): choose another path"
+                )
+
+        decided_by_rank0(self.rank, check)
+        self._before_save()
+        step = state.get("step")
+        job = SaveJob(
+            final=final,
+            stale=f"{TMP_PREFIX}{final.name}-*",
+            step=step if isinstance(step, int) and not isinstance(step, bool) else 0,
+            epoch=epoch_of(state),
+            rank=self.rank,
+            world_size=self.world_size,
+            objects=state,
+            rng=False,
+            adapter=self.strategy,
+            strategy=self.strategy.describe(),
+        )
+        return save(job)
+
+    def _before_save(self) -> None:
+        """A checkpoint is about to be saved: the hooks hear of it (the trackers flush)."""
+        for hook in self._hooks:
+            hook.on_save(self)
+
+    def load(self, path: str | Path, state: MutableMapping[str, Any]) -> dict[str, Any]:
+        """Fill ``state`` in place from a checkpoint; return the saved entries it did not ask for.
+
+        ``path``: a directory written by ``ctx.save``, a ``Checkpointer``'s ``step-*``
+        directory, or a ``Checkpointer``'s directory (its newest complete checkpoint). Models
+        and optimizers are loaded into the objects (resharded to this run), plain values are
+        replaced in ``state``. Collective: every rank calls it. The saved plain values and small
+        objects' states that ``state`` has no entry for are returned (saved model and optimizer
+        states not asked for stay on disk).
+
+        Also read: a plain DCP checkpoint (a directory written by
+        ``torch.distributed.checkpoint.save``, or its ``.metadata``; torchtitan's step
+        directories), whose top-level objects are the names to ask for — its top-level tensors
+        are ``model`` (see ``multigpu.checkpoint.dcp_load``); and weights in the hub format (a
+        ``.safetensors`` file, or a directory with ``model.safetensors`` or its index) with
+        ``{"model": model}``: after ``ctx.setup``, each rank reads only the part of each tensor
+        it holds (its rows under FSDP; see ``multigpu.checkpoint.hub_load``).
+        """
+        from multigpu.checkpoint.dcp_load import load_dcp
+        from multigpu.checkpoint.hub_load import load_hub
+        from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
+        from multigpu.checkpoint.saving import decided_by_rank0
+
+        _check_names(state, "load")
+        kind, where = decided_by_rank0(self.rank, lambda: _resolve(path))
+        if kind == "hub":
+            return load_hub(where, state, self.strategy, rank=self.rank)
+        if kind == "dcp":
+            return load_dcp(where, state, self.strategy)
+        manifest = read_manifest(where)
+        small_saved = load_part(where / STATE_FILE).get("objects", {})
+        available = saved_names(manifest, small_saved)
+        missing = sorted(k for k in state if k not in available)
+        if missing:
+            raise CheckpointMismatchError(
+                f"checkpoint {where} has no entry {missing} (it holds {sorted(available)}); ask "
+                "for the names it was saved with"
+            )
+        stored_elsewhere = sorted(
+            k for k, v in state.items() if kind_of(v) == "value" and k not in small_saved
+        )
+        if stored_elsewhere:
+            raise CheckpointMismatchError(
+                f"checkpoint {where} holds {stored_elsewhere} as models or optimizers, but state "
+                "gives plain values for them; pass the objects to load them into"
+            )
+        stateful = {k: v for k, v in state.items() if kind_of(v) != "value"}
+        restore_objects(where, stateful, manifest, small_saved, self.strategy)
+        for name, value in state.items():
+            if kind_of(value) == "value":
+                state[name] = small_saved[name]
+        if self.rank == 0:
+            log.info("loaded %s from %s", ", ".join(state), where)
+        return {k: v for k, v in small_saved.items() if k not in state}
+
+    # ---- throughput ---------------------------------------------------------------------------
+    def _on_batch(self, loader: DistributedLoader | StreamLoader) -> None:
+        self._steps.note_batch(loader)
+        self._meter.batch()
+
+    def _watch_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Count the steps of the first optimizer given to ``setup`` that the script steps
+        itself (``optimizer.step()``, the README's loop) as ``ctx.step`` counts its own: without
+        it, ``ctx.throughput()`` read no step in that loop and returned None for every figure,
+        and a profile window never opened."""
+        if self._watching or not optimizers:
+            return
+        self._watching = True
+        optimizers[0].register_step_post_hook(self._stepped_by_script)
+
+    def _stepped_by_script(self, *_: Any) -> None:
+        if not self._in_ctx_step:  # ctx.step notes its own, once for all its optimizers
+            self._note_step()
+
+    def _note_step(self) -> None:
+        """An optimizer step stepped: the meter counts it, the hooks hear of it."""
+        loader = self._steps.active_loader
+        samples = loader.global_batch_size if loader is not None else 0
+        self._meter.stepped(samples, getattr(loader, "tokens_per_sample", None))
+        for hook in self._hooks:
+            hook.on_step(self)
+
+    def throughput(self, *, across_ranks: bool = False) -> dict[str, Any]:
+        """Figures of the optimizer steps since the last call (or since ``setup``); a new window
+        starts. Call it where a progress line is printed, not at every step.
+
+        A step is one of ``ctx.step``, or of the first optimizer given to ``setup`` stepped by
+        the script itself (``optimizer.step()``).
+
+        Keys: ``steps`` (in the window), ``step_seconds`` (mean wall time of one), and over all
+        ranks ``samples_per_second`` (the loader's global batch per step) and
+        ``tokens_per_second`` (with ``ctx.loader(..., tokens_per_sample=)``, else None);
+        ``collective_wait_share``: the share of the step time this rank's main thread waited on
+        communication (0.0 on one process; None on CUDA except under DDP; see
+        docs/api.md#throughput for what it counts); ``peak_memory_bytes``: this rank's peak
+        (CUDA's allocator peak, else the process's peak resident set); ``mfu``: model FLOPs
+        utilization on a GPU of the table (``multigpu.throughput.peak``), else None.
+        ``across_ranks=True`` adds ``peak_memory_bytes_max`` (the largest over the ranks) and
+        ``collective_wait_share_max``; it is a collective: every rank must call it.
+        """
+        figures = self._meter.read(self.precision.name)
+        if across_ranks:
+            share = figures["collective_wait_share"]
+            found = dist.gather_objects_small((figures["peak_memory_bytes"], share))
+            figures["peak_memory_bytes_max"] = max(memory for memory, _ in found)
+            shares = [s for _, s in found if s is not None]
+            figures["collective_wait_share_max"] = max(shares) if shares else None
+        return figures
+
     # ---- lifetime -----------------------------------------------------------------------------
     def teardown(self) -> None:
         """Release wrappers and destroy the process group (idempotent; also runs at exit)."""
@@ -427,3 +768,69 @@ class Context(RankTools, Checkpointing, Metering):
             # Another rank failed first and its error is the one to read; this rank's traceback
             # (a lost connection, 20 lines) is kept in its error file, not printed.
             raise SystemExit(1) from None
+
+
+def report_failure(error: BaseException | None, env: ClusterEnv) -> bool:
+    """Record ``error`` for the launcher's one-line summary (``multigpu.common.worker_error``); True
+    when recorded. A usage error then ends a torchrun worker: one line on stderr, exit code 2
+    (what the launcher reports as the user's error, not a crash).
+
+    ``multigpu run`` prints the line itself (read from the worker's error file), so the worker
+    stays silent. Under plain torchrun the worker says it: every rank usually refuses the same
+    input, so a rank other than 0 waits a moment, in which the agent stops it once rank 0 has
+    exited, and the message appears once; if rank 0 did not refuse, it still appears, from the
+    rank that did.
+    """
+    recorded = worker_error.record(error)
+    if not isinstance(error, UsageError) or env.source != "torchrun":
+        return recorded
+    if not (recorded and worker_error.launched_by_multigpu()):
+        if env.rank != 0:
+            time.sleep(1.0)
+        prefix = f"rank {env.rank}: " if env.rank else ""
+        print(f"multigpu: error: {prefix}{error}", file=sys.stderr, flush=True)
+    raise SystemExit(2) from error
+
+
+def _check_names(state: Mapping[str, Any], verb: str) -> None:
+    if not isinstance(state, Mapping) or not state:
+        raise UsageError(
+            f"ctx.{verb} got {type(state).__name__}; expected a non-empty dict such as "
+            '{"model": model, "optimizer": optimizer, "step": 100}'
+        )
+    bad = [k for k in state if not (isinstance(k, str) and k.isidentifier())]
+    if bad:
+        raise UsageError(
+            f"ctx.{verb}: state keys {bad!r} are not identifiers; name each entry like a "
+            'variable, e.g. {"model": model}'
+        )
+
+
+def _resolve(path: str | Path) -> tuple[str, Path]:
+    """Rank 0: what ``path`` names — ("multigpu", a complete checkpoint), ("dcp", a plain DCP
+    checkpoint directory) or ("hub", safetensors weights) — else a CheckpointError."""
+    p = Path(path)
+    if p.is_file() and p.name == METADATA_FILE:  # DCP's index: its checkpoint directory
+        p = p.parent
+    if p.is_file() and p.name.endswith(SUFFIX):
+        return "hub", p
+    if not p.is_dir():
+        raise CheckpointUnreadableError(
+            f"{p} is not a checkpoint directory; expected a path given to ctx.save, a "
+            "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
+        )
+    if (p / MANIFEST_FILE).is_file():
+        return "multigpu", usable(p)
+    if is_dcp_directory(p):
+        return "dcp", p
+    if is_hub(p):
+        return "hub", p
+    unfinished = unfinished_dcp(p)
+    if unfinished is not None:
+        raise unfinished
+    latest = find_latest(p)
+    if latest is None:
+        raise CheckpointUnreadableError(
+            f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'"
+        )
+    return "multigpu", latest.path

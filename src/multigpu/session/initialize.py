@@ -42,8 +42,7 @@ from multigpu.runtime import dist
 from multigpu.runtime.device import backend_for, rank_device
 from multigpu.runtime.precision import Precision
 from multigpu.runtime.seed import seed_everything
-from multigpu.session.context import Context
-from multigpu.session.context_comm import report_failure
+from multigpu.session.context import Context, report_failure
 from multigpu.strategies import Strategy, resolve_strategy
 from multigpu.strategies.compose import resolve_backend
 
