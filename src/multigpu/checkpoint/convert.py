@@ -76,7 +76,7 @@ def to_file(
     return report
 
 
-class _Held(nn.Module):
+class _StateAsModule(nn.Module):
     """A state dict in the place of the model it came from: what ``saving`` is given to save."""
 
     def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -88,7 +88,7 @@ class _AsSaved:
     """The state source of a conversion: a held state dict is the model's state, as it is."""
 
     def model_state(self, module: nn.Module) -> dict[str, Any]:
-        assert isinstance(module, _Held)
+        assert isinstance(module, _StateAsModule)
         return module.held
 
     def optimizer_state(
@@ -118,7 +118,7 @@ def to_dcp(
         epoch=None,
         rank=0,
         world_size=1,
-        objects={name: _Held(state)},
+        objects={name: _StateAsModule(state)},
         rng=False,
         adapter=_AsSaved(),
         strategy={"strategy": "converted", "from": str(src)},

@@ -33,12 +33,12 @@ free lock for an instant, and a run starting then must not take it for another r
 
 
 @dataclass
-class _Held:
+class _LockHold:
     fd: int
     users: int = 1
 
 
-_HELD: dict[Path, _Held] = {}  # resolved directory -> this process's lock on it
+_HELD: dict[Path, _LockHold] = {}  # resolved directory -> this process's lock on it
 
 
 class DirectoryLock:
@@ -77,7 +77,7 @@ class DirectoryLock:
                 break
             os.close(fd)  # its holder removed it as we locked it: lock the new one
         _write_holder(fd)
-        _HELD[key] = _Held(fd)
+        _HELD[key] = _LockHold(fd)
         return cls(key)
 
     def release(self) -> None:

@@ -29,7 +29,7 @@ from multigpu.instruments.hooks import Hook
 from multigpu.instruments.tracking.run_file import (
     RUN_FILE,
     Frontier,
-    RunRecord,
+    TrackingRecord,
     plain,
     read_run,
     write_run,
@@ -86,7 +86,7 @@ class Tracking(Hook):
         self.config = {str(k): plain(v) for k, v in (config or {}).items()}
         self.restarts = restarts
         self._trackers: list[tuple[Tracker, Frontier]] = []
-        self._record: RunRecord | None = None
+        self._record: TrackingRecord | None = None
         self._sent = Frontier()
         self._flushed_at = time.monotonic()
         self._closed = False
@@ -180,10 +180,11 @@ class Tracking(Hook):
             raise error
         raise TrackingError(line) from error
 
-    def _open(self, ctx: Any, step: int) -> RunRecord:
+    def _open(self, ctx: Any, step: int) -> TrackingRecord:
         previous = read_run(self.directory)
         continuing = previous is not None and (self.restarts > 0 or step > previous.first_step)
-        record = previous if continuing and previous is not None else RunRecord(first_step=step)
+        fresh = TrackingRecord(first_step=step)
+        record = previous if continuing and previous is not None else fresh
         if continuing:
             record.jobs += 1
         opening = Opening(

@@ -51,7 +51,7 @@ class Frontier:
 
 
 @dataclass
-class RunRecord:
+class TrackingRecord:
     """The contents of ``tracking.json``."""
 
     first_step: int
@@ -75,7 +75,7 @@ class RunRecord:
         self.last_step, self.keys_at_last = frontier.step, sorted(frontier.keys)
 
 
-def read_run(directory: Path) -> RunRecord | None:
+def read_run(directory: Path) -> TrackingRecord | None:
     """The run file of ``directory``, or None when there is none.
 
     Raises:
@@ -86,7 +86,7 @@ def read_run(directory: Path) -> RunRecord | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        record = RunRecord(**data)
+        record = TrackingRecord(**data)
     except (ValueError, TypeError) as e:
         raise UsageError(
             f"{path} is not a multigpu tracking run file ({e}); expected the file multigpu "
@@ -95,7 +95,7 @@ def read_run(directory: Path) -> RunRecord | None:
     return record
 
 
-def write_run(directory: Path, record: RunRecord, *, durable: bool = False) -> None:
+def write_run(directory: Path, record: TrackingRecord, *, durable: bool = False) -> None:
     """Replace the run file of ``directory`` by ``record`` (fsynced when ``durable``)."""
     text = json.dumps(asdict(record), indent=1) + "\n"
     atomic_write(directory / RUN_FILE, lambda fh: fh.write(text.encode()), durable=durable)
