@@ -91,9 +91,11 @@ def test_the_table_file_and_the_printout_show_every_rung(ladder: tuple[Any, str,
 
 def test_the_budget_ends_the_ladder_whatever_it_is_doing(tmp_path: Path) -> None:
     out = tmp_path / "l.json"
-    done = _ladder("--rungs", "eager", "--steps", "1000", "--budget", "1", "--out", str(out))
+    # 5 s: a rung starts while 5 % of the budget is left, and a loaded machine spent 1 s of a
+    # 1 s budget before the first rung (skipped, exit 0); 10^6 steps outlast any budget.
+    done = _ladder("--rungs", "eager", "--steps", "1000000", "--budget", "5", "--out", str(out))
     assert done.returncode == 124, done.stdout + done.stderr
-    assert "gpu_ladder: the budget of 1 s ended during rung" in done.stdout
+    assert "gpu_ladder: the budget of 5 s ended during rung eager;" in done.stdout
 
 
 def test_bad_options_are_one_line_and_exit_code_2(

@@ -57,9 +57,13 @@ def _last_saved_note(ref: weakref.ref[Checkpointer]) -> Callable[[], str | None]
         checkpointer = ref()
         last = checkpointer._last if checkpointer is not None else None
         saved = checkpointer is not None and last is not None and checkpointer._here(last.path)
-        if saved and last is not None and last.path.is_dir():
+        # The newest complete one on disk: an asynchronous save not yet committed leaves the one
+        # before; a save committed but not yet returned (Ctrl-C between its commit marker and
+        # the end of save()) is already the newest.
+        chosen = scan(directory)[0]
+        newest = chosen is None or (last is not None and chosen.step <= last.step)
+        if saved and last is not None and last.path.is_dir() and newest:
             return f"last checkpoint: {last.path} (step {last.step})"
-        chosen = scan(directory)[0]  # an asynchronous save not yet committed: the one before
         if chosen is None:
             return f"no checkpoint in {directory} yet"
         return f"last checkpoint: {chosen.path} (step {chosen.step})"
