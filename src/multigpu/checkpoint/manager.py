@@ -61,7 +61,9 @@ def _last_saved_note(ref: weakref.ref[Checkpointer]) -> Callable[[], str | None]
         # before; a save committed but not yet returned (Ctrl-C between its commit marker and
         # the end of save()) is already the newest.
         chosen = scan(directory)[0]
-        newest = chosen is None or (last is not None and chosen.step <= last.step)
+        newest = (
+            chosen is None or chosen.step is None or (last is not None and chosen.step <= last.step)
+        )
         if saved and last is not None and last.path.is_dir() and newest:
             return f"last checkpoint: {last.path} (step {last.step})"
         if chosen is None:
