@@ -12,6 +12,7 @@ quiet machine without the docs example's ~20 s.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -40,6 +41,9 @@ def cluster() -> Iterator[None]:
     import ray
 
     saved = dict(os.environ)
+    # ray.init replaces builtins.print in this process (ray.experimental.tqdm_ray.safe_print):
+    # restored after, or a later test in this pytest worker that pickles print's name fails.
+    own_print = builtins.print
     # Short: Ray's socket paths under it must fit 107 bytes (pytest's tmp_path under xdist
     # does not); removed at the end.
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
@@ -62,6 +66,7 @@ def cluster() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+        builtins.print = own_print
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(temp, ignore_errors=True)
