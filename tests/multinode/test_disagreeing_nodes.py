@@ -29,6 +29,11 @@ from tests.multinode._util import (
 )
 
 GRACE = 5  # the launcher's bound: --timeout + 5 s from its start (test_launcher_waits.py)
+LOADED = 5
+"""More for the two launchers' lazy imports (the elastic agent, torch.distributed.run) before
+their rendezvous starts its --timeout: 8.25 s in all on a quiet machine, 13.7-14.3 s in the full
+suite on 2 cores at a load average of about 13 (twice in a row). The rendezvous's own wait is the
+8 s; where the other seconds went under load was not measured."""
 
 
 def test_nodes_started_with_different_nnodes_end_within_the_timeout_saying_so(
@@ -44,7 +49,7 @@ def test_nodes_started_with_different_nnodes_end_within_the_timeout_saying_so(
     ended = [wait_timed(proc, log, timeout=HUNG) for proc, log in zip(procs, logs, strict=True)]
     out0, out1 = (log.read_text() for log in logs)
     assert None not in ended, (out0, out1)
-    assert max(ended) <= 8 + GRACE, (ended, out0, out1)  # type: ignore[type-var]
+    assert max(ended) <= 8 + GRACE + LOADED, (ended, out0, out1)  # type: ignore[type-var]
     assert not (tmp_path / "x.pt").exists() and "step 1 " not in out0 + out1
     last0, last1 = (last_line(log) for log in logs)
     if [p.returncode for p in procs] == [2, 2]:
