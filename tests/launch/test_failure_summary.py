@@ -4,8 +4,11 @@ message, and where the rest is; exit 2 when the failing workers refused their in
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,3 +95,36 @@ def test_the_error_file_keeps_torchs_format(tmp_path: Path) -> None:
     assert failure.message["message"] == "KeyError: 'k'"  # what torch's own report reads
     assert "raise KeyError" in data["message"]["extraInfo"]["py_callstack"]
     assert not worker_error.record(SystemExit(1), {"TORCHELASTIC_ERROR_FILE": str(path)})
+
+
+WRITE_FOREVER = """
+import sys
+from multigpu.common import worker_error
+error = RuntimeError("x" * 2_000_000)  # big enough that a write takes several system calls
+print("ready", flush=True)
+while True:
+    worker_error.record(error, {"TORCHELASTIC_ERROR_FILE": sys.argv[1]})
+"""
+
+
+def test_a_worker_killed_while_writing_its_error_file_leaves_it_whole_or_absent(
+    tmp_path: Path,
+) -> None:
+    # CI saw torch's agent end a launch with "JSONDecodeError" instead of the failure: a rank
+    # stopped while writing left its error file empty, and torch raises on a file it cannot
+    # parse. Seeded kill times over a writer that rewrites the file without pause.
+    rng = random.Random(38)
+    for attempt in range(12):
+        path = tmp_path / f"error-{attempt}.json"
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITE_FOREVER, str(path)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+            time.sleep(rng.uniform(0.0, 0.3))
+        finally:
+            writer.kill()
+            writer.wait(timeout=30)
+        if path.exists():  # what torch's agent reads: it raises on a partial file
+            failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(path))
+            assert failure.message["message"].startswith("RuntimeError: xxx")

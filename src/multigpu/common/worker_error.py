@@ -24,6 +24,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 
 ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
@@ -79,8 +80,10 @@ def record(error: BaseException | None, environ: Any = None) -> bool:
         },
     }
     try:
-        with open(path, "w") as fh:
-            json.dump(data, fh)
+        # Whole or absent: a worker stopped while writing (the agent ends the others once one
+        # fails) must not leave a truncated file, which torch's agent cannot parse and answers
+        # by ending the whole launch with a JSONDecodeError instead of the failure.
+        atomic_write(path, lambda fh: fh.write(json.dumps(data).encode()), durable=False)
     except OSError:
         return False  # the launcher then reports the exit code alone
     return True
