@@ -90,7 +90,7 @@ def test_a_killed_worker_leaves_both_groups_with_the_uninterrupted_result_and_on
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 0, err
-    assert "replica group 1: healed from replica group 0 at step" in err
+    assert "replica group 1: healed from replica group 0 at step" in err, err
     assert "overridden" not in err  # no torch warning about a wrapper the user did not write
     for group in (0, 1):
         got = torch.load(out / f"params-{group}-0.pt")

@@ -81,6 +81,7 @@ def test_a_batch_the_groups_cannot_share_ends_in_one_line_unretried(tmp_path) ->
     assert "batch_size=16 does not split into 3 replica groups x 1 process(es)" in lines[-1]
     assert [line for line in lines if "does not split" in line] == lines[-1:]
     assert "restarting" not in done.stderr
+    assert "from the environment" not in done.stderr  # the groups' PET_MAX_RESTARTS is ours
 
 
 def test_parameters_that_drift_apart_end_the_run_in_one_line_naming_the_groups(tmp_path) -> None:

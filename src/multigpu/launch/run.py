@@ -51,6 +51,7 @@ from multigpu.launch.options import LaunchOptions
 from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from multigpu.launch.slurm import with_slurm_topology
+from multigpu.replicas.settings import GROUP_ENV
 from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.torchrun_numbers import check_torchrun_numbers
 
@@ -85,8 +86,8 @@ def prepare(options: LaunchOptions) -> Iterator[LaunchPlan]:
 
     env = os.environ
     engine = with_engine_topology(options, env)  # PET_* (Kubernetes), SkyPilot's variables
-    if engine.line:
-        say(engine.line)
+    if engine.line and GROUP_ENV not in env:
+        say(engine.line)  # a replica group's launcher: `--replicas`'s launcher said it once
     options = with_slurm_topology(engine.options, env)  # `srun multigpu run`: one per node
     check_torchrun_numbers(options)  # torch asserts some of them only once the agent runs
     cores = usable_cores()
