@@ -49,10 +49,10 @@ def test_a_step_lasts_from_the_previous_end_and_a_read_starts_a_new_window(clock
     meter = StepMeter(CPU, 1)
     meter.batch()  # the first step starts at its batch
     clock.sleep(0.02)
-    meter.work()
+    meter.work_began()
     meter.stepped(8)
     clock.sleep(0.03)  # between two steps (loading the next batch): counted
-    meter.work()
+    meter.work_began()
     meter.stepped(8)
     first = meter.read("32")
     assert first["steps"] == 2
@@ -65,7 +65,7 @@ def test_a_step_lasts_from_the_previous_end_and_a_read_starts_a_new_window(clock
     meter.batch()  # (the evaluation's batches, then the next training batch)
     clock.sleep(0.01)
     meter.batch()
-    meter.work()
+    meter.work_began()
     clock.sleep(0.004)  # the step itself
     meter.stepped(4, tokens_per_sample=64)
     second = meter.read("32")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -52,7 +53,7 @@ from multigpu.runtime import dist
 from multigpu.runtime.device import move_to_device
 from multigpu.runtime.precision import Precision
 from multigpu.session import metrics, rank_memory
-from multigpu.session.training import StepControl
+from multigpu.session.step import OptimizerStep
 from multigpu.strategies import AutoStrategy, Strategy
 from multigpu.strategies.materialize import MetaRng
 from multigpu.throughput import StepMeter
@@ -104,22 +105,22 @@ class Context:
         self.seed = seed
         self.precision = precision or Precision("32", device)
         self._hooks = tuple(hooks)  # instruments chosen by init() (verify, bench, hang tools)
-        self._steps = StepControl(
+        self._meter = StepMeter(device, env.world_size, flops_per_token=flops_per_token)
+        self._steps = OptimizerStep(
             strategy,
             self.precision,
             self._comm_device,
-            lambda optimizers: all(hook.before_step(self, optimizers) for hook in self._hooks),
+            self._meter,
+            before_step=lambda opts: all(hook.before_step(self, opts) for hook in self._hooks),
+            after_step=self._after_step,
         )
-        self._meter = StepMeter(device, env.world_size, flops_per_token=flops_per_token)
-        self._backward = self._steps.backward
         for hook in self._hooks:
-            self._backward = hook.wrap_backward(self, self._backward)
+            self._steps.wrap_backward(functools.partial(hook.wrap_backward, self))
         self._owns_process_group = owns_process_group
         self._closed = False
         self._checkpointers: list[Checkpointer] = []
         self._meta_rng = MetaRng()
         self._trained: tuple[nn.Module | None, tuple[torch.optim.Optimizer, ...]] = (None, ())
-        self._watching = self._in_ctx_step = False  # see _watch_optimizers
         metrics.enter(self)  # its metrics ask it whether this rank's data repeats another's
         atexit.register(self.teardown)
 
@@ -268,7 +269,6 @@ class Context:
         if not self.strategy.handles_precision:
             wrapped = self.precision.wrap(wrapped)
         self._steps.note_setup(wrapped, optimizers)
-        self._watch_optimizers(optimizers)
         self._meter.note_wrapped(wrapped, self.strategy.name)
         for hook in self._hooks:
             hook.on_setup(self, wrapped, optimizers)
@@ -326,10 +326,8 @@ class Context:
         once per micro-batch (add a micro-batch's losses and counts first);
         ``ctx.step_loss`` is then the step's mean loss per item.
         """
-        self._meter.work()
         with self._memory_said("ctx.backward"):
-            self._backward(loss, num_items=num_items, **kwargs)
-        self._meter.backward_ended()
+            self._steps.backward(loss, num_items=num_items, **kwargs)
 
     @property
     def step_loss(self) -> float | None:
@@ -346,15 +344,8 @@ class Context:
         Inside ``accumulate`` on a micro-batch that does not end its step it does nothing; with
         ``precision="16-mixed"`` it goes through the GradScaler. Returns whether it stepped.
         """
-        self._in_ctx_step = True  # its optimizers' steps are noted here, not by their hook
-        try:
-            with self._memory_said("ctx.step"):
-                stepped = self._steps.step(*optimizers, zero_grad=zero_grad)
-        finally:
-            self._in_ctx_step = False
-        if stepped:
-            self._note_step()  # the step meter and the hooks (a profiler's window)
-        return stepped
+        with self._memory_said("ctx.step"):
+            return self._steps.step(*optimizers, zero_grad=zero_grad)
 
     def forward_backward(
         self,
@@ -383,11 +374,7 @@ class Context:
                 f"forward_backward(loss_fn={loss_fn!r}): expected a function of (output, "
                 "target) returning the loss, e.g. loss_fn=torch.nn.functional.cross_entropy"
             )
-        self._meter.work()
-        if num_items is None:
-            done = self.strategy.forward_backward(model, inputs, target, loss_fn)
-        else:
-            done = self._steps.weighted_schedule(model, inputs, target, loss_fn, num_items)
+        done = self._steps.forward_backward(model, inputs, target, loss_fn, num_items)
         if done is not None:
             return done
         loss = loss_fn(model(*inputs), target)
@@ -510,7 +497,7 @@ class Context:
             **dataloader_kwargs,
         )
         loader.tokens_per_sample = tokens_per_sample
-        loader.on_batch = self._on_batch
+        loader.on_batch = self._steps.note_batch
         for hook in self._hooks:
             hook.on_loader(self, loader)
         return loader
@@ -676,29 +663,8 @@ class Context:
         return {k: v for k, v in small_saved.items() if k not in state}
 
     # ---- throughput ---------------------------------------------------------------------------
-    def _on_batch(self, loader: DistributedLoader | StreamLoader) -> None:
-        self._steps.note_batch(loader)
-        self._meter.batch()
-
-    def _watch_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Count the steps of the first optimizer given to ``setup`` that the script steps
-        itself (``optimizer.step()``, the README's loop) as ``ctx.step`` counts its own: without
-        it, ``ctx.throughput()`` read no step in that loop and returned None for every figure,
-        and a profile window never opened."""
-        if self._watching or not optimizers:
-            return
-        self._watching = True
-        optimizers[0].register_step_post_hook(self._stepped_by_script)
-
-    def _stepped_by_script(self, *_: Any) -> None:
-        if not self._in_ctx_step:  # ctx.step notes its own, once for all its optimizers
-            self._note_step()
-
-    def _note_step(self) -> None:
-        """An optimizer step stepped: the meter counts it, the hooks hear of it."""
-        loader = self._steps.active_loader
-        samples = loader.global_batch_size if loader is not None else 0
-        self._meter.stepped(samples, getattr(loader, "tokens_per_sample", None))
+    def _after_step(self) -> None:
+        """An optimizer step stepped (``ctx.step`` or the script's own): the hooks hear of it."""
         for hook in self._hooks:
             hook.on_step(self)
 

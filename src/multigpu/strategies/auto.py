@@ -3,7 +3,7 @@
 Above one process (alone, auto is simply single) it starts as DDP; ``ctx.setup`` asks once, when
 the first model is known, whether the model's training state fits a rank under DDP
 (``multigpu.session.rank_memory``), and switches to FSDP when it does not. Everything the Context,
-its loaders, ``StepControl`` and the checkpointers made before ``setup`` call goes through this
+its loaders, ``OptimizerStep`` and the checkpointers made before ``setup`` call goes through this
 object, so they all follow the choice: ``ctx.strategy`` is the same object from
 ``multigpu.init`` to the end, and a manifest names the strategy that wrote it (``describe``).
 """

@@ -1,8 +1,9 @@
 """The step meter behind ``ctx.throughput()``: step time, samples/s, tokens/s, collective wait,
 peak memory and MFU over the optimizer steps since the last read.
 
-The Context feeds it: a loader's batch (``batch``), the start of a forward/backward (``work``),
-the end of a backward (``backward_ended``) and each optimizer step that stepped (``stepped``).
+The optimizer step (``multigpu.session.step``) feeds it: a loader's batch (``batch``), the start
+of a forward/backward (``work_began``), the end of a backward (``backward_ended``) and each
+optimizer step that stepped (``stepped``).
 A step lasts from the end of the previous one to its own end — data loading, a checkpoint save
 between steps and the optimizer included — except the first step after a read (or the first of
 the run), which starts when the micro-batch of its first forward/backward was handed out, so
@@ -122,7 +123,7 @@ class StepMeter:
         if self._start is None:
             self._candidate = time.perf_counter()
 
-    def work(self) -> None:
+    def work_began(self) -> None:
         """A forward/backward begins (``ctx.backward``, ``ctx.forward_backward``)."""
         if self._start is None:
             self._start = self._candidate or time.perf_counter()

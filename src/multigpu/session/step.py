@@ -1,9 +1,15 @@
-"""What happens around one optimizer step: gradient accumulation, loss scaling, the step itself.
+"""The optimizer step, one object: its micro-batches, their gradients' sync, the loss weighting,
+the decision to step, and the events the meter and the hooks hear.
 
-``ctx.accumulate(model)`` decides, from the loader's position, whether the current micro-batch
-ends an optimizer step. On every micro-batch but the last it enters DDP's ``no_sync`` (no
-gradient all-reduce) and ``ctx.step`` does nothing; on the last, gradients are all-reduced once
-and ``ctx.step`` steps.
+A step is the micro-batches a loader hands out between two optimizer steps. ``ctx.accumulate``
+decides, from the loader's position, whether the current micro-batch ends the step. On every
+micro-batch but the last it enters DDP's ``no_sync`` (no gradient all-reduce) and ``ctx.step``
+does nothing; on the last, gradients are all-reduced once and the step is asked of the hooks
+(``before_step``: a replica group commits it there, or holds it, never by patching the user's
+optimizer) and then taken. Its events go to the ``StepMeter`` (``batch``, ``work_began``,
+``backward_ended``, ``stepped``) and, once stepped, to the hooks (``after_step``); a step the
+script takes itself (``optimizer.step()``, the README's loop) is heard through the first
+optimizer's post-hook, so every loop shape is counted once.
 
 Two ways to normalise the loss, both giving the gradient of one big step over the global batch:
 
@@ -40,6 +46,7 @@ from multigpu.errors import UsageError
 from multigpu.runtime import dist
 from multigpu.runtime.precision import Precision
 from multigpu.strategies import Strategy
+from multigpu.throughput.meter import StepMeter
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +88,29 @@ def _count(num_items: Any) -> torch.Tensor | float:
     return float(num_items)
 
 
-class StepControl:
-    """Accumulation state, precision and loss weighting, shared by Context's step methods."""
+class OptimizerStep:
+    """One Context's optimizer steps (see the module doc)."""
 
     def __init__(
         self,
         strategy: Strategy,
         precision: Precision,
         comm_device: Callable[[], torch.device],
+        meter: StepMeter,
+        *,
         before_step: Callable[[Sequence[torch.optim.Optimizer]], bool] = lambda _: True,
+        after_step: Callable[[], None] = lambda: None,
     ) -> None:
         self.strategy = strategy
+        self.meter = meter
         self.before_step = before_step
         """Asked before the optimizers step: False stops the step (the Context's hooks)."""
+        self.after_step = after_step
+        """Told after a step stepped (the Context's hooks: a profiler's window, a tracker)."""
+        self.run_backward: Callable[..., None] = self._backward
+        """The backward, as the hooks wrapped it (``wrap_backward``)."""
+        self._in_step = False  # inside step(): its optimizers' steps are noted there, once
+        self._watching = False  # the first optimizer given to setup is heard (note_setup)
         self.precision = precision
         self.comm_device = comm_device
         """Where the count's all-reduce runs (the GPU under NCCL, else the CPU)."""
@@ -114,21 +131,43 @@ class StepControl:
         self.last_loss: torch.Tensor | None = None
         """The global per-item mean loss of the last step whose losses came with num_items."""
 
+    def wrap_backward(self, wrapper: Callable[[Callable[..., None]], Callable[..., None]]) -> None:
+        """Put ``wrapper`` around the backward (a hook's ``wrap_backward``)."""
+        self.run_backward = wrapper(self.run_backward)
+
     def note_setup(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """``ctx.setup`` made ``model``: its gradients (and its optimizers') are rescaled."""
+        """``ctx.setup`` made ``model``: its gradients (and its optimizers') are rescaled, and
+        the steps the script takes itself of the first optimizer are counted."""
         self._trained.extend(weakref.ref(obj) for obj in (model, *optimizers))
         for optimizer in optimizers:
             optimizer.register_step_post_hook(self._new_step)
             self._hooked = True
+        if optimizers and not self._watching:
+            # Without it, a loop calling optimizer.step() itself (the README's) had no step:
+            # ctx.throughput() returned None for every figure and a profile window never opened.
+            self._watching = True
+            optimizers[0].register_step_post_hook(self._stepped_by_script)
 
     def _new_step(self, *_: Any) -> None:
         self._step_ended = False
+
+    def _stepped_by_script(self, *_: Any) -> None:
+        if not self._in_step:  # step() notes its own, once for all its optimizers
+            self._stepped()
+
+    def _stepped(self) -> None:
+        """A step stepped: the meter counts it (with the loader's global batch), the hooks hear."""
+        loader = self.active_loader
+        samples = loader.global_batch_size if loader is not None else 0
+        self.meter.stepped(samples, getattr(loader, "tokens_per_sample", None))
+        self.after_step()
 
     def note_batch(self, loader: DistributedLoader | StreamLoader) -> None:
         """Called by a Context-made loader as it hands out a batch (a new micro-batch)."""
         self.active_loader = loader
         self.sync_step = True  # the next accumulate() decides for this micro-batch
         self._step_ended = False
+        self.meter.batch()
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module, sync: bool | None = None) -> Iterator[None]:
@@ -147,6 +186,12 @@ class StepControl:
             self._micro_steps = 1
 
     def backward(self, loss: torch.Tensor, num_items: Any = None, **kwargs: Any) -> None:
+        """``ctx.backward``: the hooks' wrapped backward, timed by the meter."""
+        self.meter.work_began()
+        self.run_backward(loss, num_items=num_items, **kwargs)
+        self.meter.backward_ended()
+
+    def _backward(self, loss: torch.Tensor, num_items: Any = None, **kwargs: Any) -> None:
         loader = self.active_loader
         if self._micro_steps == 1 and loader is not None and loader.accumulation_steps > 1:
             warn_once(
@@ -217,7 +262,7 @@ class StepControl:
         if self.precision.scaler is not None:
             self._prescale = max(1.0, float(items / micro))
 
-    def weighted_schedule(
+    def forward_backward(
         self,
         model: nn.Module,
         inputs: tuple[Any, ...],
@@ -225,9 +270,12 @@ class StepControl:
         loss_fn: Callable[[Any, Any], torch.Tensor],
         num_items: Any,
     ) -> torch.Tensor | None:
-        """A strategy that runs its own micro-batches (a pipeline's schedule) with a loss summed
-        over ``num_items`` items in the whole batch: its per-item mean, or None (the strategy
-        left the forward and backward to the Context)."""
+        """The strategy's own forward and backward (a pipeline's schedule runs its micro-batches)
+        and its loss, or None: the strategy left them to the Context. With ``num_items`` the
+        loss is summed over that many items in the whole batch, and the per-item mean returned."""
+        self.meter.work_began()
+        if num_items is None:
+            return self.strategy.forward_backward(model, inputs, target, loss_fn)
         # The schedule averages its micro-batches' losses and gradients: each micro-batch's sum
         # times microbatches / num_items averages to the sum over the batch / num_items. Every
         # process holds the whole batch: num_items is already the global count.
@@ -262,6 +310,7 @@ class StepControl:
         return [p.grad for p in self._parameters() if p.grad is not None]
 
     def step(self, *optimizers: torch.optim.Optimizer, zero_grad: bool = True) -> bool:
+        """``ctx.step``: True when the optimizers stepped."""
         if not self.sync_step:
             return False
         self._step_ended = False
@@ -269,10 +318,15 @@ class StepControl:
         # not commit, stops here (multigpu.replicas.step_gate): the hook keeps the gradients.
         if not self.before_step(optimizers):
             return False
-        self.precision.step(*optimizers)
+        self._in_step = True
+        try:
+            self.precision.step(*optimizers)
+        finally:
+            self._in_step = False
         if zero_grad:
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
+        self._stepped()
         return True
 
     def clip_grad_norm(
