@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from multigpu.errors import UsageError
-from multigpu.strategies.pipeline.shared_tensors import ModelNames, Sharing, live_tensors
+from multigpu.strategies.pipeline.shared_tensors import ModelNames, SharedTensors, live_tensors
 from tests.strategies.pipeline_shared_workers import SEQ, TiedLM
 
 # torch 2.13's export warns of its own deprecated LeafSpec on every trace.
@@ -43,7 +43,7 @@ def test_stages_of_one_process_share_one_object_and_the_view_has_the_models_name
     split: tuple[TiedLM, dict[int, nn.Module]],
 ) -> None:
     model, stages = split
-    sharing = Sharing(ModelNames.of(model), stages, local=[0, 1], processes=1)
+    sharing = SharedTensors(ModelNames.of(model), stages, local=[0, 1], processes=1)
     assert sharing.shared() == {"emb.weight": [0, 1]} and sharing.crossing == []
     assert sharing.describe() == "emb.weight (= head.weight): stages 0, 1"
     assert live_tensors(stages[1])["head.weight"][2] is live_tensors(stages[0])["emb.weight"][2]
@@ -60,7 +60,7 @@ def test_a_tensor_that_maps_to_nothing_of_the_model_is_refused_in_one_line(
     other = nn.Module()
     other.emb = nn.Embedding(3, 2)  # not the model that was split
     with pytest.raises(UsageError) as caught:
-        Sharing(ModelNames.of(other), stages, local=[0], processes=2)
+        SharedTensors(ModelNames.of(other), stages, local=[0], processes=2)
     said = str(caught.value)
     assert "pipeline stage 0 runs 'emb.weight', which has shape (32, 16)" in said
     assert "\n" not in said

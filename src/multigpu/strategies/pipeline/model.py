@@ -33,7 +33,7 @@ from torch.distributed.pipelining import (
 from multigpu.errors import UsageError
 from multigpu.runtime.wrappers import SplitModel
 from multigpu.strategies.pipeline.plan import INTERLEAVED, check_batch
-from multigpu.strategies.pipeline.shared_tensors import ModelNames, Sharing, unique
+from multigpu.strategies.pipeline.shared_tensors import ModelNames, SharedTensors, unique
 from multigpu.strategies.pipeline.trace import trace_for_pipeline
 from multigpu.torch_compat import unscaled_schedule_kwargs
 
@@ -89,12 +89,12 @@ class PipelinedModel(SplitModel):
         self._traced = False
         self._runners: dict[tuple[Any, ...], _Runner] = {}
         self.names = ModelNames.of(full)
-        self._sharing: Sharing | None = None
+        self._sharing: SharedTensors | None = None
         self._runner(_contiguous(example), training=True)
         self.plain = self.sharing.plain_view()
 
     @property
-    def sharing(self) -> Sharing:
+    def sharing(self) -> SharedTensors:
         """Which stages run each tensor, and this process's one object for each."""
         assert self._sharing is not None  # made by the first trace, in __init__
         return self._sharing
@@ -200,7 +200,7 @@ class PipelinedModel(SplitModel):
             )
         modules = {i: pipe.get_stage_module(i) for i in range(pipe.num_stages)}
         if self._sharing is None:  # every stage of the first trace: who runs which tensor
-            self._sharing = Sharing(
+            self._sharing = SharedTensors(
                 self.names, modules, local=self.stage_indices, processes=self.processes
             )
         else:  # this trace's copies replaced by the objects trained since the first

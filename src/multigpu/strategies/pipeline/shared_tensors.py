@@ -148,7 +148,7 @@ def _stage_tensors(
     return out
 
 
-class Sharing:
+class SharedTensors:
     """Which stages run each tensor of the model, and this process's one object for each.
 
     Built from every stage of the first trace (each process traces the whole model, so each
