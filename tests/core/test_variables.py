@@ -8,7 +8,7 @@ import pytest
 
 import multigpu
 from multigpu.common import variables
-from multigpu.common.settings import Settings
+from multigpu.common.variables import Settings
 from multigpu.env import detect
 from multigpu.errors import UsageError
 from multigpu.instruments.hang.watchdog import report_after

@@ -175,7 +175,7 @@ def test_the_doctor_in_a_ray_worker_says_it_is_one_and_checks_rays_store(
 
 
 def test_log_to_ray_outside_a_ray_worker_is_refused_in_one_line() -> None:
-    from multigpu.common.settings import Settings
+    from multigpu.common.variables import Settings
     from multigpu.env import detect
     from multigpu.errors import UsageError
     from multigpu.session.initialize import choose_ray_report, choose_tracking

@@ -194,7 +194,7 @@ def test_a_resumed_job_skips_the_steps_its_run_has_without_a_word(
 
 def test_the_ranks_that_do_not_write_refuse_a_bad_value_too(tmp_path: Path):
     # Rank 1 of two: no trackers, but the same refusal as rank 0's, so that both end alike.
-    from multigpu.common.settings import Settings
+    from multigpu.common.variables import Settings
     from multigpu.env.types import ClusterEnv
     from multigpu.instruments.tracking import LogCheck
     from multigpu.session.initialize import choose_tracking

@@ -51,9 +51,9 @@ from multigpu.launch.options import LaunchOptions
 from multigpu.launch.orphans import guard_workers, trace_directory
 from multigpu.launch.plan import LaunchPlan, build_plan, request_devices
 from multigpu.launch.slurm import with_slurm_topology
-from multigpu.replicas.settings import GROUP_ENV
 from multigpu.launch.stopped_workers import StoppedWorkers
 from multigpu.launch.torchrun_numbers import check_torchrun_numbers
+from multigpu.replicas.settings import GROUP_ENV
 
 logger = logging.getLogger(__name__)
 

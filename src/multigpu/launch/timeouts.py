@@ -50,8 +50,8 @@ import math
 from collections.abc import Mapping
 
 from multigpu.common import variables
-from multigpu.common.settings import DEFAULT_TIMEOUT_S
 from multigpu.common.store_bound import store_call_bound
+from multigpu.common.variables import DEFAULT_TIMEOUT_S
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 
-# The default bound (300 s) is the workers' default collective timeout (multigpu.common.settings),
+# The default bound (300 s) is the workers' default collective timeout (multigpu.common.variables),
 # 10x below torch's 30 minutes yet above any collective of a healthy job (a checkpoint gather).
 
 SHORT_WAIT_S = 30

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import torch
 
 from multigpu.common.choices import BACKENDS
-from multigpu.common.settings import Settings
+from multigpu.common.variables import Settings
 from multigpu.env.types import ClusterEnv
 from multigpu.errors import DeviceError
 

@@ -1,7 +1,7 @@
 """``multigpu.init()``: detect the job, pick the device, start the group, seed, give a Context.
 
 Every variable is read from the ``environ`` given (default ``os.environ``) and nowhere else, the
-``MULTIGPU_*`` ones once, into ``multigpu.common.settings.Settings``. A bad value is a UsageError
+``MULTIGPU_*`` ones once, into ``multigpu.common.variables.Settings``. A bad value is a UsageError
 before anything starts; in a launched worker it ends the worker with one line and exit code 2.
 """
 
@@ -20,8 +20,8 @@ from multigpu.common import variables
 from multigpu.common.log import warn_once
 from multigpu.common.profile_window import parse_window
 from multigpu.common.quick_exit import skip_final_collection
-from multigpu.common.settings import Settings
 from multigpu.common.tracker_names import parse_trackers
+from multigpu.common.variables import Settings
 from multigpu.common.versions import local_versions, mismatch_message
 from multigpu.env import detect
 from multigpu.env.types import ClusterEnv

@@ -18,8 +18,8 @@ import importlib.metadata
 import sys
 from collections.abc import Mapping
 
-from multigpu.common.settings import DEFAULT_TIMEOUT_S
 from multigpu.common.store_reach import StoreUnreachable, wait_until_listening
+from multigpu.common.variables import DEFAULT_TIMEOUT_S
 from multigpu.diagnostics.doctor.checks import Check, fail, ok, skip
 from multigpu.env.types import ClusterEnv
 
