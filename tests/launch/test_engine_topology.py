@@ -153,7 +153,7 @@ def test_verify_and_bench_runs_stay_on_this_machine_inside_a_pod(tmp_path: Path)
 
 
 def test_replica_groups_under_a_multi_node_job_are_refused() -> None:
-    from multigpu.launch.replicas import check_one_node_per_group
+    from multigpu.launch.replica_groups import check_one_node_per_group
 
     with pytest.raises(UsageError, match=r"--replicas under PET_NNODES=2 .*env -u PET_NNODES"):
         check_one_node_per_group({}, TRAINJOB_NODE1)

@@ -9,7 +9,7 @@ import pytest
 
 from multigpu.cli.main import main
 from multigpu.errors import UsageError
-from multigpu.launch.replicas import parse_lighthouse, plan_replicas, strip_our_flags
+from multigpu.launch.replica_groups import parse_lighthouse, plan_replicas, strip_our_flags
 from multigpu.replicas.settings import read_replicas
 from multigpu.replicas.shares import shares_of
 from tests.launch._util import run_multigpu

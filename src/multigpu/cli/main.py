@@ -309,7 +309,7 @@ def _quiet_native_logs(run: Callable[..., int]) -> Callable[..., int]:
     node where the nodes' addresses have no names, and torchft logs every quorum; nothing a
     user acts on. The C++ level is read when torch is imported, on the way: set first, put back
     after (a caller's process, e.g. a test calling main(), keeps its environment). The children
-    get the same (``launch/replicas.py``).
+    get the same (``launch/replica_groups.py``).
     """
     quiet = {"TORCH_CPP_LOG_LEVEL": "ERROR", "RUST_LOG": "error"}
 
@@ -344,7 +344,7 @@ def _replicas(
     (``chosen``: ``multigpu train``'s output directory when it chose one)."""
     from multigpu.common.host import usable_cores
     from multigpu.launch.env_checks import check_worker_environment
-    from multigpu.launch.replicas import (
+    from multigpu.launch.replica_groups import (
         check_iface,
         check_no_rendezvous,
         check_one_node_per_group,

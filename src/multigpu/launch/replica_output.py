@@ -1,7 +1,7 @@
 """The replica groups' stderr, merged into the launcher's: whole lines, and one ending.
 
-Each group is a launcher of its own (``multigpu.launch.replicas``), which ends a failed run with
-its one line (``multigpu: error: ...``). When every group refuses the same input (a batch the
+Each group is a launcher of its own (``multigpu.launch.replica_groups``), which ends a failed run
+with its one line (``multigpu: error: ...``). When every group refuses the same input (a batch the
 groups cannot share, a strategy they cannot replicate) or ends with the same ``ReplicaError``,
 R identical lines would follow each other; here each group's stderr is read line by line and
 passed on whole (lines of different groups never mix; multigpu's own lines get the group's

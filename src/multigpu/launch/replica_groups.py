@@ -1,5 +1,7 @@
 """``--replicas R``: R replica groups of one job, each its own launcher, agent and process group.
 
+The launcher's side (starting the groups); what a worker of a group does is ``multigpu.replicas``.
+
 The launcher (this process) checks the options, starts torchft's lighthouse where it belongs
 and then one child launcher per group on this node (``python -m multigpu run|train`` with the
 same options less ours), each with the replica variables (``multigpu.replicas.settings``) in its
