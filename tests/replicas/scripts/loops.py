@@ -146,6 +146,13 @@ with multigpu.init(seed=0, strategy=strategy, precision=precision) as ctx:
     else:
         raise SystemExit(f"unknown shape {shape!r}: readme, ckpt or while")
     steps.close()
+    # The user's optimizer is the user's: no attribute or `step` of ours on it (issue 40); the
+    # one `step` on the object is the LR scheduler's wrapper, which torch itself puts there.
+    ours = sorted(k for k in vars(optimizer) if k.startswith("multigpu"))
+    if "step" in vars(optimizer) and not hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        ours.append("step")
+    if ours:
+        raise SystemExit(f"the optimizer carries attributes of multigpu's: {ours}")
     params = ctx.full_state_dict(model)
     if ctx.rank == 0:
         torch.save({k: v.detach().clone() for k, v in params.items()}, out / f"params-{tag}.pt")
