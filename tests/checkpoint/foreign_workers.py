@@ -112,7 +112,7 @@ def fsdp_reads(hub_file: str, titan_dir: str, save_dir: str) -> dict[str, Any]:
     ``hub_file``, under multigpu's FSDP into a model made on the meta device; save that
     model (a manifest recording FSDP's units); load a misfit, which every rank refuses."""
     records = _Records()
-    log = logging.getLogger("multigpu.checkpoint.hub_load")
+    log = logging.getLogger("multigpu.checkpoint.formats.hub_load")
     log.addHandler(records)
     log.setLevel(logging.INFO)
     out: dict[str, Any] = {}

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint.layout import STATE_FILE
-from multigpu.checkpoint.sharded import read_whole
+from multigpu.checkpoint.native.layout import STATE_FILE
+from multigpu.checkpoint.native.sharded import read_whole
 from tests.checkpoint.test_portable import storages_recorded_as_cuda
 from tests.launch._util import popen_multigpu, run_multigpu
 
@@ -169,8 +169,8 @@ def test_an_index_naming_other_classes_is_refused_unless_trusted(
     import pickle
     import shutil
 
-    from multigpu.checkpoint.sharded import read_metadata
-    from multigpu.checkpoint.summary import summarize
+    from multigpu.checkpoint.dispatch import summarize
+    from multigpu.checkpoint.native.sharded import read_metadata
 
     step = tmp_path / "step-00000002"
     shutil.copytree(checkpoints / "step-00000002", step)

@@ -134,7 +134,7 @@ def test_safetensors_both_ways(tmp_path: Path) -> None:
         )
         == 0
     )
-    from multigpu.checkpoint.sharded import read_whole
+    from multigpu.checkpoint.native.sharded import read_whole
 
     again = read_whole(tmp_path / "ck2")["model"]
     assert all(torch.equal(again[k], state[k]) for k in state)

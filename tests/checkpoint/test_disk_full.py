@@ -52,8 +52,8 @@ def test_torchs_unexpected_pos_on_a_full_disk_is_said_as_a_full_disk(small_disk:
     """torch's writer turns ENOSPC into "unexpected pos"; the OSError is only its context."""
     import torch
 
-    from multigpu.checkpoint.sharded import _disk_full_said
-    from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
+    from multigpu.checkpoint.native.sharded import _disk_full_said
+    from multigpu.checkpoint.native.space import DiskFullError, ran_out_of_space
 
     with (
         pytest.raises(DiskFullError) as caught,
@@ -68,12 +68,12 @@ def test_torchs_unexpected_pos_on_a_full_disk_is_said_as_a_full_disk(small_disk:
 
 def test_a_file_system_that_reports_no_size_is_not_refused_before_writing(tmp_path: Path) -> None:
     """Some FUSE and object-store mounts report 0 blocks: unknown free space, not a full disk."""
-    from multigpu.checkpoint.space import Space
+    from multigpu.checkpoint.native.space import SaveSpace
 
-    unknown = Space(tmp_path, needed=1 << 30, free=-1)
+    unknown = SaveSpace(tmp_path, needed=1 << 30, free=-1)
     assert unknown.fits()
     assert "the file system does not report its free space" in unknown.full_line()
-    assert not Space(tmp_path, needed=1 << 30, free=1 << 20).fits()
+    assert not SaveSpace(tmp_path, needed=1 << 30, free=1 << 20).fits()
 
 
 def test_a_run_whose_disk_fills_ends_in_one_line(small_disk: Path) -> None:

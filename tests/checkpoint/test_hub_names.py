@@ -1,4 +1,4 @@
-"""The hub format's own names (``checkpoint/hub_names``), and its canary: transformers 5's
+"""The hub format's own names (``checkpoint/formats/hub_names``), and its canary: transformers 5's
 conversion mapping, applied as ``from_pretrained`` applies it and reverted as ``save_pretrained``
 reverts it — checked against transformers' own ``revert_weight_conversion``, so a transformers
 that changes the pieces used fails here first."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint.hub_names import FIX, hub_names, model_names
+from multigpu.checkpoint.formats.hub_names import FIX, hub_names, model_names
 from multigpu.cli.ckpt import ckpt_main
 from multigpu.testing import run_distributed
 from tests.checkpoint import hub_names_workers as w

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint.layout import (
+from multigpu.checkpoint.native.layout import (
     COMMIT_FILE,
     MANIFEST_FILE,
     STATE_FILE,
@@ -25,7 +25,7 @@ from multigpu.checkpoint.layout import (
     list_checkpoints,
     verify_checkpoint,
 )
-from multigpu.checkpoint.sharded import METADATA_FILE, read_whole
+from multigpu.checkpoint.native.sharded import METADATA_FILE, read_whole
 
 
 @pytest.fixture

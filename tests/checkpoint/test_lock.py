@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.checkpoint.lock import LOCK_NAME, DirectoryLock
+from multigpu.checkpoint.native.lock import LOCK_NAME, DirectoryLock
 from multigpu.errors import CheckpointLockedError, UsageError
 
 HOLD = """
 import sys, time
-from multigpu.checkpoint.lock import DirectoryLock
+from multigpu.checkpoint.native.lock import DirectoryLock
 lock = DirectoryLock.acquire(sys.argv[1])
 print("held", flush=True)
 time.sleep(float(sys.argv[2]))
@@ -70,7 +70,7 @@ def test_one_process_shares_its_own_hold(tmp_path: Path) -> None:
 def test_a_bad_lock_timeout_is_a_usage_error(tmp_path: Path) -> None:
     import torch
 
-    from multigpu.checkpoint.manager import Checkpointer
+    from multigpu.checkpoint.native.manager import Checkpointer
     from multigpu.strategies.single import SingleDeviceStrategy
 
     for bad in (-1, float("nan"), "10", True):

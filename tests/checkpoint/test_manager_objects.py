@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint import saving
-from multigpu.checkpoint.layout import step_dir_name, verify_checkpoint
-from multigpu.checkpoint.sharded import read_whole
+from multigpu.checkpoint.native import saving
+from multigpu.checkpoint.native.layout import step_dir_name, verify_checkpoint
+from multigpu.checkpoint.native.sharded import read_whole
 
 
 @pytest.fixture

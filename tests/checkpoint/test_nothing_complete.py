@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint.layout import COMMIT_FILE, STATE_FILE
-from multigpu.checkpoint.writer import LIVE_TEMP_DIRS, remove_stale
+from multigpu.checkpoint.native.layout import COMMIT_FILE, STATE_FILE
+from multigpu.checkpoint.native.writer import LIVE_TEMP_DIRS, remove_stale
 
 
 @pytest.fixture

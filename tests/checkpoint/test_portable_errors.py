@@ -97,7 +97,7 @@ def test_prefixes_are_stripped_only_where_that_matches_the_model(tmp_path: Path)
 
 
 def test_stripping_keeps_the_per_module_versions_load_state_dict_reads() -> None:
-    from multigpu.checkpoint.keys import strip_common_prefixes
+    from multigpu.checkpoint.formats.keys import strip_common_prefixes
 
     state = torch.nn.DataParallel(Net()).state_dict()
     stripped, prefixes = strip_common_prefixes(state)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from multigpu.checkpoint.layout import find_latest
+from multigpu.checkpoint.native.layout import find_latest
 from tests.launch._util import child_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "preemptible.py"

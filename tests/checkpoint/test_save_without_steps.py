@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import multigpu
-from multigpu.checkpoint.layout import (
+from multigpu.checkpoint.dispatch import summarize
+from multigpu.checkpoint.native.layout import (
     find_latest,
     list_checkpoints,
     parse_order,
     step_dir_name,
     unfinished_order,
 )
-from multigpu.checkpoint.summary import summarize
 from multigpu.testing import run_distributed
 from tests.checkpoint import resume_workers
 
@@ -91,7 +91,7 @@ def test_a_save_with_nothing_moved_is_not_written_again(
     for _ in range(2):
         _train(ctx, model, optimizer)
         ckpt.step()  # the second one saves step 2
-    with caplog.at_level(logging.INFO, logger="multigpu.checkpoint.manager"):
+    with caplog.at_level(logging.INFO, logger="multigpu.checkpoint.native.manager"):
         assert ckpt.save() == tmp_path / "step-00000002"  # the loop's own final save
     assert "nothing moved since" in caplog.text and "not saved again" in caplog.text
     assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000002"]
@@ -112,7 +112,7 @@ def test_saves_at_one_step_count_are_ordered_pruned_and_said_once(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = ctx.setup(model, optimizer)
     ckpt = ctx.checkpointer(tmp_path, keep=2, model=model, optimizer=optimizer)
-    with caplog.at_level(logging.WARNING, logger="multigpu.checkpoint.manager"):
+    with caplog.at_level(logging.WARNING, logger="multigpu.checkpoint.native.manager"):
         names = []
         for _ in range(4):
             _train(ctx, model, optimizer)

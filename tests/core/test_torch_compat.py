@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
 from multigpu import torch_compat
-from multigpu.checkpoint.sharded import (
+from multigpu.checkpoint.native.sharded import (
     METADATA_FILE,
     load_sharded,
     read_metadata,

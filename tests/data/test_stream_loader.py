@@ -277,7 +277,7 @@ def test_a_hugging_face_stream_shuffled_without_a_seed_or_split_by_node_is_refus
 
 
 def test_a_checkpoint_keeps_it_as_a_loader() -> None:
-    from multigpu.checkpoint.objects import epoch_of, kind_of
+    from multigpu.checkpoint.native.objects import epoch_of, kind_of
 
     ld = loader(10, 4, 0, 1)
     list(ld)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from multigpu.checkpoint.layout import COMMIT_FILE
+from multigpu.checkpoint.native.layout import COMMIT_FILE
 from tests.cpu_time import cpu_seconds
 from tests.launch._util import SCRIPTS, child_env, popen_multigpu, run_multigpu
 

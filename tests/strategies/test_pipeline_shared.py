@@ -18,7 +18,7 @@ import torch
 
 import multigpu
 from multigpu.checkpoint.convert import to_file
-from multigpu.checkpoint.sharded import read_metadata
+from multigpu.checkpoint.native.sharded import read_metadata
 from multigpu.testing import run_distributed
 from tests.strategies import pipeline_shared_workers as w
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from multigpu.checkpoint.layout import COMMIT_FILE
+from multigpu.checkpoint.native.layout import COMMIT_FILE
 from tests.launch._util import child_env, run_multigpu
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -1,4 +1,10 @@
-"""Checkpoints: atomic writes, the checkpoint manager, its on-disk layout and verification.
+"""Checkpoints: our own format, the formats of others, and one door to all of them.
+
+``native/`` is multigpu's format (atomic, verified, resharded on load; the ``Checkpointer``);
+``formats/`` holds every format behind one protocol (ours, plain DCP, hub safetensors, torch
+files); ``dispatch`` says which format a path is, for ``ctx.load``, ``load_weights``, ``ckpt
+inspect`` and ``ckpt convert``; ``portable`` (``load_weights``), ``convert`` and ``hub_export``
+(``ckpt convert``) read through it.
 
 The names below are imported on first use (PEP 562), as ``multigpu``'s are: the modules that
 save and load import ``torch.distributed.checkpoint`` (and through it DTensor, FSDP and torch's
@@ -13,23 +19,25 @@ from typing import TYPE_CHECKING, Any
 
 # ruff: noqa: F401
 if TYPE_CHECKING:
-    from multigpu.checkpoint.layout import (
+    from multigpu.checkpoint.native.layout import (
         CheckpointStatus,
         find_latest,
         list_checkpoints,
         verify_checkpoint,
     )
-    from multigpu.checkpoint.manager import Checkpointer
+    from multigpu.checkpoint.native.manager import Checkpointer
+    from multigpu.checkpoint.native.space import DiskFullError
     from multigpu.checkpoint.portable import LoadReport, load_weights
-    from multigpu.checkpoint.space import DiskFullError
     from multigpu.common.atomic_file import atomic_write
 
 _EXPORTS = {
     "multigpu.common.atomic_file": "atomic_write",
-    "multigpu.checkpoint.layout": "CheckpointStatus find_latest list_checkpoints verify_checkpoint",
-    "multigpu.checkpoint.manager": "Checkpointer",
+    "multigpu.checkpoint.native.layout": (
+        "CheckpointStatus find_latest list_checkpoints verify_checkpoint"
+    ),
+    "multigpu.checkpoint.native.manager": "Checkpointer",
     "multigpu.checkpoint.portable": "LoadReport load_weights",
-    "multigpu.checkpoint.space": "DiskFullError",
+    "multigpu.checkpoint.native.space": "DiskFullError",
 }
 """The module that defines each public name."""
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.hub import SUFFIX, safetensors_module, unshared
-from multigpu.checkpoint.layout import MANIFEST_FILE, TMP_PREFIX
+from multigpu.checkpoint.formats.hub import SUFFIX, safetensors_module, unshared
+from multigpu.checkpoint.native.layout import MANIFEST_FILE, TMP_PREFIX
+from multigpu.checkpoint.native.saving import SaveJob, save
 from multigpu.checkpoint.portable import read_weights
-from multigpu.checkpoint.saving import SaveJob, save
 from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import UsageError
 

@@ -36,18 +36,19 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.hub import (
+from multigpu.checkpoint.dispatch import open_model
+from multigpu.checkpoint.formats.base import ModelSource
+from multigpu.checkpoint.formats.hub import (
     CONFIG_FILE,
     INDEX_FILE,
     SINGLE_FILE,
     safetensors_module,
     unshared,
 )
-from multigpu.checkpoint.hub_config import check_fits, config_model, read_config
-from multigpu.checkpoint.hub_names import HubNames, hub_names
-from multigpu.checkpoint.layout import MANIFEST_FILE, METADATA_FILE, TMP_PREFIX
-from multigpu.checkpoint.model_source import ModelSource, open_model
-from multigpu.checkpoint.writer import fsync_dir, write_small
+from multigpu.checkpoint.formats.hub_config import check_fits, config_model, read_config
+from multigpu.checkpoint.formats.hub_names import HubNames, hub_names
+from multigpu.checkpoint.native.layout import MANIFEST_FILE, METADATA_FILE, TMP_PREFIX
+from multigpu.checkpoint.native.writer import fsync_dir, write_small
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.runtime.wrappers import tied_names
 

@@ -8,7 +8,7 @@ nested, torchtitan's step directories; or its ``.metadata``), weights in the hub
 state dicts, state dicts nested under a usual key (``state_dict``, ``model_state_dict``,
 ``model``, ``module``, ``net``), saved from DataParallel / DDP (``module.`` keys), from
 ``torch.compile`` (``_orig_mod.``) or on CUDA (loaded on the CPU). Files are read with
-``weights_only=True``; a legacy pickle needs ``trust=True`` (see ``loading``).
+``weights_only=True``; a legacy pickle needs ``trust=True`` (see ``formats.torch_file``).
 """
 
 from __future__ import annotations
@@ -24,20 +24,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.dcp_objects import choose_model, is_torchtitan, objects_of, read_object
-from multigpu.checkpoint.hub import is_hub, open_hub, read_hub
-from multigpu.checkpoint.hub_names import renamed_state
-from multigpu.checkpoint.keys import match_keys, strip_common_prefixes
-from multigpu.checkpoint.layout import FORMAT, read_manifest
-from multigpu.checkpoint.loading import load_file, resolve
-from multigpu.checkpoint.sharded import read_complete, read_whole
-from multigpu.errors import CheckpointError, UsageError
+from multigpu.checkpoint.dispatch import format_of
+from multigpu.checkpoint.formats.hub import is_hub
+from multigpu.checkpoint.formats.hub_names import renamed_state
+from multigpu.checkpoint.formats.keys import match_keys, strip_common_prefixes
+from multigpu.errors import CheckpointError
 from multigpu.runtime.wrappers import tied_names, unwrap_module, with_tied
 
 log = logging.getLogger(__name__)
-
-NESTED_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
-"""Where training scripts usually put the model's state dict inside a checkpoint dict."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,196 +92,19 @@ def _few(names: tuple[str, ...] | list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
-def _is_state_dict(obj: Any) -> bool:
-    # A module's get_extra_state() may be any object; everything else in a state dict is a tensor.
-    return (
-        isinstance(obj, Mapping)
-        and bool(obj)
-        and all(
-            isinstance(k, str) and (isinstance(v, torch.Tensor) or k.endswith("_extra_state"))
-            for k, v in obj.items()
-        )
-    )
-
-
-def _describe(obj: Any) -> str:
-    if isinstance(obj, Mapping):
-        return f"a dict with keys {sorted(str(k) for k in obj)[:8]}"
-    return f"a {type(obj).__name__}"
-
-
-def _as_state_dict(obj: Any, where: str) -> Mapping[str, Any]:
-    if isinstance(obj, nn.Module):  # torch.save(model): only readable with trust=True
-        return obj.state_dict()
-    if _is_state_dict(obj):
-        return obj
-    raise UsageError(
-        f"{where} holds {_describe(obj)}, not a model state dict (names -> tensors); pass "
-        "key=NAME (CLI: --key NAME) naming the model's entry"
-    )
-
-
-_NOT_WEIGHTS = frozenset({"optimizer", "scheduler", "scaler", "loader", "value"})
-"""Kinds of checkpoint objects that never hold a model's weights."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class OurModel:
-    """Which object of a multigpu checkpoint holds the model, and where it is stored."""
-
-    directory: Path
-    """The checkpoint (``step-*`` or ``ctx.save``) directory."""
-    key: str
-    """The object's name."""
-    storage: str
-    """``dcp`` (the sharded part), ``state`` (whole in ``state.pt``) or ``rank`` (per rank)."""
-    source: str
-    """Where the weights were found, for a ``LoadReport``."""
-    where: str
-    """The object, for a message."""
-
-
-def choose_ours(obj: Mapping[str, Any], state_file: Path, key: str | None) -> OurModel:
-    """The model of a multigpu checkpoint whose ``state.pt`` holds ``obj``: ``key``'s object, or
-    the one module (``model`` among several); a UsageError saying what there is otherwise."""
-    try:
-        manifest = read_manifest(state_file.parent)
-    except CheckpointError:  # a state.pt away from its manifest: it describes itself
-        manifest = {}
-    described: dict[str, Any] = manifest.get("objects", {})
-    small, step = obj["objects"], obj.get("step")
-    names = list(described) or list(small)
-    kinds = {n: described.get(n, {}).get("kind", "?") for n in names}
-    if key is None:
-        modules = [n for n in names if kinds[n] == "module"] or [
-            n for n, v in small.items() if _is_state_dict(v)
-        ]
-        if "model" in modules:  # the name Checkpointer's users give the model they train
-            modules = ["model"]
-        if len(modules) != 1:
-            listed = ", ".join(f"{n} ({kinds[n]})" for n in names) or "nothing"
-            raise UsageError(
-                f"{state_file.parent} holds {len(modules)} models among {listed}; pass key=NAME "
-                "(CLI: --key NAME) to choose one"
-            )
-        key = modules[0]
-    if key not in names:
-        raise UsageError(
-            f"key={key!r} is not in {state_file.parent}; it holds "
-            + ", ".join(f"{n} ({kinds[n]})" for n in names)
-            + ": pass one of those (a module for weights)"
-        )
-    if kinds[key] in _NOT_WEIGHTS:  # refused before a large optimizer state is read
-        models = [n for n in names if kinds[n] == "module"]
-        raise UsageError(
-            f"key={key!r} is the {kinds[key]} of {state_file.parent}, not a model; pass "
-            f"key=NAME naming a module ({', '.join(models) or 'it holds none'})"
-        )
-    source = f"multigpu checkpoint step {step}, object {key!r}"
-    storage = described.get(key, {}).get("storage", "state")
-    if storage == "dcp":
-        strategy = manifest.get("strategy", {}).get("strategy", "?")
-        source += f" (sharded: {manifest.get('world_size')} rank(s), {strategy})"
-    return OurModel(
-        directory=state_file.parent,
-        key=key,
-        storage=storage,
-        source=source,
-        where=f"object {key!r} (kind {kinds[key]}) of {state_file.parent}",
-    )
-
-
-def _from_our_checkpoint(
-    obj: Mapping[str, Any], state_file: Path, key: str | None, trust: bool = False
-) -> tuple[Mapping[str, Any], str]:
-    """The model of a multigpu checkpoint: from ``state.pt`` (format 1, small objects) or, for
-    what the manifest says is in the DCP part (format 2), read whole from the shards."""
-    chosen = choose_ours(obj, state_file, key)
-    if chosen.storage == "dcp":
-        saved = read_whole(chosen.directory, {chosen.key}, trust=trust).get(chosen.key, {})
-        described = read_manifest(chosen.directory).get("objects", {}).get(chosen.key, {})
-        saved = with_tied(saved, described.get("tied", {}))  # one tensor, under each name
-        return _as_state_dict(saved, chosen.where), chosen.source
-    if chosen.key not in obj["objects"]:  # saved per rank (rank-XXXXX.pt): no one model state
-        raise UsageError(
-            f"{chosen.where} is saved per rank ({chosen.storage}), not as one model state dict; "
-            "pass key=NAME naming a model"
-        )
-    return _as_state_dict(obj["objects"][chosen.key], chosen.where), chosen.source
-
-
-def extract_state_dict(
-    obj: Any, state_file: Path, key: str | None, trust: bool = False
-) -> tuple[Mapping[str, Any], str]:
-    """Find the model's state dict inside a loaded object; return it and where it was.
-
-    Example:
-        >>> extract_state_dict({"epoch": 3, "state_dict": {"w": torch.ones(1)}}, Path("x"), None)
-        ({'w': tensor([1.])}, "dict key 'state_dict'")
-    """
-    if isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj:
-        return _from_our_checkpoint(obj, state_file, key, trust)
-    if key is not None:
-        if not isinstance(obj, Mapping) or key not in obj:
-            raise UsageError(
-                f"key={key!r} is not in {state_file}, which holds {_describe(obj)}; pass one of "
-                "its keys"
-            )
-        return _as_state_dict(obj[key], f"key {key!r} of {state_file}"), f"dict key {key!r}"
-    if isinstance(obj, nn.Module):
-        return obj.state_dict(), f"pickled {type(obj).__name__} module"
-    if _is_state_dict(obj):
-        return obj, "plain state dict"
-    if isinstance(obj, Mapping):
-        usual = [k for k in NESTED_KEYS if _is_state_dict(obj.get(k))]
-        usual = usual or [k for k in NESTED_KEYS if isinstance(obj.get(k), nn.Module)]
-        if len(usual) == 1:
-            return _as_state_dict(obj[usual[0]], ""), f"dict key {usual[0]!r}"
-        found = usual or [str(k) for k, v in obj.items() if _is_state_dict(v)]
-        raise UsageError(
-            f"{state_file} holds {_describe(obj)} with state dicts under {found or 'no key'}; "
-            "pass key=NAME (CLI: --key NAME) to choose one"
-        )
-    raise UsageError(
-        f"{state_file} holds {_describe(obj)}, not a state dict; expected a dict of tensors, "
-        "a checkpoint dict holding one, or a multigpu checkpoint"
-    )
-
-
 def _read(
     path: str | os.PathLike[str], key: str | None, trust: bool, map_location: str | torch.device
 ) -> tuple[Mapping[str, Any], LoadReport]:
     """The model state dict in ``path`` as saved, and the report of reading it (naming a
     multigpu checkpoint's directory, else the file or directory read)."""
-    file = resolve(path)
-    if is_hub(file):
-        weights = open_hub(file)
-        if key is not None:
-            raise UsageError(
-                f"key={key!r} names an object, but {file} holds one model's tensors "
-                "(safetensors); drop key"
-            )
-        found: Mapping[str, Any] = read_hub(weights)
-        return found, LoadReport(path=file, source=weights.kind, tensors=len(found))
-    if file.is_dir():  # a plain DCP checkpoint (resolve: ours are read from their state.pt)
-        metadata = read_complete(file, trust=trust)
-        objects = objects_of(metadata)
-        chosen = choose_model(objects, key, file)
-        found = read_object(file, chosen, metadata=metadata, trust=trust)
-        layout = "torchtitan step directory" if is_torchtitan(objects) else "DCP checkpoint"
-        part = ", the top-level tensors" if chosen.top_level else ""
-        return found, LoadReport(
-            path=file,
-            source=f"{layout}, object {chosen.name!r}{part}",
-            tensors=len(found),
-            trusted=trust,
-        )
-    obj, mapped = load_file(file, trust=trust, map_location=map_location)
-    found, source = extract_state_dict(obj, file, key, trust)
-    ours = isinstance(obj, Mapping) and obj.get("format") == FORMAT and "objects" in obj
-    shown = file.parent if ours else file
-    return found, LoadReport(
-        path=shown, source=source, tensors=len(found), devices_mapped=mapped, trusted=trust
+    found = format_of(path)
+    read = found.format.read_model(found.path, key=key, trust=trust, map_location=map_location)
+    return read.state, LoadReport(
+        path=read.path,
+        source=read.source,
+        tensors=len(read.state),
+        devices_mapped=read.devices_mapped,
+        trusted=read.trusted,
     )
 
 

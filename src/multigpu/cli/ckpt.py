@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.checkpoint.convert import to_dcp, to_file
+from multigpu.checkpoint.dispatch import summarize
 from multigpu.checkpoint.hub_export import DEFAULT_MAX_SHARD_SIZE, export_hub
-from multigpu.checkpoint.summary import summarize
 from multigpu.common.arguments import Parser
 from multigpu.errors import CheckpointError, UsageError
 
@@ -250,7 +250,7 @@ def _convert(ns: argparse.Namespace) -> int:
         )
     elif ns.to == "dcp":
         name = ns.name or "model"
-        saving = logging.getLogger("multigpu.checkpoint.saving")
+        saving = logging.getLogger("multigpu.checkpoint.native.saving")
         level = saving.level
         saving.setLevel(logging.WARNING)  # its "saved checkpoint" INFO line repeats ours
         try:

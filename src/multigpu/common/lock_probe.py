@@ -1,6 +1,6 @@
 """Whether another live run holds a checkpoint directory, asked without taking it.
 
-``multigpu.checkpoint.lock`` holds a directory for a run (an ``flock`` on
+``multigpu.checkpoint.native.lock`` holds a directory for a run (an ``flock`` on
 ``DIRECTORY/.multigpu.lock``). The launcher asks here before any worker starts, so that a second
 run on a held directory is refused in one line at once, not after its workers started and loaded
 their data; it cannot import the checkpoint package (torch), so the file's name, the holder's

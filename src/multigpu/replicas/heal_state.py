@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from multigpu.checkpoint.rng import capture_rng, restore_rng
+from multigpu.checkpoint.native.rng import capture_rng, restore_rng
 from multigpu.errors import ReplicaError
 
 # ReduceLROnPlateau is an LRScheduler from torch 2.2 on; named too, for what that changes.

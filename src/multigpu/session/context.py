@@ -31,22 +31,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import torch
 from torch import nn
 
-from multigpu.checkpoint.hub import SUFFIX, is_hub
-from multigpu.checkpoint.layout import (
-    MANIFEST_FILE,
-    METADATA_FILE,
-    STATE_FILE,
-    TMP_PREFIX,
-    find_latest,
-    read_manifest,
-    usable,
-)
-from multigpu.checkpoint.loading import is_dcp_directory, unfinished_dcp
-from multigpu.checkpoint.objects import epoch_of, kind_of
 from multigpu.common import worker_error
 from multigpu.data import DistributedLoader, StreamLoader, make_loader
 from multigpu.env.types import ClusterEnv
-from multigpu.errors import CheckpointMismatchError, CheckpointUnreadableError, UsageError
+from multigpu.errors import UsageError
 from multigpu.instruments.hooks import Hook
 from multigpu.replicas.settings import group_directory
 from multigpu.runtime import dist
@@ -59,7 +47,7 @@ from multigpu.strategies.materialize import MetaRng
 from multigpu.throughput import StepMeter
 
 if TYPE_CHECKING:  # made by ctx.checkpointer, which imports it (see the module doc)
-    from multigpu.checkpoint.manager import Checkpointer
+    from multigpu.checkpoint.native.manager import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -536,9 +524,9 @@ class Context:
         143 when any rank gets SIGTERM. One run at a time holds ``directory``: another live
         run's raises ``CheckpointLockedError`` (naming its pid and host) unless it lets go
         within ``lock_timeout`` seconds; a dead run's hold ends with it. See
-        ``multigpu.checkpoint.manager``.
+        ``multigpu.checkpoint.native.manager``.
         """
-        from multigpu.checkpoint.manager import Checkpointer
+        from multigpu.checkpoint.native.manager import Checkpointer
 
         ckpt = Checkpointer(
             group_directory(directory, os.environ),  # under --replicas: DIR/group-G
@@ -573,34 +561,18 @@ class Context:
         are not saved (use a ``Checkpointer`` for exact resume). An existing ``path`` is
         replaced only when it is a multigpu checkpoint.
         """
-        from multigpu.checkpoint.saving import SaveJob, decided_by_rank0, save
+        from multigpu.checkpoint.native.saving import save_state
 
         _check_names(state, "save")
-        final = Path(path)
-
-        def check() -> None:
-            if final.exists() and not (final / MANIFEST_FILE).is_file():
-                raise UsageError(
-                    f"ctx.save: {final} exists and is not a multigpu checkpoint; expected a new "
-                    "path (or an earlier checkpoint to replace): choose another path"
-                )
-
-        decided_by_rank0(self.rank, check)
-        self._before_save()
-        step = state.get("step")
-        job = SaveJob(
-            final=final,
-            stale=f"{TMP_PREFIX}{final.name}-*",
-            step=step if isinstance(step, int) and not isinstance(step, bool) else 0,
-            epoch=epoch_of(state),
+        return save_state(
+            Path(path),
+            state,
             rank=self.rank,
             world_size=self.world_size,
-            objects=state,
-            rng=False,
             adapter=self.strategy,
             strategy=self.strategy.describe(),
+            before=self._before_save,
         )
-        return save(job)
 
     def _before_save(self) -> None:
         """A checkpoint is about to be saved: the hooks hear of it (the trackers flush)."""
@@ -620,47 +592,15 @@ class Context:
         Also read: a plain DCP checkpoint (a directory written by
         ``torch.distributed.checkpoint.save``, or its ``.metadata``; torchtitan's step
         directories), whose top-level objects are the names to ask for — its top-level tensors
-        are ``model`` (see ``multigpu.checkpoint.dcp_load``); and weights in the hub format (a
-        ``.safetensors`` file, or a directory with ``model.safetensors`` or its index) with
-        ``{"model": model}``: after ``ctx.setup``, each rank reads only the part of each tensor
-        it holds (its rows under FSDP; see ``multigpu.checkpoint.hub_load``).
+        are ``model`` (see ``multigpu.checkpoint.formats.dcp_load``); and weights in the hub
+        format (a ``.safetensors`` file, or a directory with ``model.safetensors`` or its index)
+        with ``{"model": model}``: after ``ctx.setup``, each rank reads only the part of each
+        tensor it holds (its rows under FSDP; see ``multigpu.checkpoint.formats.hub_load``).
         """
-        from multigpu.checkpoint.dcp_load import load_dcp
-        from multigpu.checkpoint.hub_load import load_hub
-        from multigpu.checkpoint.restore import load_part, restore_objects, saved_names
-        from multigpu.checkpoint.saving import decided_by_rank0
+        from multigpu.checkpoint.dispatch import load_state
 
         _check_names(state, "load")
-        kind, where = decided_by_rank0(self.rank, lambda: _resolve(path))
-        if kind == "hub":
-            return load_hub(where, state, self.strategy, rank=self.rank)
-        if kind == "dcp":
-            return load_dcp(where, state, self.strategy)
-        manifest = read_manifest(where)
-        small_saved = load_part(where / STATE_FILE).get("objects", {})
-        available = saved_names(manifest, small_saved)
-        missing = sorted(k for k in state if k not in available)
-        if missing:
-            raise CheckpointMismatchError(
-                f"checkpoint {where} has no entry {missing} (it holds {sorted(available)}); ask "
-                "for the names it was saved with"
-            )
-        stored_elsewhere = sorted(
-            k for k, v in state.items() if kind_of(v) == "value" and k not in small_saved
-        )
-        if stored_elsewhere:
-            raise CheckpointMismatchError(
-                f"checkpoint {where} holds {stored_elsewhere} as models or optimizers, but state "
-                "gives plain values for them; pass the objects to load them into"
-            )
-        stateful = {k: v for k, v in state.items() if kind_of(v) != "value"}
-        restore_objects(where, stateful, manifest, small_saved, self.strategy)
-        for name, value in state.items():
-            if kind_of(value) == "value":
-                state[name] = small_saved[name]
-        if self.rank == 0:
-            log.info("loaded %s from %s", ", ".join(state), where)
-        return {k: v for k, v in small_saved.items() if k not in state}
+        return load_state(path, state, self.strategy, rank=self.rank)
 
     # ---- throughput ---------------------------------------------------------------------------
     def _after_step(self) -> None:
@@ -770,33 +710,3 @@ def _check_names(state: Mapping[str, Any], verb: str) -> None:
             f"ctx.{verb}: state keys {bad!r} are not identifiers; name each entry like a "
             'variable, e.g. {"model": model}'
         )
-
-
-def _resolve(path: str | Path) -> tuple[str, Path]:
-    """Rank 0: what ``path`` names — ("multigpu", a complete checkpoint), ("dcp", a plain DCP
-    checkpoint directory) or ("hub", safetensors weights) — else a CheckpointError."""
-    p = Path(path)
-    if p.is_file() and p.name == METADATA_FILE:  # DCP's index: its checkpoint directory
-        p = p.parent
-    if p.is_file() and p.name.endswith(SUFFIX):
-        return "hub", p
-    if not p.is_dir():
-        raise CheckpointUnreadableError(
-            f"{p} is not a checkpoint directory; expected a path given to ctx.save, a "
-            "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
-        )
-    if (p / MANIFEST_FILE).is_file():
-        return "multigpu", usable(p)
-    if is_dcp_directory(p):
-        return "dcp", p
-    if is_hub(p):
-        return "hub", p
-    unfinished = unfinished_dcp(p)
-    if unfinished is not None:
-        raise unfinished
-    latest = find_latest(p)
-    if latest is None:
-        raise CheckpointUnreadableError(
-            f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'"
-        )
-    return "multigpu", latest.path

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from multigpu.checkpoint.space import free_bytes, mount_point, ran_out_of_space
+from multigpu.checkpoint.native.space import free_bytes, mount_point, ran_out_of_space
 from multigpu.common.versions import local_versions
 from multigpu.errors import MultiGPUError, UsageError
 from multigpu.instruments.hooks import Hook

@@ -9,7 +9,6 @@ advised for). The structure of the file tells them apart without running any of 
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import pickletools
 import re
@@ -20,80 +19,9 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.hub import is_hub
-from multigpu.checkpoint.layout import (
-    MANIFEST_FILE,
-    METADATA_FILE,
-    STATE_FILE,
-    find_latest,
-    list_checkpoints,
-    usable,
-)
-from multigpu.errors import CheckpointError, CheckpointUnreadableError, UsageError
+from multigpu.errors import CheckpointError, CheckpointUnreadableError
 
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
-
-
-def resolve(path: str | os.PathLike[str]) -> Path:
-    """What to read for ``path``: a file as it is; a multigpu checkpoint (a root: its newest
-    complete one) → its ``state.pt``; a plain DCP checkpoint (its directory or its
-    ``.metadata``) or a directory of hub-format weights → that directory."""
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
-    if p.is_file():
-        if p.name == METADATA_FILE:  # DCP's index stands for its checkpoint: the directory
-            p = p.parent
-        elif p.suffix == ".distcp":
-            raise UsageError(
-                f"{p} is one file of a sharded (DCP) checkpoint; pass its directory {p.parent}"
-            )
-        else:
-            return p
-    if (p / MANIFEST_FILE).exists() or (p / STATE_FILE).exists():
-        return usable(p) / STATE_FILE
-    if (p / METADATA_FILE).is_file() or is_hub(p):
-        return p
-    if list_checkpoints(p, checksums=False):
-        latest = find_latest(p)
-        if latest is None:
-            raise CheckpointUnreadableError(
-                f"{p} holds checkpoints but none is complete; see 'multigpu ckpt inspect {p}'"
-            )
-        return latest.path / STATE_FILE
-    unfinished = unfinished_dcp(p)
-    if unfinished is not None:
-        raise unfinished
-    raise UsageError(
-        f"{p} is a directory without a checkpoint; expected a step-XXXXXXXX directory, a "
-        "directory of them, a DCP checkpoint directory (with .metadata), a directory of "
-        "safetensors weights (model.safetensors or its index), or a file"
-    )
-
-
-def unfinished_dcp(path: Path) -> CheckpointUnreadableError | None:
-    """The error for a directory of DCP shard files without the index DCP writes last (a save
-    that did not finish, a copy without it); None when ``path`` is not one."""
-    shards = sorted(p.name for p in path.glob("*.distcp")) if path.is_dir() else []
-    if not shards or (path / METADATA_FILE).exists():
-        return None
-    listed = ", ".join(shards[:2]) + (", ..." if len(shards) > 2 else "")
-    return CheckpointUnreadableError(
-        f"{path} holds DCP shard files ({listed}) but no {METADATA_FILE}, which "
-        "torch.distributed.checkpoint.save writes last: a save that did not finish, or a copy "
-        "without it; take another checkpoint, or copy it whole"
-    )
-
-
-def is_dcp_directory(path: Path) -> bool:
-    """Whether ``path`` is a DCP checkpoint directory that is not a multigpu checkpoint (one
-    written by ``torch.distributed.checkpoint.save`` itself, e.g. by torchtitan)."""
-    return (
-        path.is_dir()
-        and (path / METADATA_FILE).is_file()
-        and not (path / MANIFEST_FILE).exists()
-        and not (path / STATE_FILE).exists()
-    )
 
 
 def _written_by_torch_save(path: Path) -> bool:
@@ -125,13 +53,10 @@ def _unsafe_globals(path: Path, error: Exception) -> list[str]:
 
 
 def short_reason(error: BaseException) -> str:
-    """The informative part of a load error (torch wraps weights_only errors in advice)."""
-    text = str(error)
-    if "WeightsUnpickler error:" in text:
-        text = text.split("WeightsUnpickler error:", 1)[1]
-    first = " ".join(text.strip().split("\n", 1)[0].split())
-    first = first.split(". ", 1)[0]  # torch appends advice that does not fit one line
-    return f"{type(error).__name__}: {first[:160]}"
+    """``native.sharded.short_reason``, imported when a load fails (it imports DCP)."""
+    from multigpu.checkpoint.native.sharded import short_reason as reason
+
+    return reason(error)
 
 
 def _refusal(path: Path, error: Exception, trust: bool) -> CheckpointError:

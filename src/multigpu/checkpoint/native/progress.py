@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.objects import kind_of
+from multigpu.checkpoint.native.objects import kind_of
 
 
 @dataclass(frozen=True)

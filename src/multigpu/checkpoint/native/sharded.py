@@ -35,9 +35,8 @@ from torch.distributed.checkpoint.planner import ReadItem, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
-from multigpu.checkpoint.layout import METADATA_FILE
-from multigpu.checkpoint.loading import short_reason
-from multigpu.checkpoint.space import DiskFullError, ran_out_of_space
+from multigpu.checkpoint.native.layout import METADATA_FILE
+from multigpu.checkpoint.native.space import DiskFullError, ran_out_of_space
 from multigpu.common.worker_error import PEER_GONE_MARKERS
 from multigpu.errors import CheckpointError, CheckpointMismatchError, CheckpointUnreadableError
 from multigpu.runtime import dist
@@ -51,6 +50,16 @@ class _MetadataUnpickler(pickle.Unpickler):
                 f"{module}.{name} is not a class a DCP metadata file holds"
             )
         return super().find_class(module, name)
+
+
+def short_reason(error: BaseException) -> str:
+    """The informative part of a load error (torch wraps weights_only errors in advice)."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    first = " ".join(text.strip().split("\n", 1)[0].split())
+    first = first.split(". ", 1)[0]  # torch appends advice that does not fit one line
+    return f"{type(error).__name__}: {first[:160]}"
 
 
 def read_metadata(directory: str | os.PathLike[str], *, trust: bool = False) -> Metadata:

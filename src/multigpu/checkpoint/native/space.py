@@ -33,7 +33,7 @@ class DiskFullError(CheckpointError):
 
 
 @dataclass(frozen=True)
-class Space:
+class SaveSpace:
     """What rank 0 measured before a save wrote anything (every rank gets the same copy)."""
 
     directory: Path

@@ -1,5 +1,6 @@
-"""``ckpt inspect`` of what multigpu did not write: plain DCP checkpoints, hub-format weights,
-``torch.save``d optimizer state dicts. Same keys as ``summary.summarize`` where they apply."""
+"""``ckpt inspect``'s descriptions: plain DCP checkpoints, hub-format weights, what a ``torch.save``
+file holds (a state dict, an optimizer's state dict, a multigpu ``state.pt``), and the rows and
+shard tables every format's description shares (keys: ``dispatch.summarize``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.dcp_objects import DcpObject, choose_model, is_torchtitan, objects_of
-from multigpu.checkpoint.hub import CONFIG_FILE, SUFFIX, open_hub
-from multigpu.checkpoint.sharded import file_problems, read_metadata, read_whole
+from multigpu.checkpoint.formats.dcp_objects import (
+    DcpObject,
+    choose_model,
+    is_torchtitan,
+    objects_of,
+)
+from multigpu.checkpoint.formats.hub import CONFIG_FILE, SUFFIX, open_hub
+from multigpu.checkpoint.formats.model_state import extract_state_dict
+from multigpu.checkpoint.native.layout import FORMAT
+from multigpu.checkpoint.native.sharded import file_problems, read_metadata, read_whole
 from multigpu.errors import CheckpointError, UsageError
 
 _STEP = re.compile(r"step-(\d+)$")
@@ -214,3 +222,54 @@ def all_tensors(obj: Any, prefix: str = "") -> list[dict[str, Any]]:
     else:
         return []
     return [r for k, v in items for r in all_tensors(v, f"{prefix}/{k}" if prefix else str(k))]
+
+
+def tensor_rows(state: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
+    """A row per tensor of a state dict."""
+    return [
+        row(prefix + str(name), value.shape, value.dtype)
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+    ]
+
+
+def describe_loaded(
+    obj: Any,
+    file: Path,
+    info: dict[str, Any],
+    mapped: Mapping[str, str],
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """``info`` completed with what a loaded ``torch.save`` file holds; ``rows``: the tensors
+    already described (a multigpu checkpoint's sharded part)."""
+    rows = list(rows)
+    if isinstance(obj, Mapping) and obj.get("format") == FORMAT:
+        info.setdefault("kind", "multigpu checkpoint")
+        info.setdefault("complete", True)
+        info.setdefault("step", obj.get("step"))
+        info.setdefault("world_size", obj.get("world_size"))
+        for name, state in obj.get("objects", {}).items():
+            if (
+                isinstance(state, Mapping)
+                and state
+                and all(isinstance(v, torch.Tensor) for v in state.values())
+            ):
+                rows += tensor_rows(state, f"{name}/")
+    elif is_optimizer_state(obj):
+        described = summarize_optimizer(obj)
+        rows = described.pop("tensors")
+        info.update(described, complete=True)
+    else:
+        try:
+            state, source = extract_state_dict(obj, file, None)
+            rows = tensor_rows(state)
+            info["kind"] = source
+        except UsageError:  # every tensor it has, by its path: never "0 tensors" when it has some
+            info["kind"] = f"{type(obj).__name__} (no single state dict)"
+            rows = all_tensors(obj)
+        info["complete"] = True
+    info["tensors"] = rows
+    info["total_numel"] = sum(r["numel"] for r in rows)
+    info["total_bytes"] = sum(r["bytes"] for r in rows)
+    info["devices_mapped"] = mapped
+    return info

@@ -23,14 +23,14 @@ from typing import Any, BinaryIO
 
 import torch
 
-from multigpu.checkpoint.layout import (
+from multigpu.checkpoint.native.layout import (
     COMMIT_FILE,
     MANIFEST_FILE,
     TMP_PREFIX,
     file_sha256,
     list_checkpoints,
 )
-from multigpu.checkpoint.space import DiskFullError
+from multigpu.checkpoint.native.space import DiskFullError
 from multigpu.common.atomic_file import atomic_write
 from multigpu.errors import CheckpointError
 

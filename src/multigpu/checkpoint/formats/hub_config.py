@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.checkpoint.hub_names import model_names
-from multigpu.checkpoint.sharded import first_line
+from multigpu.checkpoint.formats.hub_names import model_names
+from multigpu.checkpoint.native.sharded import first_line
 from multigpu.errors import CheckpointMismatchError, UsageError
 from multigpu.runtime.wrappers import tied_names
 

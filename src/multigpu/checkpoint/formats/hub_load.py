@@ -37,10 +37,10 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from multigpu.checkpoint.hub import HubWeights, open_file, open_hub, read_slice
-from multigpu.checkpoint.hub_names import FileNames, model_names
-from multigpu.checkpoint.sharded import load_with_reader
-from multigpu.checkpoint.snapshot import StateAdapter
+from multigpu.checkpoint.formats.hub import HubWeights, open_file, open_hub, read_slice
+from multigpu.checkpoint.formats.hub_names import FileNames, model_names
+from multigpu.checkpoint.native.sharded import load_with_reader
+from multigpu.checkpoint.native.snapshot import StateAdapter
 from multigpu.errors import CheckpointMismatchError, UsageError
 from multigpu.runtime.wrappers import tied_names
 

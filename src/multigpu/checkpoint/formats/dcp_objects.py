@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from multigpu.checkpoint.sharded import load_sharded
+from multigpu.checkpoint.native.sharded import load_sharded
 from multigpu.errors import UsageError
 
 MODEL_NAMES = ("model", "state_dict", "model_state_dict", "module", "net")

@@ -16,10 +16,10 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from multigpu.checkpoint.dcp_objects import DcpObject, listing, objects_of
-from multigpu.checkpoint.objects import kind_of, load_into
-from multigpu.checkpoint.sharded import check_fits, load_sharded, read_complete, read_whole
-from multigpu.checkpoint.snapshot import StateAdapter, expected_keys, pair_optimizers
+from multigpu.checkpoint.formats.dcp_objects import DcpObject, listing, objects_of
+from multigpu.checkpoint.native.objects import kind_of, load_into
+from multigpu.checkpoint.native.sharded import check_fits, load_sharded, read_complete, read_whole
+from multigpu.checkpoint.native.snapshot import StateAdapter, expected_keys, pair_optimizers
 from multigpu.errors import CheckpointMismatchError
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ collectives: they would interleave with the training's), and rank 0's thread com
 A failed save leaves nothing: rank 0 removes the temp dir once no rank writes into it any more
 (DCP raises its failure on every rank only after every rank's writes ended; the rank files are
 reported by a gather, or by ``.done`` files that rank 0 waits for, failed or not). A full disk
-is said in one line, the same on every rank (``multigpu.checkpoint.space``).
+is said in one line, the same on every rank (``multigpu.checkpoint.native.space``).
 """
 
 from __future__ import annotations
@@ -29,24 +29,31 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multigpu.checkpoint.layout import FORMAT, FORMAT_VERSION, STATE_FILE, rank_file_name
-from multigpu.checkpoint.objects import kind_of, state_of
-from multigpu.checkpoint.rng import capture_rng
-from multigpu.checkpoint.sharded import (
+from multigpu.checkpoint.native.layout import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    STATE_FILE,
+    TMP_PREFIX,
+    rank_file_name,
+)
+from multigpu.checkpoint.native.objects import epoch_of, kind_of, state_of
+from multigpu.checkpoint.native.rng import capture_rng
+from multigpu.checkpoint.native.sharded import (
     one_line_failures,
     save_sharded,
     save_sharded_async,
     written_by,
 )
-from multigpu.checkpoint.snapshot import SHARDED_KINDS, StateSource, sharded_state
-from multigpu.checkpoint.space import (
+from multigpu.checkpoint.native.snapshot import SHARDED_KINDS, StateSource, sharded_state
+from multigpu.checkpoint.native.space import (
     DiskFullError,
-    Space,
+    SaveSpace,
     estimate,
     free_bytes,
     ran_out_of_space,
 )
-from multigpu.checkpoint.writer import (
+from multigpu.checkpoint.native.writer import (
     FileInfo,
     commit,
     hash_file,
@@ -122,6 +129,45 @@ def save(job: SaveJob) -> Path:
     return job.final
 
 
+def save_state(
+    final: Path,
+    state: Mapping[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    adapter: StateSource,
+    strategy: Mapping[str, Any],
+    before: Callable[[], None],
+) -> Path:
+    """``ctx.save``: ``state`` as the checkpoint directory ``final`` (collective). An existing
+    ``final`` is replaced only when it is a multigpu checkpoint; ``before()`` runs on every
+    rank once that is agreed, before anything is written. No RNG state is saved."""
+
+    def check() -> None:
+        if final.exists() and not (final / MANIFEST_FILE).is_file():
+            raise UsageError(
+                f"ctx.save: {final} exists and is not a multigpu checkpoint; expected a new "
+                "path (or an earlier checkpoint to replace): choose another path"
+            )
+
+    decided_by_rank0(rank, check)
+    before()
+    step = state.get("step")
+    job = SaveJob(
+        final=final,
+        stale=f"{TMP_PREFIX}{final.name}-*",
+        step=step if isinstance(step, int) and not isinstance(step, bool) else 0,
+        epoch=epoch_of(state),
+        rank=rank,
+        world_size=world_size,
+        objects=state,
+        rng=False,
+        adapter=adapter,
+        strategy=strategy,
+    )
+    return save(job)
+
+
 class PendingSave:
     """An asynchronous save under way; ``wait()`` ends it (its error re-raised)."""
 
@@ -146,7 +192,7 @@ class PendingSave:
     def _finish_in_background(
         self,
         tmp: Path,
-        space: Space,
+        space: SaveSpace,
         info: dict[str, dict[str, Any]],
         written: Future[Any] | None,
         shared: dict[str, Any] | None,
@@ -188,7 +234,7 @@ class PendingSave:
             self.error = e
 
     def _write_own_part(
-        self, tmp: Path, space: Space, mine: dict[str, Any]
+        self, tmp: Path, space: SaveSpace, mine: dict[str, Any]
     ) -> tuple[dict[str, FileInfo], Exception | None]:
         """This rank's files, reported to rank 0 (by the other ranks); the error, if any."""
         job = self.job
@@ -230,14 +276,14 @@ def decided_by_rank0(rank: int, decide: Callable[[], T]) -> T:
     return value
 
 
-def _agree_on_temp_dir(job: SaveJob, sharded: Mapping[str, Any]) -> tuple[Path, Space]:
+def _agree_on_temp_dir(job: SaveJob, sharded: Mapping[str, Any]) -> tuple[Path, SaveSpace]:
     """Rank 0 makes the temp dir and checks the save fits; every rank gets both (or the error)."""
 
-    def make() -> tuple[Path, Space]:
+    def make() -> tuple[Path, SaveSpace]:
         root = job.final.parent
         try:
             tmp = new_temp_dir(job.final, job.stale)  # stale ones removed first: their space
-            space = Space(root, estimate(sharded, job.world_size), free_bytes(root))
+            space = SaveSpace(root, estimate(sharded, job.world_size), free_bytes(root))
             if not space.fits():
                 remove_temp_dir(tmp)
                 raise DiskFullError(
@@ -250,14 +296,14 @@ def _agree_on_temp_dir(job: SaveJob, sharded: Mapping[str, Any]) -> tuple[Path, 
     return decided_by_rank0(job.rank, make)
 
 
-def _said(error: BaseException, space: Space) -> str:
+def _said(error: BaseException, space: SaveSpace) -> str:
     """One line for a failure: the disk-full line (the same on every rank), or the error."""
     if ran_out_of_space(error):
         return space.full_line()
     return str(error) if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
 
 
-def _failure(prefix: str, error: BaseException, space: Space) -> CheckpointError:
+def _failure(prefix: str, error: BaseException, space: SaveSpace) -> CheckpointError:
     kind = DiskFullError if ran_out_of_space(error) else CheckpointError
     said = _said(error, space)
     return kind(f"{prefix}: {said}" if prefix else said)
@@ -302,7 +348,7 @@ def _finish(
     tmp: Path,
     info: dict[str, dict[str, Any]],
     reports: list[Any],
-    space: Space,
+    space: SaveSpace,
 ) -> None:
     """Rank 0, once every rank stopped writing: check every rank's report, write state.pt,
     commit; or raise why not (a full disk first), the failed save's temp dir removed."""
@@ -325,7 +371,7 @@ def _commit(
     job: SaveJob, tmp: Path, info: dict[str, dict[str, Any]], files: dict[str, FileInfo]
 ) -> None:
     versions = local_versions()
-    manifest = {  # described in multigpu.checkpoint.layout
+    manifest = {  # described in multigpu.checkpoint.native.layout
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "step": job.step,

@@ -23,27 +23,27 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from multigpu.checkpoint.layout import (
+from multigpu.checkpoint.native.layout import (
     COMMIT_FILE,
     STATE_FILE,
     TMP_PREFIX,
     CheckpointStatus,
+    complete_checkpoint,
     rank_file_name,
     read_manifest,
     scan,
-    usable,
     warn_skipped,
 )
-from multigpu.checkpoint.objects import kind_of, load_into
-from multigpu.checkpoint.rng import restore_rng
-from multigpu.checkpoint.sharded import first_line
-from multigpu.checkpoint.snapshot import (
+from multigpu.checkpoint.native.objects import kind_of, load_into
+from multigpu.checkpoint.native.rng import restore_rng
+from multigpu.checkpoint.native.sharded import first_line
+from multigpu.checkpoint.native.snapshot import (
     SHARDED_KINDS,
     StateAdapter,
     pair_optimizers,
     restore_sharded,
 )
-from multigpu.checkpoint.writer import remove_stale
+from multigpu.checkpoint.native.writer import remove_stale
 from multigpu.errors import CheckpointError, CheckpointMismatchError, CheckpointUnreadableError
 from multigpu.runtime.seed import seed_everything
 from multigpu.runtime.wrappers import unwrap_module
@@ -61,7 +61,7 @@ def choose_checkpoint(directory: Path, path: str | os.PathLike[str]) -> Path | N
     try:
         if str(path) == "auto":
             return _choose_latest(directory)
-        return usable(path)
+        return complete_checkpoint(path)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoints in {path}: {e}") from e
 

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from multigpu.checkpoint.objects import kind_of
-from multigpu.checkpoint.sharded import check_fits, first_line, load_sharded, read_metadata
+from multigpu.checkpoint.native.objects import kind_of
+from multigpu.checkpoint.native.sharded import check_fits, first_line, load_sharded, read_metadata
 from multigpu.errors import CheckpointError, CheckpointMismatchError, UsageError
 from multigpu.runtime import dist
 

@@ -151,7 +151,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, checksums: bool = True) -
     return CheckpointStatus(directory, step, not problems, tuple(problems), manifest, index)
 
 
-def usable(path: str | os.PathLike[str]) -> Path:
+def complete_checkpoint(path: str | os.PathLike[str]) -> Path:
     """``path``, a complete checkpoint (else a CheckpointError saying what is wrong with it)."""
     status = verify_checkpoint(path)
     if not status.complete:

@@ -2,7 +2,8 @@
 
 Create it with ``ctx.checkpointer(directory, every_steps=..., keep=..., model=..., ...)``. A save
 is collective: every rank calls it at the same step (``step()`` does this by itself). The
-protocol is in ``multigpu.checkpoint.saving``, the layout in ``multigpu.checkpoint.layout``.
+protocol is in ``multigpu.checkpoint.native.saving``, the layout in
+``multigpu.checkpoint.native.layout``.
 
 The directory must be on a file system every rank sees (one machine, or NFS/Lustre/... across
 machines): each rank writes its own files there and reads what it needs from there on resume.
@@ -22,13 +23,19 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.layout import TMP_PREFIX, find_latest, parse_order, scan, step_dir_name
-from multigpu.checkpoint.lock import DirectoryLock
-from multigpu.checkpoint.objects import check_trackable, epoch_of, kind_of
-from multigpu.checkpoint.progress import LastSave, Progress
-from multigpu.checkpoint.restore import choose_checkpoint, restore_checkpoint
-from multigpu.checkpoint.saving import PendingSave, SaveJob, decided_by_rank0, save
-from multigpu.checkpoint.snapshot import StateAdapter
+from multigpu.checkpoint.native.layout import (
+    TMP_PREFIX,
+    find_latest,
+    parse_order,
+    scan,
+    step_dir_name,
+)
+from multigpu.checkpoint.native.lock import DirectoryLock
+from multigpu.checkpoint.native.objects import check_trackable, epoch_of, kind_of
+from multigpu.checkpoint.native.progress import LastSave, Progress
+from multigpu.checkpoint.native.restore import choose_checkpoint, restore_checkpoint
+from multigpu.checkpoint.native.saving import PendingSave, SaveJob, decided_by_rank0, save
+from multigpu.checkpoint.native.snapshot import StateAdapter
 from multigpu.common import worker_exit
 from multigpu.errors import CheckpointError, UsageError
 from multigpu.runtime import dist
