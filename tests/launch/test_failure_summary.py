@@ -128,3 +128,17 @@ def test_a_worker_killed_while_writing_its_error_file_leaves_it_whole_or_absent(
         if path.exists():  # what torch's agent reads: it raises on a partial file
             failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(path))
             assert failure.message["message"].startswith("RuntimeError: xxx")
+
+
+def test_the_same_error_names_rank_0_when_its_end_is_slower_than_the_others(
+    tmp_path: Path,
+) -> None:
+    # CI named rank 1 for a damaged safetensors file every rank failed to read: rank 0 was still
+    # tearing down when rank 1 had exited, the agent stopped it, and its error was not recorded.
+    done = run_multigpu(["run", "--cpu", "2", str(SCRIPTS / "same_error_slow_end.py")], tmp_path)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.rstrip().splitlines()[-1]
+    assert last.startswith(
+        f"multigpu: error: rank 0 on {HOST} failed: ValueError: the same input is refused on "
+        "every rank"
+    ), done.stderr

@@ -663,23 +663,31 @@ class Context:
                 hook.on_exit(self, error)
             except Exception as e:  # the trackers' last steps not written: the others still end
                 ending = ending or e
+        # Recorded before the teardown, which can take seconds (a process group whose peer is
+        # gone, the trackers' last writes): a rank that failed the same way and ended sooner
+        # has the agent stop this one, which then had no record and the line named the other.
+        said = ending if error is None else error if ending is None else None
+        recorded = worker_error.record(said)
         self.teardown()
         if ending is not None and error is None:  # a block that ended well failed at its end
-            report_failure(ending, self.env)
+            report_failure(ending, self.env, recorded=recorded)
             raise ending
         if ending is not None:  # a hook's own bug while the block failed: both are said
             raise ending from error
-        recorded = report_failure(error, self.env)
+        recorded = report_failure(error, self.env, recorded=recorded)
         if recorded and worker_error.is_consequence(error) and worker_error.launched_by_multigpu():
             # Another rank failed first and its error is the one to read; this rank's traceback
             # (a lost connection, 20 lines) is kept in its error file, not printed.
             raise SystemExit(1) from None
 
 
-def report_failure(error: BaseException | None, env: ClusterEnv) -> bool:
+def report_failure(
+    error: BaseException | None, env: ClusterEnv, *, recorded: bool | None = None
+) -> bool:
     """Record ``error`` for the launcher's one-line summary (``multigpu.common.worker_error``); True
-    when recorded. A usage error then ends a torchrun worker: one line on stderr, exit code 2
-    (what the launcher reports as the user's error, not a crash).
+    when recorded (``recorded``: it was already, with that outcome). A usage error then ends a
+    torchrun worker: one line on stderr, exit code 2 (what the launcher reports as the user's
+    error, not a crash).
 
     ``multigpu run`` prints the line itself (read from the worker's error file), so the worker
     stays silent. Under plain torchrun the worker says it: every rank usually refuses the same
@@ -687,7 +695,8 @@ def report_failure(error: BaseException | None, env: ClusterEnv) -> bool:
     exited, and the message appears once; if rank 0 did not refuse, it still appears, from the
     rank that did.
     """
-    recorded = worker_error.record(error)
+    if recorded is None:
+        recorded = worker_error.record(error)
     if not isinstance(error, UsageError) or env.source != "torchrun":
         return recorded
     if not (recorded and worker_error.launched_by_multigpu()):
