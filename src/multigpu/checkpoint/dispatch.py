@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from multigpu.checkpoint.formats.base import CheckpointFormat, ModelSource
+from multigpu.checkpoint.formats.base import CheckpointFormat, ModelSource, not_a_directory
 from multigpu.checkpoint.formats.dcp_format import DcpFormat
 from multigpu.checkpoint.formats.hub import SUFFIX, is_hub
 from multigpu.checkpoint.formats.hub_format import HubFormat
@@ -72,7 +72,7 @@ def format_of(path: str | os.PathLike[str], *, purpose: Purpose = "weights") -> 
     p = Path(path)
     state = purpose == "state"
     if state and not p.exists():
-        raise _not_a_directory(p)
+        raise not_a_directory(p)
     if not p.exists():
         raise UsageError(f"{p} does not exist; expected a checkpoint file or directory")
     if p.is_file():
@@ -81,7 +81,7 @@ def format_of(path: str | os.PathLike[str], *, purpose: Purpose = "weights") -> 
         elif state:
             if p.name.endswith(SUFFIX):
                 return Found("hub", p)
-            raise _not_a_directory(p)
+            raise not_a_directory(p)
         elif p.suffix == ".distcp":
             raise UsageError(
                 f"{p} is one file of a sharded (DCP) checkpoint; pass its directory {p.parent}"
@@ -99,11 +99,8 @@ def format_of(path: str | os.PathLike[str], *, purpose: Purpose = "weights") -> 
             return Found("multigpu", p)
         latest = find_latest(p)
         if latest is None:
-            raise CheckpointUnreadableError(
-                f"{p} holds no complete checkpoint; see 'multigpu ckpt inspect {p}'"
-                if state
-                else f"{p} holds checkpoints but none is complete; see 'multigpu ckpt inspect {p}'"
-            )
+            held = "no complete checkpoint" if state else "checkpoints but none is complete"
+            raise CheckpointUnreadableError(f"{p} holds {held}; see 'multigpu ckpt inspect {p}'")
         return Found("multigpu", latest.path)
     unfinished = unfinished_dcp(p)
     if unfinished is not None:
@@ -118,13 +115,6 @@ def format_of(path: str | os.PathLike[str], *, purpose: Purpose = "weights") -> 
         f"{p} is a directory without a checkpoint; expected a step-XXXXXXXX directory, a "
         "directory of them, a DCP checkpoint directory (with .metadata), a directory of "
         "safetensors weights (model.safetensors or its index), or a file"
-    )
-
-
-def _not_a_directory(p: Path) -> CheckpointUnreadableError:
-    return CheckpointUnreadableError(
-        f"{p} is not a checkpoint directory; expected a path given to ctx.save, a "
-        "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
     )
 
 

@@ -666,8 +666,10 @@ class Context:
         # Recorded before the teardown, which can take seconds (a process group whose peer is
         # gone, the trackers' last writes): a rank that failed the same way and ended sooner
         # has the agent stop this one, which then had no record and the line named the other.
-        said = ending if error is None else error if ending is None else None
-        recorded = worker_error.record(said)
+        # What the line names: the block's error, or a hook's failure at a block that ended
+        # well; neither when a hook failed while the block failed (both are raised, as before).
+        both = ending is not None and error is not None
+        recorded = False if both else worker_error.record(error if error is not None else ending)
         self.teardown()
         if ending is not None and error is None:  # a block that ended well failed at its end
             report_failure(ending, self.env, recorded=recorded)

@@ -16,8 +16,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from multigpu.errors import CheckpointUnreadableError
+
 if TYPE_CHECKING:
     from multigpu.checkpoint.native.snapshot import StateAdapter
+
+
+def not_a_directory(path: Path) -> CheckpointUnreadableError:
+    """What ``ctx.load`` says of a path that is not a checkpoint it reads (a file, nothing)."""
+    return CheckpointUnreadableError(
+        f"{path} is not a checkpoint directory; expected a path given to ctx.save, a "
+        "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
+    )
+
 
 Reader = Callable[[list[str]], Iterator[tuple[str, torch.Tensor]]]
 

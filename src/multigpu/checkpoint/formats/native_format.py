@@ -19,8 +19,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from multigpu.checkpoint.formats.base import ModelRead, ModelSource
 from multigpu.checkpoint.formats.inspection import describe_loaded, row, shard_files
-from multigpu.checkpoint.formats.model_state import read_loaded, source_of_loaded
 from multigpu.checkpoint.formats.torch_file import load_file
+from multigpu.checkpoint.formats.torch_format import TorchFileFormat
 from multigpu.checkpoint.native.layout import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -98,17 +98,16 @@ class NativeFormat:
             return info
         return describe_loaded(obj, file, info, mapped, sharded_rows)
 
+    # The model of one of our checkpoints is the one in its state.pt, read as any torch file.
     def open_model(self, path: Path, *, key: str | None, trust: bool) -> ModelSource:
-        file = path / STATE_FILE
-        obj, _ = load_file(file, trust=trust)
-        return source_of_loaded(obj, file, key, trust)
+        return TorchFileFormat().open_model(path / STATE_FILE, key=key, trust=trust)
 
     def read_model(
         self, path: Path, *, key: str | None, trust: bool, map_location: str | torch.device
     ) -> ModelRead:
-        file = path / STATE_FILE
-        obj, mapped = load_file(file, trust=trust, map_location=map_location)
-        return read_loaded(obj, file, key, trust, mapped)
+        return TorchFileFormat().read_model(
+            path / STATE_FILE, key=key, trust=trust, map_location=map_location
+        )
 
     def load(
         self, path: Path, state: MutableMapping[str, Any], adapter: StateAdapter, *, rank: int

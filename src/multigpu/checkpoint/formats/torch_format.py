@@ -10,12 +10,11 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.formats.base import ModelRead, ModelSource
+from multigpu.checkpoint.formats.base import ModelRead, ModelSource, not_a_directory
 from multigpu.checkpoint.formats.inspection import describe_loaded
 from multigpu.checkpoint.formats.model_state import read_loaded, source_of_loaded
 from multigpu.checkpoint.formats.torch_file import load_file
 from multigpu.checkpoint.native.snapshot import StateAdapter
-from multigpu.errors import CheckpointUnreadableError
 
 
 class TorchFileFormat:
@@ -40,8 +39,4 @@ class TorchFileFormat:
     def load(
         self, path: Path, state: MutableMapping[str, Any], adapter: StateAdapter, *, rank: int
     ) -> dict[str, Any]:
-        # dispatch.format_of refuses a file for ctx.load first; said the same way here.
-        raise CheckpointUnreadableError(
-            f"{path} is not a checkpoint directory; expected a path given to ctx.save, a "
-            "Checkpointer's directory, a DCP checkpoint directory or safetensors weights"
-        )
+        raise not_a_directory(path)  # dispatch.format_of refuses a file for ctx.load first
